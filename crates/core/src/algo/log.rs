@@ -1,0 +1,260 @@
+//! Sliding-window log: every admission is remembered until it leaves the
+//! window, so the limit holds over *every* window, not only aligned ones.
+//!
+//! It is the memory-hungry algorithm, so the log is packed: each entry is a
+//! LEB128 varint of the gap since the previous entry (in nanoseconds) and a
+//! varint of its cost. A burst at one instant costs two bytes an entry, one
+//! per millisecond about four, instead of the sixteen of a `(u64, u64)`.
+
+use crate::Nanos;
+use crate::decision::{Decision, ceil_div};
+
+/// Sliding-window log: at most `limit` admitted cost in any window of
+/// length `window` (an admission at `a` is live at `t` while `a > t - W`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SlidingLog {
+    pub(crate) limit: u64,
+    pub(crate) window: Nanos,
+}
+
+/// The packed log of one key; the default value is a new key.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct LogState {
+    /// The latest time this key has seen.
+    seen: Nanos,
+    /// Packed `(gap, cost)` entries; those before `head` are already dropped.
+    bytes: Vec<u8>,
+    head: usize,
+    /// The time the gap of the entry at `head` is counted from.
+    base: Nanos,
+    /// The time of the newest entry (meaningful while the log is non-empty).
+    newest: Nanos,
+    /// Sum of the costs from `head` on.
+    total: u64,
+}
+
+impl LogState {
+    /// The latest time this key has seen.
+    pub fn seen(&self) -> Nanos {
+        self.seen
+    }
+
+    /// Entries `(admitted_at, cost)`, oldest first, including any that have
+    /// expired but were not dropped yet.
+    pub fn entries(&self) -> Entries<'_> {
+        Entries {
+            bytes: &self.bytes[self.head..],
+            time: self.base,
+        }
+    }
+
+    /// Bytes held for the entries (for memory accounting).
+    pub fn packed_len(&self) -> usize {
+        self.bytes.len() - self.head
+    }
+
+    fn is_empty(&self) -> bool {
+        self.head == self.bytes.len()
+    }
+
+    /// Drops entries that are no longer live at `t`.
+    fn expire(&mut self, t: Nanos, window: Nanos) {
+        while !self.is_empty() {
+            let mut rest = Entries {
+                bytes: &self.bytes[self.head..],
+                time: self.base,
+            };
+            let Some((at, cost)) = rest.next() else { break };
+            if !expired(at, t, window) {
+                break;
+            }
+            self.head = self.bytes.len() - rest.bytes.len();
+            self.base = at;
+            self.total -= cost;
+        }
+        if self.is_empty() {
+            self.bytes.clear();
+            self.head = 0;
+        } else if self.head * 2 >= self.bytes.len() {
+            self.bytes.drain(..self.head);
+            self.head = 0;
+        }
+    }
+
+    fn push(&mut self, at: Nanos, cost: u64) {
+        let from = if self.is_empty() {
+            self.base
+        } else {
+            self.newest
+        };
+        write_varint(&mut self.bytes, at - from);
+        write_varint(&mut self.bytes, cost);
+        self.newest = at;
+        self.total += cost;
+    }
+}
+
+/// `a` is live at `t` while `a > t - W`, that is `a + W > t`.
+fn expired(at: Nanos, t: Nanos, window: Nanos) -> bool {
+    u128::from(at) + u128::from(window) <= u128::from(t)
+}
+
+/// Iterator over a packed log's `(admitted_at, cost)` entries.
+#[derive(Debug, Clone)]
+pub struct Entries<'a> {
+    bytes: &'a [u8],
+    time: Nanos,
+}
+
+impl Iterator for Entries<'_> {
+    type Item = (Nanos, u64);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let gap = read_varint(&mut self.bytes)?;
+        let cost = read_varint(&mut self.bytes)?;
+        self.time = self.time.saturating_add(gap);
+        Some((self.time, cost))
+    }
+}
+
+fn write_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+fn read_varint(bytes: &mut &[u8]) -> Option<u64> {
+    let mut value = 0u64;
+    for (i, &b) in bytes.iter().enumerate().take(10) {
+        value |= u64::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            *bytes = &bytes[i + 1..];
+            return Some(value);
+        }
+    }
+    None
+}
+
+impl SlidingLog {
+    /// Admitted cost allowed in any window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The window length.
+    pub fn window(&self) -> Nanos {
+        self.window
+    }
+
+    /// The transition, in place: drops expired entries, decides, and appends
+    /// `(t, cost)` when allowed. `cost` must be in `1..=limit`.
+    pub fn check(&self, state: &mut LogState, now: Nanos, cost: u64) -> Decision {
+        let t = now.max(state.seen);
+        state.seen = t;
+        state.expire(t, self.window);
+        let decision = self.decide(t, state.total, state.entries(), cost);
+        if decision.allowed {
+            state.push(t, cost);
+        }
+        decision
+    }
+
+    /// The decision [`SlidingLog::check`] would make, without changing the
+    /// state (for all-or-nothing checks over several policies).
+    pub fn peek(&self, state: &LogState, now: Nanos, cost: u64) -> Decision {
+        let t = now.max(state.seen);
+        let live = state
+            .entries()
+            .filter(|&(at, _)| !expired(at, t, self.window));
+        let count = live.clone().map(|(_, cost)| cost).sum();
+        self.decide(t, count, live, cost)
+    }
+
+    /// Decides at `t` from the live entries (oldest first) and their sum.
+    fn decide(
+        &self,
+        t: Nanos,
+        count: u64,
+        live: impl Iterator<Item = (Nanos, u64)> + Clone,
+        cost: u64,
+    ) -> Decision {
+        let until_gone =
+            |at: Nanos| ceil_div(u128::from(at) + u128::from(self.window) - u128::from(t), 1);
+        let need = u128::from(count) + u128::from(cost);
+        if need <= u128::from(self.limit) {
+            // The newest live entry is this admission itself, made at `t`.
+            return Decision::allowed(self.limit - (count + cost), until_gone(t));
+        }
+        let newest = live.clone().last().map_or(0, |(at, _)| until_gone(at));
+        // The oldest admission at which the cumulative cost reaches the excess.
+        let excess = need - u128::from(self.limit);
+        let mut sum = 0u128;
+        let retry = live
+            .map(|(at, cost)| {
+                sum += u128::from(cost);
+                (at, sum)
+            })
+            .find(|&(_, sum)| sum >= excess)
+            .map_or(0, |(at, _)| until_gone(at));
+        Decision::rejected(self.limit.saturating_sub(count), retry, newest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::NANOS_PER_SEC as S;
+
+    #[test]
+    fn spec_example() {
+        let log = SlidingLog {
+            limit: 3,
+            window: 60 * S,
+        };
+        let mut s = LogState::default();
+        for at in [0, S / 1000, 30 * S] {
+            assert!(log.check(&mut s, at, 1).allowed);
+        }
+        let d = log.check(&mut s, 59 * S, 1);
+        assert!(!d.allowed);
+        assert_eq!((d.retry_after, d.reset), (S, 31 * S));
+        assert_eq!(
+            log.peek(&s, 60 * S, 1),
+            log.check(&mut s.clone(), 60 * S, 1)
+        );
+        assert!(log.check(&mut s, 60 * S, 1).allowed);
+        assert!(log.check(&mut s, 60 * S + S / 1000, 1).allowed);
+        assert!(!log.check(&mut s, 60 * S + S / 1000, 1).allowed);
+    }
+
+    #[test]
+    fn packs_compactly_and_compacts() {
+        let log = SlidingLog {
+            limit: 1_000_000,
+            window: S,
+        };
+        let mut s = LogState::default();
+        for i in 0..1000 {
+            assert!(log.check(&mut s, i * 1_000_000, 1).allowed);
+        }
+        // 1 ms gaps: 3 bytes of gap + 1 of cost.
+        assert_eq!(s.packed_len(), 2 + 4 * 999);
+        assert_eq!(s.total, 1000);
+        assert!(log.check(&mut s, 10 * S, 1).allowed);
+        assert_eq!(s.entries().collect::<Vec<_>>(), vec![(10 * S, 1)]);
+        assert!(s.bytes.len() < 16);
+    }
+
+    #[test]
+    fn varints_round_trip() {
+        for v in [0, 1, 127, 128, 300, u64::from(u32::MAX), u64::MAX] {
+            let mut out = Vec::new();
+            write_varint(&mut out, v);
+            let mut slice = out.as_slice();
+            assert_eq!(read_varint(&mut slice), Some(v));
+            assert!(slice.is_empty());
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! The algorithms of SPEC.md, each a pure transition over
+//! `(state, now, cost)`: no clock reads, no I/O, no allocation except the
+//! sliding log's own entries.
+
+mod level;
+mod log;
+mod window;
+
+pub use level::{LeakyBucket, LevelState, TokenBucket};
+pub use log::{Entries, LogState, SlidingLog};
+pub use window::{FixedWindow, FixedWindowState, SlidingCounter, SlidingCounterState};

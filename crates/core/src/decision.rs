@@ -1,0 +1,57 @@
+//! The one flat answer every algorithm gives.
+
+use crate::Nanos;
+
+/// What a check decided, with every duration measured from the time the
+/// check was evaluated at (`max(now, last_seen)`), in nanoseconds.
+///
+/// Durations are exact values rounded **up** to the nanosecond; `remaining`
+/// is rounded **down** to a whole token or request and never negative.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Decision {
+    /// Whether the request is admitted (and charged).
+    pub allowed: bool,
+    /// Whole tokens (or requests, or queue slots) left after this decision.
+    pub remaining: u64,
+    /// 0 when allowed; otherwise the earliest wait after which the same
+    /// request would be allowed if nothing else arrived.
+    pub retry_after: Nanos,
+    /// The wait until the key is back to idle, fully available, if nothing
+    /// else arrived.
+    pub reset: Nanos,
+    /// The wait before an admitted request is released: only the leaky
+    /// bucket delays; 0 everywhere else and for every rejection.
+    pub delay: Nanos,
+}
+
+impl Decision {
+    pub(crate) fn rejected(remaining: u64, retry_after: Nanos, reset: Nanos) -> Self {
+        Self {
+            allowed: false,
+            remaining,
+            retry_after,
+            reset,
+            delay: 0,
+        }
+    }
+
+    pub(crate) fn allowed(remaining: u64, reset: Nanos) -> Self {
+        Self {
+            allowed: true,
+            remaining,
+            retry_after: 0,
+            reset,
+            delay: 0,
+        }
+    }
+}
+
+/// `ceil(a / b)` as nanoseconds; `b > 0`. Saturates instead of wrapping.
+pub(crate) fn ceil_div(a: u128, b: u128) -> Nanos {
+    Nanos::try_from(a.div_ceil(b)).unwrap_or(Nanos::MAX)
+}
+
+/// `floor(a / b)` as a count; `b > 0`. Saturates instead of wrapping.
+pub(crate) fn floor_div(a: u128, b: u128) -> u64 {
+    u64::try_from(a / b).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,648 @@
+//! Policies: an algorithm and its parameters, validated once so that an
+//! invalid policy cannot be built and every decision it makes is exact.
+//!
+//! # Bounds of exactness
+//!
+//! Decisions use integers only. The in-process store computes in `u128`, but
+//! the Redis store runs the same arithmetic in Lua, whose numbers are doubles
+//! and exact only up to 2^53. Every policy is therefore checked so that each
+//! quantity a decision computes stays at or below [`EXACT_MAX`] = 2^53; a
+//! policy beyond that is refused with a message saying what to change. With a
+//! rate reduced to lowest terms `n/p` (`p` in nanoseconds):
+//!
+//! | algorithm | bound | in practice |
+//! |---|---|---|
+//! | token-bucket, gcra | `2 · capacity · p ≤ 2^53` | refilling an empty bucket takes at most ~52 days (× `n`) |
+//! | leaky-bucket | `2 · queue · p ≤ 2^53` | a full queue drains in at most ~52 days (× `n`) |
+//! | fixed-window, sliding-log | `limit ≤ 2^53`, `window ≤ 2^53 ns` (~104 days) | |
+//! | sliding-log | `limit ≤ 1,000,000` | the log keeps up to `limit` entries per key |
+//! | sliding-counter | `limit · window ≤ 2^53` (window in ns) | 150,000 per minute, 2,500 per hour |
+//! | every rate | `n ≤ 2^53` | |
+
+use std::fmt;
+use std::str::FromStr;
+
+use thiserror::Error;
+
+use crate::algo::{
+    FixedWindow, FixedWindowState, LeakyBucket, LevelState, LogState, SlidingCounter,
+    SlidingCounterState, SlidingLog, TokenBucket,
+};
+use crate::units::{DisplayDuration, UnitError, parse_count, parse_duration};
+use crate::{Decision, Nanos, Rate};
+
+/// The largest value any quantity in a decision may reach: 2^53, below which
+/// a Lua (double) number is an exact integer.
+pub const EXACT_MAX: u128 = 1 << 53;
+
+/// The largest sliding-log limit: the log keeps one entry per admission.
+pub const MAX_LOG_LIMIT: u64 = 1_000_000;
+
+/// The algorithms of SPEC.md, by their names in configs and flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// `token-bucket`: `capacity`, `rate`.
+    TokenBucket,
+    /// `gcra`: `burst`, `rate` (the token bucket as one timestamp).
+    Gcra,
+    /// `fixed-window`: `limit`, `window`.
+    FixedWindow,
+    /// `sliding-log`: `limit`, `window`.
+    SlidingLog,
+    /// `sliding-counter`: `limit`, `window`.
+    SlidingCounter,
+    /// `leaky-bucket`: `rate`, `queue`.
+    LeakyBucket,
+}
+
+impl Algorithm {
+    /// Every algorithm, in SPEC.md's order.
+    pub const ALL: [Self; 6] = [
+        Self::TokenBucket,
+        Self::Gcra,
+        Self::FixedWindow,
+        Self::SlidingLog,
+        Self::SlidingCounter,
+        Self::LeakyBucket,
+    ];
+
+    /// The name used in configs, flags and output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::TokenBucket => "token-bucket",
+            Self::Gcra => "gcra",
+            Self::FixedWindow => "fixed-window",
+            Self::SlidingLog => "sliding-log",
+            Self::SlidingCounter => "sliding-counter",
+            Self::LeakyBucket => "leaky-bucket",
+        }
+    }
+
+    /// The parameters this algorithm takes, all required.
+    pub fn params(self) -> &'static [&'static str] {
+        match self {
+            Self::TokenBucket => &["capacity", "rate"],
+            Self::Gcra => &["burst", "rate"],
+            Self::FixedWindow | Self::SlidingLog | Self::SlidingCounter => &["limit", "window"],
+            Self::LeakyBucket => &["rate", "queue"],
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = PolicyError;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.name() == name.trim())
+            .ok_or_else(|| {
+                PolicyError::new(
+                    "algorithm",
+                    PolicyErrorKind::UnknownAlgorithm(name.to_owned()),
+                )
+            })
+    }
+}
+
+/// A policy that cannot be built, naming the parameter that is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("`{field}`: {kind}")]
+pub struct PolicyError {
+    /// The parameter (`capacity`, `rate`, …) or `algorithm`.
+    pub field: String,
+    /// What is wrong with it.
+    pub kind: PolicyErrorKind,
+}
+
+impl PolicyError {
+    fn new(field: &str, kind: PolicyErrorKind) -> Self {
+        Self {
+            field: field.to_owned(),
+            kind,
+        }
+    }
+}
+
+/// What is wrong with a policy parameter.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum PolicyErrorKind {
+    /// No such algorithm.
+    #[error(
+        "unknown algorithm `{0}` (valid: token-bucket, gcra, fixed-window, sliding-log, sliding-counter, leaky-bucket)"
+    )]
+    UnknownAlgorithm(String),
+    /// A required parameter is absent.
+    #[error("missing ({algorithm} takes {takes})")]
+    Missing {
+        /// The algorithm's name.
+        algorithm: &'static str,
+        /// Its parameters.
+        takes: String,
+    },
+    /// A parameter the algorithm does not take.
+    #[error("not a parameter of {algorithm} (it takes {takes})")]
+    NotAParameter {
+        /// The algorithm's name.
+        algorithm: &'static str,
+        /// Its parameters.
+        takes: String,
+    },
+    /// The same parameter given twice.
+    #[error("given more than once")]
+    Duplicate,
+    /// A value that does not parse.
+    #[error("`{value}` is not valid: {source}")]
+    Invalid {
+        /// The text given.
+        value: String,
+        /// Why it does not parse.
+        source: UnitError,
+    },
+    /// A value outside the bounds of exact decisions.
+    #[error("{0}")]
+    OutOfBounds(String),
+    /// A `key=value` policy spec that is not `key=value`.
+    #[error("`{0}` is not key=value")]
+    NotKeyValue(String),
+}
+
+/// A request that can never be decided under a policy: an error, not a
+/// rejection (SPEC.md: a cost larger than the capacity can never succeed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum CostError {
+    /// Cost 0.
+    #[error("cost must be a positive whole number")]
+    Zero,
+    /// More than the policy could ever admit at once.
+    #[error("cost {cost} can never be admitted: it is larger than the policy's {field} ({max})")]
+    TooLarge {
+        /// The cost asked for.
+        cost: u64,
+        /// The largest cost the policy admits.
+        max: u64,
+        /// The parameter that bounds it.
+        field: &'static str,
+    },
+}
+
+/// A validated policy: an algorithm with its parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Policy {
+    /// Token bucket.
+    TokenBucket(TokenBucket),
+    /// GCRA: the token bucket with capacity = burst.
+    Gcra(TokenBucket),
+    /// Fixed window.
+    FixedWindow(FixedWindow),
+    /// Sliding-window log.
+    SlidingLog(SlidingLog),
+    /// Sliding-window counter.
+    SlidingCounter(SlidingCounter),
+    /// Leaky-bucket shaper.
+    LeakyBucket(LeakyBucket),
+}
+
+/// The state of one key under one policy. [`Policy::new_state`] makes a new
+/// key's; a state of the wrong kind is treated as a new key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum State {
+    /// Token bucket, GCRA, leaky bucket.
+    Level(LevelState),
+    /// Fixed window.
+    FixedWindow(FixedWindowState),
+    /// Sliding counter.
+    SlidingCounter(SlidingCounterState),
+    /// Sliding log.
+    Log(LogState),
+}
+
+fn out_of_bounds(field: &str, message: String) -> PolicyError {
+    PolicyError::new(field, PolicyErrorKind::OutOfBounds(message))
+}
+
+fn positive(field: &str, value: u64) -> Result<u64, PolicyError> {
+    if value == 0 {
+        return Err(out_of_bounds(field, "must be at least 1".to_owned()));
+    }
+    Ok(value)
+}
+
+fn check_rate(rate: Rate) -> Result<(), PolicyError> {
+    if u128::from(rate.tokens()) > EXACT_MAX {
+        return Err(out_of_bounds(
+            "rate",
+            format!(
+                "{rate} is too fine to decide exactly: write it with at most 2^53 tokens per its period"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `2 · size · p ≤ 2^53`: a full level plus the largest cost stays exact.
+fn check_level(field: &str, size: u64, rate: Rate) -> Result<(), PolicyError> {
+    if 2 * u128::from(size) * u128::from(rate.period()) > EXACT_MAX {
+        return Err(out_of_bounds(
+            field,
+            format!(
+                "{field} {size} at rate {rate} is beyond exact decisions: \
+                 2 × {field} × {p} (the rate's period in lowest terms, ns) must be at most 2^53; \
+                 lower the {field} or use a faster rate",
+                p = rate.period()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_window(window: Nanos) -> Result<(), PolicyError> {
+    positive("window", window)?;
+    if u128::from(window) > EXACT_MAX {
+        return Err(out_of_bounds(
+            "window",
+            format!(
+                "{} is longer than 2^53 ns (about 104 days)",
+                DisplayDuration(window)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_limit(limit: u64, max: u128) -> Result<(), PolicyError> {
+    positive("limit", limit)?;
+    if u128::from(limit) > max {
+        return Err(out_of_bounds(
+            "limit",
+            format!("{limit} is more than {max}"),
+        ));
+    }
+    Ok(())
+}
+
+impl Policy {
+    /// `capacity` tokens refilled at `rate`.
+    pub fn token_bucket(capacity: u64, rate: Rate) -> Result<Self, PolicyError> {
+        Self::bucket("capacity", capacity, rate).map(Self::TokenBucket)
+    }
+
+    /// GCRA allowing bursts of `burst`, at `rate`.
+    pub fn gcra(burst: u64, rate: Rate) -> Result<Self, PolicyError> {
+        Self::bucket("burst", burst, rate).map(Self::Gcra)
+    }
+
+    fn bucket(field: &str, capacity: u64, rate: Rate) -> Result<TokenBucket, PolicyError> {
+        positive(field, capacity)?;
+        check_rate(rate)?;
+        check_level(field, capacity, rate)?;
+        Ok(TokenBucket { capacity, rate })
+    }
+
+    /// At most `limit` per aligned `window`.
+    pub fn fixed_window(limit: u64, window: Nanos) -> Result<Self, PolicyError> {
+        check_limit(limit, EXACT_MAX)?;
+        check_window(window)?;
+        Ok(Self::FixedWindow(FixedWindow { limit, window }))
+    }
+
+    /// At most `limit` in any `window`, exactly.
+    pub fn sliding_log(limit: u64, window: Nanos) -> Result<Self, PolicyError> {
+        check_limit(limit, u128::from(MAX_LOG_LIMIT))?;
+        check_window(window)?;
+        Ok(Self::SlidingLog(SlidingLog { limit, window }))
+    }
+
+    /// At most `limit` in the weighted two-window estimate.
+    pub fn sliding_counter(limit: u64, window: Nanos) -> Result<Self, PolicyError> {
+        check_limit(limit, EXACT_MAX)?;
+        check_window(window)?;
+        if u128::from(limit) * u128::from(window) > EXACT_MAX {
+            return Err(out_of_bounds(
+                "limit",
+                format!(
+                    "{limit} per {} is beyond exact decisions: limit × window (ns) must be at most 2^53; \
+                     use a shorter window with a proportional limit, or sliding-log",
+                    DisplayDuration(window)
+                ),
+            ));
+        }
+        Ok(Self::SlidingCounter(SlidingCounter { limit, window }))
+    }
+
+    /// Releases at `rate`, with up to `queue` slots waiting.
+    pub fn leaky_bucket(rate: Rate, queue: u64) -> Result<Self, PolicyError> {
+        positive("queue", queue)?;
+        check_rate(rate)?;
+        check_level("queue", queue, rate)?;
+        Ok(Self::LeakyBucket(LeakyBucket { rate, queue }))
+    }
+
+    /// Builds a policy from an algorithm name and `(parameter, value)` text
+    /// pairs, as configs and flags give them; every parameter is required
+    /// and none other is accepted.
+    pub fn from_params<'a>(
+        algorithm: &str,
+        params: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, PolicyError> {
+        let algorithm: Algorithm = algorithm.parse()?;
+        let takes = algorithm.params();
+        let mut values: [Option<&str>; 2] = [None, None];
+        for (name, value) in params {
+            let Some(slot) = takes.iter().position(|t| *t == name) else {
+                return Err(PolicyError::new(
+                    name,
+                    PolicyErrorKind::NotAParameter {
+                        algorithm: algorithm.name(),
+                        takes: takes.join(", "),
+                    },
+                ));
+            };
+            if values[slot].replace(value).is_some() {
+                return Err(PolicyError::new(name, PolicyErrorKind::Duplicate));
+            }
+        }
+        let get = |slot: usize| {
+            values[slot].ok_or_else(|| {
+                PolicyError::new(
+                    takes[slot],
+                    PolicyErrorKind::Missing {
+                        algorithm: algorithm.name(),
+                        takes: takes.join(", "),
+                    },
+                )
+            })
+        };
+        let parsed = |slot: usize, parse: fn(&str) -> Result<u64, UnitError>| {
+            let value = get(slot)?;
+            parse(value).map_err(|source| {
+                PolicyError::new(
+                    takes[slot],
+                    PolicyErrorKind::Invalid {
+                        value: value.to_owned(),
+                        source,
+                    },
+                )
+            })
+        };
+        let count = |slot| parsed(slot, parse_count);
+        let duration = |slot| parsed(slot, parse_duration);
+        let rate = |slot: usize| {
+            let value = get(slot)?;
+            Rate::parse(value).map_err(|source| {
+                PolicyError::new(
+                    takes[slot],
+                    PolicyErrorKind::Invalid {
+                        value: value.to_owned(),
+                        source,
+                    },
+                )
+            })
+        };
+        match algorithm {
+            Algorithm::TokenBucket => Self::token_bucket(count(0)?, rate(1)?),
+            Algorithm::Gcra => Self::gcra(count(0)?, rate(1)?),
+            Algorithm::FixedWindow => Self::fixed_window(count(0)?, duration(1)?),
+            Algorithm::SlidingLog => Self::sliding_log(count(0)?, duration(1)?),
+            Algorithm::SlidingCounter => Self::sliding_counter(count(0)?, duration(1)?),
+            Algorithm::LeakyBucket => Self::leaky_bucket(rate(0)?, count(1)?),
+        }
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            Self::TokenBucket(_) => Algorithm::TokenBucket,
+            Self::Gcra(_) => Algorithm::Gcra,
+            Self::FixedWindow(_) => Algorithm::FixedWindow,
+            Self::SlidingLog(_) => Algorithm::SlidingLog,
+            Self::SlidingCounter(_) => Algorithm::SlidingCounter,
+            Self::LeakyBucket(_) => Algorithm::LeakyBucket,
+        }
+    }
+
+    /// The largest cost one request may have, and the parameter bounding it.
+    pub fn max_cost(&self) -> (u64, &'static str) {
+        match self {
+            Self::TokenBucket(b) => (b.capacity(), "capacity"),
+            Self::Gcra(b) => (b.capacity(), "burst"),
+            Self::FixedWindow(w) => (w.limit(), "limit"),
+            Self::SlidingLog(l) => (l.limit(), "limit"),
+            Self::SlidingCounter(c) => (c.limit(), "limit"),
+            Self::LeakyBucket(l) => (l.queue(), "queue"),
+        }
+    }
+
+    /// `Ok` when `cost` could ever be admitted.
+    pub fn validate_cost(&self, cost: u64) -> Result<(), CostError> {
+        let (max, field) = self.max_cost();
+        match cost {
+            0 => Err(CostError::Zero),
+            c if c > max => Err(CostError::TooLarge { cost, max, field }),
+            _ => Ok(()),
+        }
+    }
+
+    /// A new key's state: full bucket, empty windows, idle shaper.
+    pub fn new_state(&self) -> State {
+        match self {
+            Self::TokenBucket(_) | Self::Gcra(_) | Self::LeakyBucket(_) => {
+                State::Level(LevelState::default())
+            }
+            Self::FixedWindow(_) => State::FixedWindow(FixedWindowState::default()),
+            Self::SlidingCounter(_) => State::SlidingCounter(SlidingCounterState::default()),
+            Self::SlidingLog(_) => State::Log(LogState::default()),
+        }
+    }
+
+    /// Decides a request of `cost` at `now` and updates `state`: charged
+    /// when allowed; a rejection only refreshes the key's accounting.
+    pub fn check(&self, state: &mut State, now: Nanos, cost: u64) -> Result<Decision, CostError> {
+        self.validate_cost(cost)?;
+        fn apply<S: Copy>(s: &mut S, step: impl FnOnce(S) -> (Decision, S)) -> Decision {
+            let (decision, next) = step(*s);
+            *s = next;
+            decision
+        }
+        Ok(match (self, &mut *state) {
+            (Self::TokenBucket(b) | Self::Gcra(b), State::Level(s)) => {
+                apply(s, |s| b.check(s, now, cost))
+            }
+            (Self::LeakyBucket(l), State::Level(s)) => apply(s, |s| l.check(s, now, cost)),
+            (Self::FixedWindow(w), State::FixedWindow(s)) => apply(s, |s| w.check(s, now, cost)),
+            (Self::SlidingCounter(c), State::SlidingCounter(s)) => {
+                apply(s, |s| c.check(s, now, cost))
+            }
+            (Self::SlidingLog(l), State::Log(s)) => l.check(s, now, cost),
+            _ => {
+                *state = self.new_state();
+                return self.check(state, now, cost);
+            }
+        })
+    }
+
+    /// The decision [`Policy::check`] would make, changing nothing.
+    pub fn peek(&self, state: &State, now: Nanos, cost: u64) -> Result<Decision, CostError> {
+        match (self, state) {
+            (Self::SlidingLog(l), State::Log(s)) => {
+                self.validate_cost(cost)?;
+                Ok(l.peek(s, now, cost))
+            }
+            (Self::SlidingLog(_), _) => self.check(&mut self.new_state(), now, cost),
+            _ => self.check(&mut state.clone(), now, cost),
+        }
+    }
+
+    /// Parses `ALGORITHM key=value …`, e.g. `token-bucket capacity=10 rate=2/s`.
+    pub fn parse(spec: &str) -> Result<Self, PolicyError> {
+        let mut words = spec.split_whitespace();
+        let algorithm = words.next().unwrap_or_default();
+        let params = words
+            .map(|word| {
+                word.split_once('=').ok_or_else(|| {
+                    PolicyError::new(word, PolicyErrorKind::NotKeyValue(word.to_owned()))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::from_params(algorithm, params)
+    }
+}
+
+impl fmt::Display for Policy {
+    /// The form [`Policy::parse`] reads back.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = self.algorithm().name();
+        match self {
+            Self::TokenBucket(b) => write!(f, "{name} capacity={} rate={}", b.capacity(), b.rate()),
+            Self::Gcra(b) => write!(f, "{name} burst={} rate={}", b.capacity(), b.rate()),
+            Self::FixedWindow(w) => write!(
+                f,
+                "{name} limit={} window={}",
+                w.limit(),
+                DisplayDuration(w.window())
+            ),
+            Self::SlidingLog(l) => write!(
+                f,
+                "{name} limit={} window={}",
+                l.limit(),
+                DisplayDuration(l.window())
+            ),
+            Self::SlidingCounter(c) => {
+                write!(
+                    f,
+                    "{name} limit={} window={}",
+                    c.limit(),
+                    DisplayDuration(c.window())
+                )
+            }
+            Self::LeakyBucket(l) => write!(f, "{name} rate={} queue={}", l.rate(), l.queue()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(algorithm: &str, params: &[(&str, &str)]) -> String {
+        Policy::from_params(algorithm, params.iter().copied())
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn builds_every_algorithm_and_prints_it_back() {
+        for spec in [
+            "token-bucket capacity=10 rate=2/s",
+            "gcra burst=10 rate=7/1500ms",
+            "fixed-window limit=120 window=1m",
+            "sliding-log limit=3 window=60s",
+            "sliding-counter limit=120 window=1m",
+            "leaky-bucket rate=2/s queue=10",
+        ] {
+            let p = Policy::parse(spec).unwrap();
+            assert_eq!(Policy::parse(&p.to_string()).unwrap(), p, "{spec}");
+        }
+        assert_eq!(
+            Policy::parse("sliding-log limit=3 window=60s")
+                .unwrap()
+                .to_string(),
+            "sliding-log limit=3 window=1m"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field_and_what_is_valid() {
+        assert_eq!(
+            err("token-bucket", &[("capacity", "0"), ("rate", "2/s")]),
+            "`capacity`: `0` is not valid: `0` is not a positive whole number"
+        );
+        assert_eq!(
+            err("token-bucket", &[("capacity", "10")]),
+            "`rate`: missing (token-bucket takes capacity, rate)"
+        );
+        assert_eq!(
+            err(
+                "token-bucket",
+                &[("capacity", "10"), ("rate", "2/s"), ("limit", "3")]
+            ),
+            "`limit`: not a parameter of token-bucket (it takes capacity, rate)"
+        );
+        assert!(
+            err("token-bucket", &[("capacity", "10"), ("rate", "2/x")])
+                .contains("`x` is not a unit")
+        );
+        assert!(err("fixed-window", &[("limit", "10"), ("window", "-5s")]).starts_with("`window`"));
+        assert!(err("sliding-counter", &[("limit", "10000"), ("window", "1d")]).contains("2^53"));
+        assert!(err("token-bucket", &[("capacity", "100000"), ("rate", "1/d")]).contains("2^53"));
+        assert!(err("nope", &[]).contains("valid: token-bucket"));
+        assert!(
+            err(
+                "leaky-bucket",
+                &[("rate", "1/s"), ("queue", "1"), ("queue", "2")]
+            )
+            .contains("more than once")
+        );
+    }
+
+    #[test]
+    fn bounds_are_at_the_edge() {
+        // 2 · C · p = 2^53 exactly is allowed; one more token is not.
+        let rate = Rate::new(1, 1 << 20).unwrap();
+        assert!(Policy::token_bucket(1 << 32, rate).is_ok());
+        assert!(Policy::token_bucket((1 << 32) + 1, rate).is_err());
+        assert!(Policy::sliding_counter(1 << 23, 1 << 30).is_ok());
+        assert!(Policy::sliding_counter((1 << 23) + 1, 1 << 30).is_err());
+    }
+
+    #[test]
+    fn cost_errors() {
+        let p = Policy::parse("token-bucket capacity=10 rate=2/s").unwrap();
+        assert_eq!(p.validate_cost(0), Err(CostError::Zero));
+        assert_eq!(
+            p.validate_cost(11).unwrap_err().to_string(),
+            "cost 11 can never be admitted: it is larger than the policy's capacity (10)"
+        );
+        let mut s = p.new_state();
+        assert!(p.check(&mut s, 0, 11).is_err());
+        assert_eq!(s, p.new_state(), "an invalid request changes nothing");
+    }
+
+    #[test]
+    fn wrong_state_kind_is_a_new_key() {
+        let p = Policy::parse("fixed-window limit=1 window=1s").unwrap();
+        let mut s = State::Log(LogState::default());
+        assert!(p.check(&mut s, 0, 1).unwrap().allowed);
+        assert!(matches!(s, State::FixedWindow(_)));
+    }
+}
