@@ -227,6 +227,19 @@ pub enum State {
     Log(LogState),
 }
 
+impl State {
+    /// The latest time the key has seen: checks are evaluated at
+    /// `max(now, seen)`.
+    pub fn seen(&self) -> Nanos {
+        match self {
+            Self::Level(s) => s.seen,
+            Self::FixedWindow(s) => s.seen,
+            Self::SlidingCounter(s) => s.seen,
+            Self::Log(s) => s.seen(),
+        }
+    }
+}
+
 fn out_of_bounds(field: &str, message: String) -> PolicyError {
     PolicyError::new(field, PolicyErrorKind::OutOfBounds(message))
 }
