@@ -1,1 +1,47 @@
-fn main() {}
+//! The `weir` binary: parse the command line, run the subcommand, and turn
+//! errors into a message and an exit status (2 for bad input).
+
+mod policy_file;
+mod simulate;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// weir: an exact rate limiter.
+#[derive(Debug, Parser)]
+#[command(name = "weir", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Replay a trace through a policy and print every decision, or compare
+    /// several policies on one trace (--compare) and plot them (--plot).
+    Simulate(Box<simulate::Args>),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Simulate(args) => simulate::run(*args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `weir simulate … | head` closes the pipe early; that is not an error.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}

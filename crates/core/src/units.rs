@@ -165,12 +165,18 @@ impl Rate {
 
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}/{}",
-            self.written_tokens,
-            DisplayDuration(self.written_period)
-        )
+        match UNITS
+            .iter()
+            .find(|(_, scale)| *scale == self.written_period)
+        {
+            Some((unit, _)) => write!(f, "{}/{unit}", self.written_tokens),
+            None => write!(
+                f,
+                "{}/{}",
+                self.written_tokens,
+                DisplayDuration(self.written_period)
+            ),
+        }
     }
 }
 
@@ -305,7 +311,8 @@ mod tests {
         assert_eq!((r.tokens(), r.period()), (1, 150_000_000));
         let r = Rate::parse("3/s").unwrap();
         assert_eq!((r.tokens(), r.period()), (3, NANOS_PER_SEC));
-        assert_eq!(r.to_string(), "3/1s");
+        assert_eq!(r.to_string(), "3/s");
+        assert_eq!(Rate::parse("120/60s").unwrap().to_string(), "120/m");
         assert_eq!(Rate::parse("7/1500ms").unwrap().to_string(), "7/1500ms");
         assert_eq!(Rate::parse("2"), Err(UnitError::NotARate));
         assert!(Rate::parse("0/s").is_err());

@@ -1,0 +1,180 @@
+//! `weir simulate`: flags to a policy (or several) and a trace, then the
+//! simulator of `weir-sim`. See the README for the contract.
+
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::path::PathBuf;
+
+use anyhow::{Context, anyhow, bail};
+use clap::ValueEnum;
+use clap::builder::PossibleValuesParser;
+use weir_core::units::parse_duration;
+use weir_core::{Algorithm, Policy, PolicyError};
+use weir_sim::compare::{compare, default_burst_window, write_table};
+use weir_sim::scenario::{SCENARIOS, Scenario};
+use weir_sim::{Arrival, Format, TraceError, TraceReader, plot::plot};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum OutputFormat {
+    Csv,
+    Json,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The algorithm of the policy to simulate.
+    #[arg(long, value_name = "ALG", value_parser = PossibleValuesParser::new(Algorithm::ALL.map(Algorithm::name)))]
+    algorithm: Option<String>,
+    /// token-bucket: bucket size, in tokens.
+    #[arg(long, value_name = "C")]
+    capacity: Option<String>,
+    /// gcra: largest burst, in requests.
+    #[arg(long, value_name = "B")]
+    burst: Option<String>,
+    /// token-bucket, gcra, leaky-bucket: N/DURATION or N/UNIT (2/s, 120/m, 10/1500ms).
+    #[arg(long, value_name = "R")]
+    rate: Option<String>,
+    /// fixed-window, sliding-log, sliding-counter: admitted cost per window.
+    #[arg(long, value_name = "L")]
+    limit: Option<String>,
+    /// fixed-window, sliding-log, sliding-counter: window length (60s, 1500ms, 1m).
+    #[arg(long, value_name = "W")]
+    window: Option<String>,
+    /// leaky-bucket: slots that may wait.
+    #[arg(long, value_name = "Q")]
+    queue: Option<String>,
+    /// The trace: CSV with a `time` column (seconds) and optional `cost` and `key`; `-` reads stdin.
+    #[arg(long, value_name = "FILE", required_unless_present = "scenario")]
+    trace: Option<PathBuf>,
+    /// Use a built-in trace instead of --trace.
+    #[arg(long, value_name = "NAME", conflicts_with = "trace",
+          value_parser = PossibleValuesParser::new(SCENARIOS.map(|s| s.name)))]
+    scenario: Option<String>,
+    /// Output format for decisions.
+    #[arg(long, value_enum, default_value = "csv")]
+    format: OutputFormat,
+    /// Compare several policies on the trace and print a summary table.
+    #[arg(long)]
+    compare: bool,
+    /// With --compare: a policy as `ALGORITHM key=value …`, e.g. 'token-bucket capacity=10 rate=2/s'; repeatable.
+    #[arg(long = "policy", value_name = "SPEC", requires = "compare")]
+    policy_specs: Vec<String>,
+    /// With --compare: a TOML file of [policies.NAME] tables.
+    #[arg(long = "policies", value_name = "FILE", requires = "compare")]
+    policy_file: Option<PathBuf>,
+    /// With --compare: the window the largest burst is measured over (default: the longest policy window, else 1s).
+    #[arg(long, value_name = "DURATION", requires = "compare")]
+    burst_window: Option<String>,
+    /// With --compare: draw the lanes to this SVG file.
+    #[arg(long, value_name = "FILE.svg", requires = "compare")]
+    plot: Option<PathBuf>,
+}
+
+impl Args {
+    /// The policy given by --algorithm and its flags, if any.
+    fn flag_policy(&self) -> anyhow::Result<Option<Policy>> {
+        let flags = [
+            ("capacity", &self.capacity),
+            ("burst", &self.burst),
+            ("rate", &self.rate),
+            ("limit", &self.limit),
+            ("window", &self.window),
+            ("queue", &self.queue),
+        ];
+        let given = flags
+            .iter()
+            .filter_map(|(name, value)| Some((*name, value.as_deref()?)));
+        let Some(algorithm) = &self.algorithm else {
+            if let Some((name, _)) = given.clone().next() {
+                bail!("--{name} needs --algorithm");
+            }
+            return Ok(None);
+        };
+        Policy::from_params(algorithm, given)
+            .map(Some)
+            .map_err(flag_error)
+    }
+
+    fn arrivals(&self) -> anyhow::Result<Box<dyn Iterator<Item = Result<Arrival, TraceError>>>> {
+        if let Some(name) = &self.scenario {
+            let scenario =
+                Scenario::find(name).ok_or_else(|| anyhow!("--scenario: unknown `{name}`"))?;
+            return Ok(Box::new(scenario.arrivals().into_iter().map(Ok)));
+        }
+        let path = self
+            .trace
+            .as_ref()
+            .ok_or_else(|| anyhow!("--trace FILE or --scenario NAME is required"))?;
+        let input: Box<dyn Read> = if path.as_os_str() == "-" {
+            Box::new(io::stdin().lock())
+        } else {
+            let file = File::open(path)
+                .with_context(|| format!("--trace: cannot read {}", path.display()))?;
+            Box::new(BufReader::new(file))
+        };
+        Ok(Box::new(TraceReader::new(input)))
+    }
+}
+
+fn flag_error(e: PolicyError) -> anyhow::Error {
+    anyhow!("--{}: {}", e.field, e.kind)
+}
+
+pub(crate) fn run(args: Args) -> anyhow::Result<()> {
+    let stdout = io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    if !args.compare {
+        let policy = args
+            .flag_policy()?
+            .ok_or_else(|| anyhow!("--algorithm is required (or --compare with --policy)"))?;
+        let format = match args.format {
+            OutputFormat::Csv => Format::Csv,
+            OutputFormat::Json => Format::Json,
+        };
+        return Ok(weir_sim::simulate(policy, args.arrivals()?, out, format)?);
+    }
+    let scenario = args.scenario.as_deref().and_then(Scenario::find);
+    let mut policies = Vec::new();
+    if let Some(policy) = args.flag_policy()? {
+        policies.push((policy.to_string(), policy));
+    }
+    for spec in &args.policy_specs {
+        let policy = Policy::parse(spec).map_err(|e| anyhow!("--policy '{spec}': {e}"))?;
+        policies.push((policy.to_string(), policy));
+    }
+    if let Some(path) = &args.policy_file {
+        policies.extend(crate::policy_file::read(path)?);
+    }
+    if policies.is_empty() {
+        match scenario {
+            Some(s) => {
+                policies = s
+                    .policies()
+                    .map_err(|e| anyhow!("scenario {}: {e}", s.name))?
+            }
+            None => bail!(
+                "--compare needs policies: --policy SPEC, --policies FILE or --algorithm with its flags"
+            ),
+        }
+    }
+    let window = match &args.burst_window {
+        Some(text) => parse_duration(text)
+            .map_err(|e| anyhow!("--burst-window: `{text}` is not valid: {e}"))?,
+        None => default_burst_window(&policies),
+    };
+    let lanes = compare(policies, args.arrivals()?)?;
+    if let Some(s) = scenario {
+        writeln!(out, "scenario {}: {}\n", s.name, s.about)?;
+    }
+    write_table(&mut out, &lanes, window)?;
+    if let Some(path) = &args.plot {
+        let title = scenario.map_or_else(
+            || "weir simulate".to_owned(),
+            |s| format!("scenario {}", s.name),
+        );
+        plot(path, &title, &lanes, window).map_err(|e| anyhow!("--plot: {e}"))?;
+        writeln!(out, "\nplot written to {}", path.display())?;
+    }
+    out.flush()?;
+    Ok(())
+}
