@@ -1,0 +1,238 @@
+//! A naive, exact model of SPEC.md, written independently of the crate:
+//! rational numbers (`Ratio<i128>`) exactly as the formulas read, the rate as
+//! written (not reduced), and the sliding counter's `retry_after` found by
+//! search instead of by formula.
+
+use std::collections::HashMap;
+
+use num_rational::Ratio;
+
+pub(crate) type Q = Ratio<i128>;
+
+fn int(v: i128) -> Q {
+    Q::from_integer(v)
+}
+
+fn ceil(q: Q) -> i128 {
+    q.ceil().to_integer()
+}
+
+fn floor(q: Q) -> i128 {
+    q.floor().to_integer()
+}
+
+/// Parameters of a policy, as plain numbers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Spec {
+    TokenBucket { capacity: i128, n: i128, p: i128 },
+    FixedWindow { limit: i128, window: i128 },
+    SlidingLog { limit: i128, window: i128 },
+    SlidingCounter { limit: i128, window: i128 },
+    LeakyBucket { n: i128, p: i128, queue: i128 },
+}
+
+/// The model's decision, in the crate's field order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    pub allowed: bool,
+    pub remaining: i128,
+    pub retry_after: i128,
+    pub reset: i128,
+    pub delay: i128,
+}
+
+#[derive(Debug, Clone)]
+enum KeyState {
+    Bucket { tokens: Q, updated_at: i128 },
+    Window { index: i128, count: i128 },
+    Log(Vec<(i128, i128)>),
+    Counter { index: i128, cur: i128, prev: i128 },
+    Shaper { next: Option<Q> },
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Model {
+    spec: Spec,
+    keys: HashMap<String, (i128, KeyState)>,
+}
+
+impl Model {
+    pub(crate) fn new(spec: Spec) -> Self {
+        Self {
+            spec,
+            keys: HashMap::new(),
+        }
+    }
+
+    fn fresh(&self, t: i128) -> KeyState {
+        match self.spec {
+            Spec::TokenBucket { capacity, .. } => KeyState::Bucket {
+                tokens: int(capacity),
+                updated_at: t,
+            },
+            Spec::FixedWindow { .. } => KeyState::Window {
+                index: -1,
+                count: 0,
+            },
+            Spec::SlidingLog { .. } => KeyState::Log(Vec::new()),
+            Spec::SlidingCounter { .. } => KeyState::Counter {
+                index: -10,
+                cur: 0,
+                prev: 0,
+            },
+            Spec::LeakyBucket { .. } => KeyState::Shaper { next: None },
+        }
+    }
+
+    pub(crate) fn check(&mut self, key: &str, now: i128, cost: i128) -> (i128, Verdict) {
+        let (last_seen, mut state) = match self.keys.get(key) {
+            Some((seen, s)) => (*seen, s.clone()),
+            None => (now, self.fresh(now)),
+        };
+        let t = now.max(last_seen);
+        let verdict = decide(self.spec, &mut state, t, cost);
+        self.keys.insert(key.to_owned(), (t, state));
+        (t, verdict)
+    }
+}
+
+fn decide(spec: Spec, state: &mut KeyState, t: i128, cost: i128) -> Verdict {
+    match (spec, state) {
+        (Spec::TokenBucket { capacity, n, p }, KeyState::Bucket { tokens, updated_at }) => {
+            let c = int(capacity);
+            let avail = (*tokens + int(t - *updated_at) * Q::new(n, p)).min(c);
+            let allowed = avail >= int(cost);
+            *tokens = if allowed { avail - int(cost) } else { avail };
+            *updated_at = t;
+            Verdict {
+                allowed,
+                remaining: floor(*tokens).max(0),
+                retry_after: if allowed {
+                    0
+                } else {
+                    ceil((int(cost) - avail) * Q::new(p, n))
+                },
+                reset: ceil((c - *tokens) * Q::new(p, n)),
+                delay: 0,
+            }
+        }
+        (Spec::FixedWindow { limit, window }, KeyState::Window { index, count }) => {
+            let i = t.div_euclid(window);
+            if i != *index {
+                *index = i;
+                *count = 0;
+            }
+            let allowed = *count + cost <= limit;
+            if allowed {
+                *count += cost;
+            }
+            let end = (i + 1) * window - t;
+            Verdict {
+                allowed,
+                remaining: limit - *count,
+                retry_after: if allowed { 0 } else { end },
+                reset: if *count > 0 { end } else { 0 },
+                delay: 0,
+            }
+        }
+        (Spec::SlidingLog { limit, window }, KeyState::Log(log)) => {
+            log.retain(|&(a, _)| a > t - window);
+            let count: i128 = log.iter().map(|(_, c)| c).sum();
+            let allowed = count + cost <= limit;
+            let mut retry_after = 0;
+            if allowed {
+                log.push((t, cost));
+            } else {
+                let mut cumulative = 0;
+                for &(a, c) in log.iter() {
+                    cumulative += c;
+                    if cumulative >= count + cost - limit {
+                        retry_after = a + window - t;
+                        break;
+                    }
+                }
+            }
+            let count: i128 = log.iter().map(|(_, c)| c).sum();
+            Verdict {
+                allowed,
+                remaining: limit - count,
+                retry_after,
+                reset: log.last().map_or(0, |&(a, _)| a + window - t),
+                delay: 0,
+            }
+        }
+        (Spec::SlidingCounter { limit, window }, KeyState::Counter { index, cur, prev }) => {
+            let i = t.div_euclid(window);
+            if i == *index + 1 {
+                *prev = *cur;
+                *cur = 0;
+            } else if i != *index {
+                *prev = 0;
+                *cur = 0;
+            }
+            *index = i;
+            let estimate = |at: i128, cur: i128, prev: i128| -> Q {
+                // The estimate at a later time `at`, with no admissions after t.
+                match at.div_euclid(window) - i {
+                    0 => int(cur) + int(prev) * Q::new(window - (at - i * window), window),
+                    1 => int(cur) * Q::new(window - (at - (i + 1) * window), window),
+                    _ => int(0),
+                }
+            };
+            let allowed = estimate(t, *cur, *prev) + int(cost) <= int(limit);
+            if allowed {
+                *cur += cost;
+            }
+            let retry_after = if allowed {
+                0
+            } else {
+                // Earliest whole nanosecond at which the request fits.
+                let (mut lo, mut hi) = (0, 2 * window);
+                while lo < hi {
+                    let mid = (lo + hi) / 2;
+                    if estimate(t + mid, *cur, *prev) + int(cost) <= int(limit) {
+                        hi = mid;
+                    } else {
+                        lo = mid + 1;
+                    }
+                }
+                lo
+            };
+            Verdict {
+                allowed,
+                remaining: floor(int(limit) - estimate(t, *cur, *prev)).max(0),
+                retry_after,
+                reset: if *cur > 0 {
+                    (i + 2) * window - t
+                } else if *prev > 0 {
+                    (i + 1) * window - t
+                } else {
+                    0
+                },
+                delay: 0,
+            }
+        }
+        (Spec::LeakyBucket { n, p, queue }, KeyState::Shaper { next }) => {
+            let slot = Q::new(p, n);
+            let start = next.map_or(int(t), |next| next.max(int(t)));
+            let wait = start - int(t);
+            let allowed = wait <= int(queue) * slot;
+            if allowed {
+                *next = Some(start + int(cost) * slot);
+            }
+            let ahead = next.map_or(int(0), |next| (next - int(t)).max(int(0)));
+            Verdict {
+                allowed,
+                remaining: floor(int(queue + 1) - ahead / slot).max(0),
+                retry_after: if allowed {
+                    0
+                } else {
+                    ceil(wait - int(queue) * slot)
+                },
+                reset: ceil(ahead),
+                delay: if allowed { ceil(wait) } else { 0 },
+            }
+        }
+        (spec, _) => panic!("state does not match {spec:?}"),
+    }
+}
