@@ -6,9 +6,19 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
+use weir_core::{Nanos, Policy};
+
 use crate::compare::Lane;
 
-const BINS: usize = 240;
+fn window_of(policy: &Policy) -> Option<Nanos> {
+    match policy {
+        Policy::FixedWindow(w) => Some(w.window()),
+        Policy::SlidingCounter(c) => Some(c.window()),
+        _ => None,
+    }
+}
+
+const BINS: usize = 600;
 const LANE_HEIGHT: u32 = 150;
 
 /// Counts per time bin for one lane.
@@ -51,7 +61,8 @@ pub fn plot(path: &Path, title: &str, lanes: &[Lane], burst_window: u64) -> Resu
             ("sans-serif", 18),
         )
         .map_err(draw)?;
-    for (area, lane) in root.split_evenly((lanes.len().max(1), 1)).iter().zip(lanes) {
+    let areas = root.split_evenly((lanes.len().max(1), 1));
+    for (i, (area, lane)) in areas.iter().zip(lanes).enumerate() {
         let mut bins = vec![Bin::default(); BINS];
         for o in &lane.outcomes {
             if o.decision.allowed {
@@ -74,7 +85,7 @@ pub fn plot(path: &Path, title: &str, lanes: &[Lane], burst_window: u64) -> Resu
         let mut chart = ChartBuilder::on(area)
             .caption(caption, ("sans-serif", 14))
             .margin(6)
-            .x_label_area_size(22)
+            .x_label_area_size(if i + 1 == lanes.len() { 36 } else { 20 })
             .y_label_area_size(44)
             .build_cartesian_2d(x0..x1, -top..top)
             .map_err(draw)?;
@@ -83,9 +94,21 @@ pub fn plot(path: &Path, title: &str, lanes: &[Lane], burst_window: u64) -> Resu
             .disable_mesh()
             .y_labels(3)
             .y_label_formatter(&|v| format!("{:.0}", v.abs()))
-            .x_desc("time (s)")
+            .x_desc(if i + 1 == lanes.len() { "time (s)" } else { "" })
             .draw()
             .map_err(draw)?;
+        // Window policies: mark the aligned window boundaries.
+        if let Some(w) = window_of(&lane.policy).map(seconds) {
+            let first = (x0 / w).ceil() as i64;
+            let last = (x1 / w).floor() as i64;
+            if last - first < 60 {
+                let grey = RGBColor(170, 170, 170);
+                let lines = (first..=last).map(|k| {
+                    PathElement::new(vec![(k as f64 * w, -top), (k as f64 * w, top)], grey)
+                });
+                chart.draw_series(lines).map_err(draw)?;
+            }
+        }
         let bar = |i: usize, value: f64, color: RGBColor| {
             let left = x0 + i as f64 * bin_width;
             Rectangle::new([(left, 0.0), (left + bin_width, value)], color.filled())

@@ -1,0 +1,359 @@
+//! `weir simulate` as other tools use it: every shared vector, the output
+//! contract, and errors that name the line or flag and exit 2.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+fn vectors() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/vectors")
+}
+
+fn weir(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("weir runs");
+    // weir may exit (on a bad flag) before reading its input.
+    let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+    child.wait_with_output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+/// The table of testdata/vectors/README.md.
+const VECTORS: [(&str, &str, &str); 8] = [
+    (
+        "token-bucket.expected.csv",
+        "token-bucket.csv",
+        "--algorithm token-bucket --capacity 10 --rate 2/s",
+    ),
+    (
+        "gcra.expected.csv",
+        "token-bucket.csv",
+        "--algorithm gcra --burst 10 --rate 2/s",
+    ),
+    (
+        "token-bucket-cost.expected.csv",
+        "token-bucket-cost.csv",
+        "--algorithm token-bucket --capacity 10 --rate 2/s",
+    ),
+    (
+        "fixed-window.expected.csv",
+        "fixed-window.csv",
+        "--algorithm fixed-window --limit 120 --window 60s",
+    ),
+    (
+        "sliding-log-boundary.expected.csv",
+        "fixed-window.csv",
+        "--algorithm sliding-log --limit 120 --window 60s",
+    ),
+    (
+        "sliding-log.expected.csv",
+        "sliding-log.csv",
+        "--algorithm sliding-log --limit 3 --window 60s",
+    ),
+    (
+        "sliding-counter.expected.csv",
+        "sliding-counter.csv",
+        "--algorithm sliding-counter --limit 120 --window 60s",
+    ),
+    (
+        "leaky-bucket.expected.csv",
+        "leaky-bucket.csv",
+        "--algorithm leaky-bucket --rate 2/s --queue 10",
+    ),
+];
+
+#[test]
+fn every_shared_vector_matches() {
+    for (expected, trace, flags) in VECTORS {
+        let trace = vectors().join(trace);
+        let mut args: Vec<&str> = vec!["simulate"];
+        args.extend(flags.split(' '));
+        args.extend(["--trace", trace.to_str().unwrap()]);
+        let out = weir(&args, "");
+        assert!(out.status.success(), "{expected}: {}", text(&out.stderr));
+        let want = std::fs::read_to_string(vectors().join(expected)).unwrap();
+        assert_eq!(text(&out.stdout), want, "{expected}");
+    }
+}
+
+#[test]
+fn reads_stdin_and_prints_json_lines() {
+    let out = weir(
+        &[
+            "simulate",
+            "--algorithm",
+            "leaky-bucket",
+            "--rate",
+            "3/s",
+            "--queue",
+            "1",
+            "--trace",
+            "-",
+            "--format",
+            "json",
+        ],
+        "time,key\n0,\"a,b\"\n0,\"a,b\"\n0,\"a,b\"\n",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines: Vec<_> = text(&out.stdout).lines().map(str::to_owned).collect();
+    assert_eq!(
+        lines,
+        [
+            r#"{"time":0,"key":"a,b","cost":1,"allowed":true,"remaining":1,"retry_after":0.000000000,"reset":0.333333334,"delay":0.000000000}"#,
+            r#"{"time":0,"key":"a,b","cost":1,"allowed":true,"remaining":0,"retry_after":0.000000000,"reset":0.666666667,"delay":0.333333334}"#,
+            r#"{"time":0,"key":"a,b","cost":1,"allowed":false,"remaining":0,"retry_after":0.333333334,"reset":0.666666667,"delay":0.000000000}"#,
+        ]
+    );
+}
+
+#[test]
+fn csv_output_quotes_keys_and_echoes_times() {
+    let out = weir(
+        &[
+            "simulate",
+            "--algorithm",
+            "fixed-window",
+            "--limit",
+            "1",
+            "--window",
+            "1500ms",
+            "--trace",
+            "-",
+        ],
+        "time,key,cost\n1.500000000,\"x,\"\"y\"\"\",1\n0.1,plain,\n",
+    );
+    assert_eq!(
+        text(&out.stdout),
+        "time,key,cost,allowed,remaining,retry_after,reset,delay\n\
+         1.500000000,\"x,\"\"y\"\"\",1,true,0,0.000000000,1.500000000,0.000000000\n\
+         0.1,plain,1,true,0,0.000000000,1.400000000,0.000000000\n"
+    );
+}
+
+#[test]
+fn bad_rows_exit_2_naming_the_line_and_print_nothing_after() {
+    let flags = [
+        "simulate",
+        "--algorithm",
+        "token-bucket",
+        "--capacity",
+        "10",
+        "--rate",
+        "2/s",
+        "--trace",
+        "-",
+    ];
+    for (trace, message, rows) in [
+        (
+            "time,cost\n0,1\n0,11\n1,1\n",
+            "line 3: cost 11 can never be admitted: it is larger than the policy's capacity (10)",
+            1,
+        ),
+        ("time\n0\n-1\n1\n", "line 3: `time` \"-1\"", 1),
+        (
+            "time\n0\n0.1234567891\n",
+            "line 3: `time` \"0.1234567891\": at most 9 digits",
+            1,
+        ),
+        (
+            "time,cost\n0,1\n0,1.5\n",
+            "line 3: `cost` \"1.5\": expected a positive whole number",
+            1,
+        ),
+        (
+            "time,colour\n0,red\n",
+            "line 1: unknown column `colour` (valid columns: time, cost, key)",
+            0,
+        ),
+        (
+            "time\n0\n0,1\n",
+            "line 3: expected 1 fields as in the header, found 2",
+            1,
+        ),
+    ] {
+        let out = weir(&flags, trace);
+        assert_eq!(out.status.code(), Some(2), "{trace}");
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains(message), "{trace}: {stderr}");
+        let stdout = text(&out.stdout);
+        assert_eq!(stdout.lines().count(), 1 + rows, "{trace}: {stdout}");
+    }
+}
+
+#[test]
+fn bad_flags_exit_2_naming_the_flag() {
+    for (args, message) in [
+        (
+            vec![
+                "--algorithm",
+                "token-bucket",
+                "--capacity",
+                "0",
+                "--rate",
+                "2/s",
+            ],
+            "--capacity: `0` is not valid",
+        ),
+        (
+            vec![
+                "--algorithm",
+                "token-bucket",
+                "--capacity",
+                "10",
+                "--rate",
+                "2/x",
+            ],
+            "--rate: `2/x` is not valid: `x` is not a unit",
+        ),
+        (
+            vec!["--algorithm", "token-bucket", "--capacity", "10"],
+            "--rate: missing (token-bucket takes capacity, rate)",
+        ),
+        (
+            vec![
+                "--algorithm",
+                "fixed-window",
+                "--limit",
+                "5",
+                "--window",
+                "1s",
+                "--queue",
+                "2",
+            ],
+            "--queue: not a parameter of fixed-window",
+        ),
+        (
+            vec![
+                "--algorithm",
+                "sliding-counter",
+                "--limit",
+                "100000",
+                "--window",
+                "1d",
+            ],
+            "--limit: 100000 per 1d is beyond exact decisions",
+        ),
+        (
+            vec!["--algorithm", "bucket"],
+            "invalid value 'bucket' for '--algorithm <ALG>'",
+        ),
+        (vec!["--capacity", "3"], "--capacity needs --algorithm"),
+    ] {
+        let mut all = vec!["simulate"];
+        all.extend(&args);
+        all.extend(["--trace", "-"]);
+        let out = weir(&all, "time\n0\n");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            text(&out.stderr).contains(message),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(out.stdout.is_empty());
+    }
+    let out = weir(
+        &[
+            "simulate",
+            "--algorithm",
+            "gcra",
+            "--burst",
+            "1",
+            "--rate",
+            "1/s",
+            "--trace",
+            "/nonexistent.csv",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--trace: cannot read /nonexistent.csv"));
+}
+
+#[test]
+fn compare_prints_a_table_and_draws_a_plot() {
+    let dir = std::env::temp_dir().join(format!("weir-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("lanes.svg");
+    let policies = dir.join("policies.toml");
+    std::fs::write(
+        &policies,
+        "[policies.per-minute]\nalgorithm = \"sliding-log\"\nlimit = 120\nwindow = \"60s\"\n",
+    )
+    .unwrap();
+    let trace = vectors().join("fixed-window.csv");
+    let out = weir(
+        &[
+            "simulate",
+            "--compare",
+            "--policy",
+            "fixed-window limit=120 window=60s",
+            "--policies",
+            policies.to_str().unwrap(),
+            "--trace",
+            trace.to_str().unwrap(),
+            "--plot",
+            svg.to_str().unwrap(),
+        ],
+        "",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap()
+            .split_whitespace()
+            .next_back()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(row("fixed-window"), "240", "{table}");
+    assert_eq!(row("per-minute"), "120", "{table}");
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(picture.starts_with("<svg"));
+    assert!(
+        picture.contains("per-minute: admitted 120, rejected 121"),
+        "lane caption"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn scenarios_run_without_a_trace() {
+    let out = weir(
+        &["simulate", "--compare", "--scenario", "boundary-burst"],
+        "",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("fixed-window limit=120 window=1m"));
+    let out = weir(
+        &[
+            "simulate",
+            "--algorithm",
+            "gcra",
+            "--burst",
+            "5",
+            "--rate",
+            "1/s",
+            "--scenario",
+            "steady-overload",
+        ],
+        "",
+    );
+    assert_eq!(text(&out.stdout).lines().count(), 241);
+    let out = weir(&["simulate", "--compare", "--scenario", "nope"], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("boundary-burst"),
+        "lists the scenarios"
+    );
+}

@@ -1,0 +1,4 @@
+//! Integration tests of the `weir` binary, run as a real process.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod simulate;
