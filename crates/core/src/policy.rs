@@ -504,6 +504,29 @@ impl Policy {
         })
     }
 
+    /// Whether the key is back to its idle, fully available state at `now`
+    /// (evaluated at `max(now, seen)`): deleting it then grants nothing
+    /// (SPEC.md's idle rule), so a store may drop it.
+    pub fn is_idle(&self, state: &State, now: Nanos) -> bool {
+        let t = now.max(state.seen());
+        match (self, state) {
+            (Self::TokenBucket(b) | Self::Gcra(b), State::Level(s)) => s.at(t, b.rate()).1 == 0,
+            (Self::LeakyBucket(l), State::Level(s)) => s.at(t, l.rate()).1 == 0,
+            (Self::FixedWindow(w), State::FixedWindow(s)) => {
+                s.count == 0 || t / w.window() != s.index
+            }
+            (Self::SlidingCounter(c), State::SlidingCounter(s)) => {
+                match (t / c.window()).saturating_sub(s.index) {
+                    0 => s.current == 0 && s.previous == 0,
+                    1 => s.current == 0,
+                    _ => true,
+                }
+            }
+            (Self::SlidingLog(l), State::Log(s)) => s.is_idle(t, l.window()),
+            _ => true,
+        }
+    }
+
     /// The decision [`Policy::check`] would make, changing nothing.
     pub fn peek(&self, state: &State, now: Nanos, cost: u64) -> Result<Decision, CostError> {
         match (self, state) {

@@ -288,6 +288,19 @@ proptest! {
     }
 
     #[test]
+    fn idle_means_indistinguishable_from_new((policy, _) in policy_strategy(), trace in trace_strategy(), later in 0u64..3_000_000_000) {
+        let arrivals = arrivals(&policy, &trace);
+        for c in run(&policy, &arrivals) {
+            let mut state = c.before.clone();
+            policy.check(&mut state, c.now, c.cost).unwrap();
+            for at in [c.at, c.at + 1, c.at + later % (2 * grain(&policy) + 1), c.at + c.decision.reset] {
+                let same = policy.peek(&state, at, 1).unwrap() == policy.peek(&policy.new_state(), at, 1).unwrap();
+                prop_assert_eq!(policy.is_idle(&state, at), same, "at {} under {}", at, policy);
+            }
+        }
+    }
+
+    #[test]
     fn keys_are_independent((policy, _) in policy_strategy(), trace in trace_strategy()) {
         let arrivals = arrivals(&policy, &trace);
         let together = run(&policy, &arrivals);

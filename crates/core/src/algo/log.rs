@@ -1,10 +1,13 @@
 //! Sliding-window log: every admission is remembered until it leaves the
 //! window, so the limit holds over *every* window, not only aligned ones.
 //!
-//! It is the memory-hungry algorithm, so the log is packed: each entry is a
-//! LEB128 varint of the gap since the previous entry (in nanoseconds) and a
-//! varint of its cost. A burst at one instant costs two bytes an entry, one
-//! per millisecond about four, instead of the sixteen of a `(u64, u64)`.
+//! It is the memory-hungry algorithm, so the log is packed: each entry is one
+//! LEB128 varint of `gap << 1 | (cost != 1)`, where `gap` is the time since
+//! the previous entry in nanoseconds, followed by a varint of the cost only
+//! when it is not 1. A burst at one instant costs one byte an entry, one a
+//! millisecond three, one every half second five, instead of the sixteen of a
+//! `(u64, u64)`. The buffer is compacted as entries expire and grows by a
+//! quarter at a time, so it holds little more than the live entries.
 
 use crate::Nanos;
 use crate::decision::{Decision, ceil_div};
@@ -25,7 +28,8 @@ pub struct LogState {
     /// Packed `(gap, cost)` entries; those before `head` are already dropped.
     bytes: Vec<u8>,
     head: usize,
-    /// The time the gap of the entry at `head` is counted from.
+    /// The time the gap of the entry at `head` is counted from: the first
+    /// entry's own time, or the last dropped entry's.
     base: Nanos,
     /// The time of the newest entry (meaningful while the log is non-empty).
     newest: Nanos,
@@ -53,6 +57,11 @@ impl LogState {
         self.bytes.len() - self.head
     }
 
+    /// Whether every entry has expired at `t`.
+    pub fn is_idle(&self, t: Nanos, window: Nanos) -> bool {
+        self.is_empty() || expired(self.newest, t, window)
+    }
+
     fn is_empty(&self) -> bool {
         self.head == self.bytes.len()
     }
@@ -75,20 +84,28 @@ impl LogState {
         if self.is_empty() {
             self.bytes.clear();
             self.head = 0;
-        } else if self.head * 2 >= self.bytes.len() {
+        } else if self.head >= 32 && self.head * 4 >= self.bytes.len() {
             self.bytes.drain(..self.head);
             self.head = 0;
         }
     }
 
     fn push(&mut self, at: Nanos, cost: u64) {
-        let from = if self.is_empty() {
-            self.base
-        } else {
-            self.newest
-        };
-        write_varint(&mut self.bytes, at - from);
-        write_varint(&mut self.bytes, cost);
+        if self.is_empty() {
+            self.base = at;
+            self.newest = at;
+        }
+        if self.bytes.capacity() - self.bytes.len() < 2 * MAX_VARINT {
+            self.bytes
+                .reserve_exact(self.bytes.len() / 4 + 2 * MAX_VARINT);
+        }
+        // Live entries are less than a window (< 2^53 ns) apart: the shift
+        // cannot overflow.
+        let gap = at - self.newest;
+        write_varint(&mut self.bytes, gap << 1 | u64::from(cost != 1));
+        if cost != 1 {
+            write_varint(&mut self.bytes, cost);
+        }
         self.newest = at;
         self.total += cost;
     }
@@ -110,12 +127,18 @@ impl Iterator for Entries<'_> {
     type Item = (Nanos, u64);
 
     fn next(&mut self) -> Option<Self::Item> {
-        let gap = read_varint(&mut self.bytes)?;
-        let cost = read_varint(&mut self.bytes)?;
-        self.time = self.time.saturating_add(gap);
+        let head = read_varint(&mut self.bytes)?;
+        let cost = if head & 1 == 1 {
+            read_varint(&mut self.bytes)?
+        } else {
+            1
+        };
+        self.time = self.time.saturating_add(head >> 1);
         Some((self.time, cost))
     }
 }
+
+const MAX_VARINT: usize = 10;
 
 fn write_varint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
@@ -239,12 +262,27 @@ mod tests {
         for i in 0..1000 {
             assert!(log.check(&mut s, i * 1_000_000, 1).allowed);
         }
-        // 1 ms gaps: 3 bytes of gap + 1 of cost.
-        assert_eq!(s.packed_len(), 2 + 4 * 999);
+        // The first entry is 1 byte, then 1 ms gaps take 3.
+        assert_eq!(s.packed_len(), 1 + 3 * 999);
+        assert!(s.bytes.capacity() <= s.bytes.len() * 5 / 4 + 2 * MAX_VARINT);
         assert_eq!(s.total, 1000);
         assert!(log.check(&mut s, 10 * S, 1).allowed);
         assert_eq!(s.entries().collect::<Vec<_>>(), vec![(10 * S, 1)]);
         assert!(s.bytes.len() < 16);
+    }
+
+    #[test]
+    fn costs_other_than_one_are_kept() {
+        let log = SlidingLog {
+            limit: 100,
+            window: S,
+        };
+        let mut s = LogState::default();
+        for (at, cost) in [(5, 1), (5, 7), (9, 1), (S + 6, 40)] {
+            assert!(log.check(&mut s, at, cost).allowed);
+        }
+        assert_eq!(s.entries().collect::<Vec<_>>(), vec![(9, 1), (S + 6, 40)]);
+        assert_eq!(s.total, 41);
     }
 
     #[test]
