@@ -1,0 +1,147 @@
+//! The in-process store makes exactly the core's decisions: every algorithm,
+//! random traces, several keys, with sweeps running in between.
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use weir_core::{Nanos, State};
+use weir_limiter::{Error, FakeClock, Limiter, Policy};
+
+fn policies() -> impl Strategy<Value = Policy> {
+    prop::sample::select(vec![
+        "token-bucket capacity=5 rate=2/s",
+        "token-bucket capacity=3 rate=3/s",
+        "gcra burst=4 rate=1/100ms",
+        "fixed-window limit=4 window=1s",
+        "sliding-log limit=4 window=1s",
+        "sliding-counter limit=5 window=1s",
+        "leaky-bucket rate=2/s queue=3",
+        "leaky-bucket rate=7/1500ms queue=2",
+    ])
+    .prop_map(|spec| Policy::parse(spec).unwrap())
+}
+
+/// (gap in ms, key, cost); `back` makes some gaps negative.
+fn trace(back: bool) -> impl Strategy<Value = Vec<(i64, u8, u64)>> {
+    let gap = if back { -300i64..700 } else { 0i64..700 };
+    prop::collection::vec(
+        (prop_oneof![3 => Just(0i64), 5 => gap], 0u8..40, 1u64..=3),
+        1..200,
+    )
+}
+
+fn compare(
+    policy: Policy,
+    trace: &[(i64, u8, u64)],
+    limiter: &Limiter<FakeClock>,
+) -> Result<(), TestCaseError> {
+    let mut reference: HashMap<String, State> = HashMap::new();
+    let mut now: Nanos = 10_000_000_000;
+    for &(gap, key, cost) in trace {
+        now = now.saturating_add_signed(gap * 1_000_000 + i64::from(key));
+        let key = format!("k{key}");
+        let cost = cost.min(policy.max_cost().0);
+        let state = reference
+            .entry(key.clone())
+            .or_insert_with(|| policy.new_state());
+        let expected = policy.check(state, now, cost).unwrap();
+        limiter.clock().set(now);
+        prop_assert_eq!(
+            limiter.check(&key, cost).unwrap(),
+            expected,
+            "{} at {}",
+            policy,
+            now
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// Forward time, one shard and a tight budget: sweeps run constantly and
+    /// must never change a decision.
+    #[test]
+    fn same_decisions_as_the_core_while_sweeping(policy in policies(), trace in trace(false)) {
+        let limiter = Limiter::builder().policy("p", policy).shards(1).max_keys(40).clock(FakeClock::at(0)).build().unwrap();
+        compare(policy, &trace, &limiter)?;
+    }
+
+    /// Clocks going backwards: the clamp to each key's latest time.
+    #[test]
+    fn same_decisions_as_the_core_with_time_going_back(policy in policies(), trace in trace(true)) {
+        let limiter = Limiter::builder().policy("p", policy).clock(FakeClock::at(0)).build().unwrap();
+        compare(policy, &trace, &limiter)?;
+    }
+}
+
+#[test]
+fn check_all_charges_every_policy_or_none() {
+    let limiter = Limiter::builder()
+        .policy(
+            "seller",
+            Policy::parse("token-bucket capacity=3 rate=1/h").unwrap(),
+        )
+        .policy(
+            "endpoint",
+            Policy::parse("fixed-window limit=2 window=1h").unwrap(),
+        )
+        .clock(FakeClock::at(0))
+        .build()
+        .unwrap();
+    let pair = [("seller", "842"), ("endpoint", "stock")];
+    assert!(limiter.check_all(&pair, 1).unwrap().allowed);
+    assert!(limiter.check_all(&pair, 1).unwrap().allowed);
+    // The endpoint window is full: rejected, and the seller is not charged.
+    let third = limiter.check_all(&pair, 1).unwrap();
+    assert!(!third.allowed);
+    assert_eq!(
+        third.decisions[0].remaining, 0,
+        "what the seller would have left"
+    );
+    assert!(third.decisions[0].allowed && !third.decisions[1].allowed);
+    assert_eq!(third.retry_after(), 3_600_000_000_000);
+    assert_eq!(
+        limiter.check_policy("seller", "842", 1).unwrap().remaining,
+        0,
+        "one token left, uncharged by the rejection"
+    );
+    // Invalid requests charge nothing either.
+    assert_eq!(
+        limiter.check_all(&[("seller", "9"), ("nope", "x")], 1),
+        Err(Error::UnknownPolicy("nope".into()))
+    );
+    assert!(matches!(
+        limiter.check_all(&[("seller", "9"), ("seller", "9")], 1),
+        Err(Error::DuplicateCheck { .. })
+    ));
+    assert!(matches!(
+        limiter.check_all(&[("seller", "9"), ("endpoint", "y")], 3),
+        Err(Error::Cost { .. })
+    ));
+    assert_eq!(
+        limiter.check_policy("seller", "9", 3).unwrap().remaining,
+        0,
+        "seller 9 was never charged"
+    );
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_decision() {
+    let limiter = Limiter::new(Policy::parse("gcra burst=2 rate=1/s").unwrap());
+    assert!(matches!(limiter.check("k", 0), Err(Error::Cost { .. })));
+    assert!(matches!(limiter.check("k", 3), Err(Error::Cost { .. })));
+    assert_eq!(
+        limiter.check(&"x".repeat(257), 1),
+        Err(Error::KeyTooLong { len: 257, max: 256 })
+    );
+    assert_eq!(
+        limiter.check_policy("other", "k", 1),
+        Err(Error::UnknownPolicy("other".into()))
+    );
+    assert!(limiter.is_empty(), "nothing stored for invalid requests");
+    let twice = Limiter::builder().policy("a", Policy::parse("gcra burst=2 rate=1/s").unwrap());
+    let twice = twice.policy("a", Policy::parse("gcra burst=2 rate=1/s").unwrap());
+    assert!(matches!(twice.build(), Err(Error::Config(_))));
+}

@@ -1,0 +1,70 @@
+//! A flood of distinct identities: memory stays bounded, and a key that is
+//! still limited is never evicted to make room.
+
+use weir_limiter::{Error, FakeClock, Limiter, Policy};
+
+const MILLION: u64 = 1_000_000;
+
+/// Slow refill: every identity stays limited, so at the cap new identities
+/// are refused — and the limited ones keep their state.
+#[test]
+fn a_million_identities_never_reset_a_limited_key() {
+    let limiter = Limiter::builder()
+        .policy(
+            "p",
+            Policy::parse("token-bucket capacity=1 rate=1/h").unwrap(),
+        )
+        .max_keys(100_000)
+        .clock(FakeClock::at(1))
+        .build()
+        .unwrap();
+    let (mut allowed, mut refused) = (0, 0);
+    for i in 0..MILLION {
+        match limiter.check(&format!("id-{i}"), 1) {
+            Ok(d) => allowed += u64::from(d.allowed),
+            Err(Error::TooManyKeys { max: 100_000 }) => refused += 1,
+            Err(e) => panic!("{e}"),
+        }
+        if i % 100_000 == 0 {
+            limiter.clock().advance(1_000_000); // 1 ms: nobody refills
+        }
+    }
+    assert_eq!((allowed, refused), (100_000, 900_000));
+    assert_eq!(limiter.len(), 100_000);
+    for i in [0, 50_000, 99_999] {
+        let d = limiter.check(&format!("id-{i}"), 1).unwrap();
+        assert!(!d.allowed, "id-{i} is still limited, not reset");
+    }
+    // An hour later every key is idle again and new identities get room.
+    limiter.clock().advance(3_600_000_000_000);
+    assert!(limiter.check("newcomer", 1).unwrap().allowed);
+    assert!(
+        limiter.len() <= 2,
+        "swept without anyone asking: {}",
+        limiter.len()
+    );
+}
+
+/// Fast refill: identities go idle as fast as they come, and the store stays
+/// far below the cap without a single refusal or explicit sweep.
+#[test]
+fn a_million_short_lived_identities_stay_bounded() {
+    let limiter = Limiter::builder()
+        .policy(
+            "p",
+            Policy::parse("fixed-window limit=3 window=10ms").unwrap(),
+        )
+        .max_keys(50_000)
+        .clock(FakeClock::at(1))
+        .build()
+        .unwrap();
+    let mut largest = 0;
+    for i in 0..MILLION {
+        limiter.clock().advance(1_000); // a million a second
+        assert!(limiter.check(&format!("id-{i}"), 1).unwrap().allowed);
+        if i % 10_000 == 0 {
+            largest = largest.max(limiter.len());
+        }
+    }
+    assert!(largest < 50_000, "at most {largest} keys held");
+}
