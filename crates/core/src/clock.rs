@@ -13,6 +13,12 @@ use crate::Nanos;
 pub trait Clock: Send + Sync {
     /// The current time.
     fn now(&self) -> Nanos;
+
+    /// True when readings never go backwards, across threads too: a store
+    /// may then skip recording each key's latest time for the clamp.
+    fn is_monotonic(&self) -> bool {
+        false
+    }
 }
 
 /// Monotonic time anchored to the Unix epoch when the clock was made.
@@ -45,6 +51,10 @@ impl Clock for SystemClock {
     fn now(&self) -> Nanos {
         let elapsed = Nanos::try_from(self.start.elapsed().as_nanos()).unwrap_or(Nanos::MAX);
         self.epoch_at_start.saturating_add(elapsed)
+    }
+
+    fn is_monotonic(&self) -> bool {
+        true
     }
 }
 

@@ -1,1 +1,87 @@
-fn main() {}
+//! The in-process store against governor, side by side in one run: keyed
+//! checks with each library's real clock, 1 key and 100,000 keys, one thread
+//! and two. Throughput is reported as elements (decisions) per second.
+//!
+//! `cargo bench -p weir-limiter --bench store`
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use governor::{Quota, RateLimiter};
+use weir_limiter::{Limiter, Policy};
+
+const THREADS: [usize; 2] = [1, 2];
+const KEY_COUNTS: [usize; 2] = [1, 100_000];
+
+/// Runs `check` over `keys` from `threads` threads, `iters` checks in all,
+/// and returns the wall time.
+fn run<F: Fn(&String) + Sync + Send + 'static>(check: Arc<F>, keys: &Arc<Vec<String>>, threads: usize, iters: u64) -> Duration {
+    let per_thread = iters / threads as u64;
+    let start = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (check, keys) = (check.clone(), keys.clone());
+            thread::spawn(move || {
+                // A different walk through the keys per thread.
+                let mut i = t * 7919;
+                for _ in 0..per_thread {
+                    i = (i + 104_729) % keys.len();
+                    check(&keys[i]);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    start.elapsed()
+}
+
+fn keyed(c: &mut Criterion) {
+    let weir_policies = [
+        "token-bucket capacity=10 rate=100/s",
+        "gcra burst=10 rate=100/s",
+        "fixed-window limit=10 window=100ms",
+        "sliding-counter limit=10 window=100ms",
+        "sliding-log limit=10 window=100ms",
+        "leaky-bucket rate=100/s queue=10",
+    ];
+    for keys in KEY_COUNTS {
+        let names: Arc<Vec<String>> = Arc::new((0..keys).map(|i| format!("user-{i}")).collect());
+        for threads in THREADS {
+            let mut group = c.benchmark_group(format!("keyed/{keys}-keys/{threads}-threads"));
+            group.throughput(Throughput::Elements(1));
+            group.sample_size(20).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+
+            let quota = Quota::per_second(NonZeroU32::new(100).unwrap()).allow_burst(NonZeroU32::new(10).unwrap());
+            let governor = Arc::new(RateLimiter::dashmap(quota));
+            let check = Arc::new(move |k: &String| {
+                black_box(governor.check_key(k).is_ok());
+            });
+            group.bench_function(BenchmarkId::new("governor", "gcra"), |b| {
+                b.iter_custom(|iters| run(check.clone(), &names, threads, iters));
+            });
+
+            for spec in weir_policies {
+                let policy = Policy::parse(spec).unwrap();
+                let limiter = Arc::new(Limiter::new(policy));
+                let check = Arc::new(move |k: &String| {
+                    black_box(limiter.check(k, 1).unwrap().allowed);
+                });
+                group.bench_function(BenchmarkId::new("weir", policy.algorithm().name()), |b| {
+                    b.iter_custom(|iters| run(check.clone(), &names, threads, iters));
+                });
+            }
+            group.finish();
+        }
+    }
+}
+
+criterion_group!(benches, keyed);
+criterion_main!(benches);

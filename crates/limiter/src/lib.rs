@@ -252,19 +252,19 @@ impl Limiter<SystemClock> {
 impl<C: Clock> Limiter<C> {
     /// Checks `key` against the first policy, at the clock's time.
     pub fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.decide(0, key, cost, &|| self.clock.now())
+        self.decide(0, key, cost, &|| self.clock.now(), !self.clock.is_monotonic())
     }
 
     /// Checks `key` against the first policy at an explicit time `now` (for
     /// tests and replay; idle keys are still swept at the times given, so keep
     /// them roughly in order).
     pub fn check_at(&self, key: &str, cost: u64, now: Nanos) -> Result<Decision, Error> {
-        self.decide(0, key, cost, &|| now)
+        self.decide(0, key, cost, &|| now, true)
     }
 
     /// Checks `key` against the named policy, at the clock's time.
     pub fn check_policy(&self, policy: &str, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.decide(self.find(policy)?, key, cost, &|| self.clock.now())
+        self.decide(self.find(policy)?, key, cost, &|| self.clock.now(), !self.clock.is_monotonic())
     }
 
     /// Checks `key` against the named policy at an explicit time.
@@ -275,7 +275,7 @@ impl<C: Clock> Limiter<C> {
         cost: u64,
         now: Nanos,
     ) -> Result<Decision, Error> {
-        self.decide(self.find(policy)?, key, cost, &|| now)
+        self.decide(self.find(policy)?, key, cost, &|| now, true)
     }
 
     /// Checks several `(policy, key)` pairs as one request, at the clock's
@@ -353,23 +353,25 @@ impl<C: Clock> Limiter<C> {
         Ok(named)
     }
 
+    /// `record_seen`: whether `now` may be behind a time already used.
     fn decide(
         &self,
         index: usize,
         key: &str,
         cost: u64,
         now: &impl Fn() -> Nanos,
+        record_seen: bool,
     ) -> Result<Decision, Error> {
         let named = self.validate(index, key, cost)?;
         let cost_error = |error| Error::Cost {
             policy: named.name.clone(),
             error,
         };
-        match named.store.check(key, cost, now, &self.budget) {
+        match named.store.check(key, cost, now, record_seen, &self.budget) {
             Ok(result) => result.map_err(cost_error),
             Err(Full) => {
                 self.sweep_when_full(now())?;
-                match named.store.check(key, cost, now, &self.budget) {
+                match named.store.check(key, cost, now, record_seen, &self.budget) {
                     Ok(result) => result.map_err(cost_error),
                     Err(Full) => Err(Error::TooManyKeys {
                         max: self.budget.max(),

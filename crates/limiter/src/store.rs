@@ -6,25 +6,30 @@
 //! - the **one-word path**: token bucket, GCRA and leaky bucket keep their
 //!   state as GCRA's theoretical arrival time `tat = seen·n + level` (in
 //!   `1/n` ns) in one `AtomicU64`, updated by compare-and-swap, the clock read
-//!   after the state so no committed state is ever newer than `now`; a second
-//!   atomic keeps `seen` for clocks that go backwards. Used when the rate's
-//!   reduced numerator `n` is at most 2, so `tat` fits 64 bits until 2262.
+//!   after the state so no committed state is ever newer than `now`. A second
+//!   atomic keeps `seen` for times that may go backwards (explicit times, a
+//!   fake clock); with a monotonic clock it is not needed and not written.
+//!   Used when the rate's reduced numerator `n` is at most 2 (`2/s`, `100/s`,
+//!   `120/m` all have `n = 1`), so `tat` fits 64 bits until 2262.
 //! - the **locked path**: every other state sits behind its own mutex.
 //!
-//! A new key takes the shard's write lock once. Idle keys (SPEC.md's idle
-//! rule: back to fully available) are swept from a shard whenever it has
-//! doubled since its last sweep, and from every shard when the key budget
-//! runs out.
+//! Keys up to 24 bytes are stored inline (no pointer to chase on lookup). A
+//! new key takes the shard's write lock once. Idle keys (SPEC.md's idle rule:
+//! back to fully available) are swept from a shard when it grows past twice
+//! its size after the last sweep (and past its largest size so far, so a
+//! steady working set is not swept and re-inserted over and over), and from
+//! every shard when the key budget runs out.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use compact_str::CompactString;
 use weir_core::algo::{LeakyBucket, LevelState, TokenBucket};
 use weir_core::{CostError, Decision, Nanos, Policy, State};
 
-type Map = HashMap<Box<str>, Slot, foldhash::fast::RandomState>;
+type Map = HashMap<CompactString, Slot, foldhash::fast::RandomState>;
 
 /// A shard sweeps itself when it reaches this many keys, then at twice the
 /// number it kept.
@@ -73,7 +78,9 @@ pub(crate) struct Full;
 #[derive(Debug)]
 enum Slot {
     Word { tat: AtomicU64, seen: AtomicU64 },
-    Locked(Mutex<State>),
+    /// Boxed, so that a map entry stays small (and the map dense) for the
+    /// one-word algorithms.
+    Locked(Box<Mutex<State>>),
 }
 
 /// The algorithms whose state is one draining level.
@@ -154,16 +161,17 @@ impl Store {
         key: &str,
         cost: u64,
         now: &impl Fn() -> Nanos,
+        record_seen: bool,
         budget: &Budget,
     ) -> Result<Result<Decision, CostError>, Full> {
         let shard = self.shard(self.shard_of(key));
         if let Some(slot) = read(shard).map.get(key) {
-            return Ok(self.decide(slot, cost, now));
+            return Ok(self.decide(slot, cost, now, record_seen));
         }
         let mut guard = write(shard);
         self.insert(&mut guard, key, now(), budget)?;
         let slot = guard.map.get(key).ok_or(Full)?;
-        Ok(self.decide(slot, cost, now))
+        Ok(self.decide(slot, cost, now, record_seen))
     }
 
     /// Makes sure `key` exists in a write-locked shard.
@@ -178,9 +186,10 @@ impl Store {
             return Ok(());
         }
         if shard.map.len() >= shard.sweep_at.max(FIRST_SWEEP) {
+            let size = shard.map.len();
             let removed = self.sweep_map(&mut shard.map, now);
             budget.give_back(removed);
-            shard.sweep_at = 2 * shard.map.len();
+            shard.sweep_at = (2 * shard.map.len()).max(size + 1);
         }
         if !budget.take() {
             return Err(Full);
@@ -190,7 +199,7 @@ impl Store {
                 tat: AtomicU64::new(0),
                 seen: AtomicU64::new(0),
             },
-            None => Slot::Locked(Mutex::new(self.policy.new_state())),
+            None => Slot::Locked(Box::new(Mutex::new(self.policy.new_state()))),
         };
         shard.map.insert(key.into(), slot);
         Ok(())
@@ -201,6 +210,7 @@ impl Store {
         slot: &Slot,
         cost: u64,
         now: &impl Fn() -> Nanos,
+        record_seen: bool,
     ) -> Result<Decision, CostError> {
         match (slot, self.word) {
             (Slot::Word { tat, seen }, Some((algorithm, n))) => loop {
@@ -213,7 +223,9 @@ impl Store {
                         .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok()
                 {
-                    seen.fetch_max(next.seen, Ordering::AcqRel);
+                    if record_seen && next.seen > last {
+                        seen.fetch_max(next.seen, Ordering::AcqRel);
+                    }
                     return Ok(decision);
                 }
                 std::hint::spin_loop();
@@ -271,17 +283,15 @@ impl Store {
         now: Nanos,
     ) -> Result<Decision, CostError> {
         match shard.map.get(key) {
-            Some(slot) => self.decide(slot, cost, &|| now),
+            Some(slot) => self.decide(slot, cost, &|| now, true),
             None => self.policy.check(&mut self.policy.new_state(), now, cost),
         }
     }
 
     fn is_idle(&self, slot: &Slot, now: Nanos) -> bool {
         match (slot, self.word) {
-            (Slot::Word { tat, seen }, Some((_, n))) => {
-                let seen = seen.load(Ordering::Acquire);
-                seen <= now && tat.load(Ordering::Acquire) <= now.saturating_mul(n)
-            }
+            // `tat >= seen·n` always, so this also says `seen <= now`.
+            (Slot::Word { tat, .. }, Some((_, n))) => tat.load(Ordering::Acquire) <= now.saturating_mul(n),
             (Slot::Locked(state), _) => {
                 let state = state.lock().unwrap_or_else(PoisonError::into_inner);
                 state.seen() <= now && self.policy.is_idle(&state, now)
