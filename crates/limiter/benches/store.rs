@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
 use weir_limiter::{Limiter, Policy};
 
@@ -21,7 +21,12 @@ const KEY_COUNTS: [usize; 2] = [1, 100_000];
 
 /// Runs `check` over `keys` from `threads` threads, `iters` checks in all,
 /// and returns the wall time.
-fn run<F: Fn(&String) + Sync + Send + 'static>(check: Arc<F>, keys: &Arc<Vec<String>>, threads: usize, iters: u64) -> Duration {
+fn run<F: Fn(&String) + Sync + Send + 'static>(
+    check: Arc<F>,
+    keys: &Arc<Vec<String>>,
+    threads: usize,
+    iters: u64,
+) -> Duration {
     let per_thread = iters / threads as u64;
     let start = Instant::now();
     let handles: Vec<_> = (0..threads)
@@ -57,9 +62,13 @@ fn keyed(c: &mut Criterion) {
         for threads in THREADS {
             let mut group = c.benchmark_group(format!("keyed/{keys}-keys/{threads}-threads"));
             group.throughput(Throughput::Elements(1));
-            group.sample_size(20).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+            group
+                .sample_size(20)
+                .measurement_time(Duration::from_secs(3))
+                .warm_up_time(Duration::from_secs(1));
 
-            let quota = Quota::per_second(NonZeroU32::new(100).unwrap()).allow_burst(NonZeroU32::new(10).unwrap());
+            let quota = Quota::per_second(NonZeroU32::new(100).unwrap())
+                .allow_burst(NonZeroU32::new(10).unwrap());
             let governor = Arc::new(RateLimiter::dashmap(quota));
             let check = Arc::new(move |k: &String| {
                 black_box(governor.check_key(k).is_ok());

@@ -252,7 +252,13 @@ impl Limiter<SystemClock> {
 impl<C: Clock> Limiter<C> {
     /// Checks `key` against the first policy, at the clock's time.
     pub fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.decide(0, key, cost, &|| self.clock.now(), !self.clock.is_monotonic())
+        self.decide(
+            0,
+            key,
+            cost,
+            &|| self.clock.now(),
+            !self.clock.is_monotonic(),
+        )
     }
 
     /// Checks `key` against the first policy at an explicit time `now` (for
@@ -264,7 +270,13 @@ impl<C: Clock> Limiter<C> {
 
     /// Checks `key` against the named policy, at the clock's time.
     pub fn check_policy(&self, policy: &str, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.decide(self.find(policy)?, key, cost, &|| self.clock.now(), !self.clock.is_monotonic())
+        self.decide(
+            self.find(policy)?,
+            key,
+            cost,
+            &|| self.clock.now(),
+            !self.clock.is_monotonic(),
+        )
     }
 
     /// Checks `key` against the named policy at an explicit time.

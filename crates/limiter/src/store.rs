@@ -77,7 +77,10 @@ pub(crate) struct Full;
 
 #[derive(Debug)]
 enum Slot {
-    Word { tat: AtomicU64, seen: AtomicU64 },
+    Word {
+        tat: AtomicU64,
+        seen: AtomicU64,
+    },
     /// Boxed, so that a map entry stays small (and the map dense) for the
     /// one-word algorithms.
     Locked(Box<Mutex<State>>),
@@ -291,7 +294,9 @@ impl Store {
     fn is_idle(&self, slot: &Slot, now: Nanos) -> bool {
         match (slot, self.word) {
             // `tat >= seen·n` always, so this also says `seen <= now`.
-            (Slot::Word { tat, .. }, Some((_, n))) => tat.load(Ordering::Acquire) <= now.saturating_mul(n),
+            (Slot::Word { tat, .. }, Some((_, n))) => {
+                tat.load(Ordering::Acquire) <= now.saturating_mul(n)
+            }
             (Slot::Locked(state), _) => {
                 let state = state.lock().unwrap_or_else(PoisonError::into_inner);
                 state.seen() <= now && self.policy.is_idle(&state, now)
