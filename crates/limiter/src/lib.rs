@@ -210,7 +210,7 @@ impl<C: Clock> Builder<C> {
             budget: Budget::new(self.max_keys),
             max_key_len: self.max_key_len,
             clock: self.clock,
-            last_full_sweep: AtomicU64::new(0),
+            next_full_sweep: AtomicU64::new(0),
         })
     }
 }
@@ -224,7 +224,8 @@ pub struct Limiter<C = SystemClock> {
     budget: Budget,
     max_key_len: usize,
     clock: C,
-    last_full_sweep: AtomicU64,
+    /// The earliest time a sweep for room may run again.
+    next_full_sweep: AtomicU64,
 }
 
 impl Limiter<SystemClock> {
@@ -239,7 +240,7 @@ impl Limiter<SystemClock> {
             budget: Budget::new(DEFAULT_MAX_KEYS),
             max_key_len: DEFAULT_MAX_KEY_LEN,
             clock: SystemClock::new(),
-            last_full_sweep: AtomicU64::new(0),
+            next_full_sweep: AtomicU64::new(0),
         }
     }
 
@@ -396,12 +397,14 @@ impl<C: Clock> Limiter<C> {
     /// With the budget spent: sweep everything, unless a sweep ran very
     /// recently, and fail if nothing could be freed.
     fn sweep_when_full(&self, now: Nanos) -> Result<(), Error> {
-        let last = self.last_full_sweep.load(Ordering::Acquire);
-        let due = now.saturating_sub(last) >= FULL_SWEEP_INTERVAL || now < last;
+        let next = self.next_full_sweep.load(Ordering::Acquire);
+        // Due, or the clock went back far behind the last sweep.
+        let due = now >= next || next - now > FULL_SWEEP_INTERVAL;
+        let after = now.saturating_add(FULL_SWEEP_INTERVAL);
         if due
             && self
-                .last_full_sweep
-                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+                .next_full_sweep
+                .compare_exchange(next, after, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         {
             let freed: usize = self
@@ -410,8 +413,8 @@ impl<C: Clock> Limiter<C> {
                 .map(|p| p.store.sweep(now, &self.budget))
                 .sum();
             if freed > 0 {
-                // Room again: let the next exhaustion sweep at once.
-                self.last_full_sweep.store(0, Ordering::Release);
+                // Room again: the next exhaustion may sweep at once.
+                self.next_full_sweep.store(0, Ordering::Release);
                 return Ok(());
             }
         }

@@ -16,9 +16,10 @@
 //! Keys up to 24 bytes are stored inline (no pointer to chase on lookup). A
 //! new key takes the shard's write lock once. Idle keys (SPEC.md's idle rule:
 //! back to fully available) are swept from a shard when it grows past twice
-//! its size after the last sweep (and past its largest size so far, so a
-//! steady working set is not swept and re-inserted over and over), and from
-//! every shard when the key budget runs out.
+//! its size after the last sweep and past its largest size so far (taking
+//! keys idle for a second or more, so a working set that is checked every
+//! few hundred milliseconds is not removed and re-inserted over and over),
+//! and from every shard, taking every idle key, when the key budget runs out.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -34,6 +35,12 @@ type Map = HashMap<CompactString, Slot, foldhash::fast::RandomState>;
 /// A shard sweeps itself when it reaches this many keys, then at twice the
 /// number it kept.
 const FIRST_SWEEP: usize = 64;
+
+/// Sweeps as a shard grows remove keys that have been idle for at least this
+/// long, so that a key checked every few hundred milliseconds is not removed
+/// and re-inserted each time; sweeps for room (budget spent) take every idle
+/// key.
+pub(crate) const GROWTH_SWEEP_GRACE: Nanos = 1_000_000_000;
 
 /// The limit on keys across every policy of a limiter.
 #[derive(Debug)]
@@ -190,7 +197,7 @@ impl Store {
         }
         if shard.map.len() >= shard.sweep_at.max(FIRST_SWEEP) {
             let size = shard.map.len();
-            let removed = self.sweep_map(&mut shard.map, now);
+            let removed = self.sweep_map(&mut shard.map, now.saturating_sub(GROWTH_SWEEP_GRACE));
             budget.give_back(removed);
             shard.sweep_at = (2 * shard.map.len()).max(size + 1);
         }
