@@ -1,7 +1,9 @@
 //! The `weir` binary: parse the command line, run the subcommand, and turn
 //! errors into a message and an exit status (2 for bad input).
 
+mod bench;
 mod policy_file;
+mod policy_flags;
 mod simulate;
 
 use std::process::ExitCode;
@@ -21,12 +23,16 @@ enum Command {
     /// Replay a trace through a policy and print every decision, or compare
     /// several policies on one trace (--compare) and plot them (--plot).
     Simulate(Box<simulate::Args>),
+    /// Run a closed-loop load on the in-process store and print one JSON
+    /// object: decisions per second, latency percentiles, peak memory.
+    Bench(Box<bench::Args>),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(*args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

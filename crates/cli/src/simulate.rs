@@ -8,8 +8,10 @@ use std::path::PathBuf;
 use anyhow::{Context, anyhow, bail};
 use clap::ValueEnum;
 use clap::builder::PossibleValuesParser;
+
+use crate::policy_flags::PolicyFlags;
+use weir_core::Policy;
 use weir_core::units::parse_duration;
-use weir_core::{Algorithm, Policy, PolicyError};
 use weir_sim::compare::{compare, default_burst_window, write_table};
 use weir_sim::scenario::{SCENARIOS, Scenario};
 use weir_sim::{Arrival, Format, TraceError, TraceReader, plot::plot};
@@ -22,27 +24,8 @@ enum OutputFormat {
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The algorithm of the policy to simulate.
-    #[arg(long, value_name = "ALG", value_parser = PossibleValuesParser::new(Algorithm::ALL.map(Algorithm::name)))]
-    algorithm: Option<String>,
-    /// token-bucket: bucket size, in tokens.
-    #[arg(long, value_name = "C")]
-    capacity: Option<String>,
-    /// gcra: largest burst, in requests.
-    #[arg(long, value_name = "B")]
-    burst: Option<String>,
-    /// token-bucket, gcra, leaky-bucket: N/DURATION or N/UNIT (2/s, 120/m, 10/1500ms).
-    #[arg(long, value_name = "R")]
-    rate: Option<String>,
-    /// fixed-window, sliding-log, sliding-counter: admitted cost per window.
-    #[arg(long, value_name = "L")]
-    limit: Option<String>,
-    /// fixed-window, sliding-log, sliding-counter: window length (60s, 1500ms, 1m).
-    #[arg(long, value_name = "W")]
-    window: Option<String>,
-    /// leaky-bucket: slots that may wait.
-    #[arg(long, value_name = "Q")]
-    queue: Option<String>,
+    #[command(flatten)]
+    policy: PolicyFlags,
     /// The trace: CSV with a `time` column (seconds) and optional `cost` and `key`; `-` reads stdin.
     #[arg(long, value_name = "FILE", required_unless_present = "scenario")]
     trace: Option<PathBuf>,
@@ -71,30 +54,6 @@ pub(crate) struct Args {
 }
 
 impl Args {
-    /// The policy given by --algorithm and its flags, if any.
-    fn flag_policy(&self) -> anyhow::Result<Option<Policy>> {
-        let flags = [
-            ("capacity", &self.capacity),
-            ("burst", &self.burst),
-            ("rate", &self.rate),
-            ("limit", &self.limit),
-            ("window", &self.window),
-            ("queue", &self.queue),
-        ];
-        let given = flags
-            .iter()
-            .filter_map(|(name, value)| Some((*name, value.as_deref()?)));
-        let Some(algorithm) = &self.algorithm else {
-            if let Some((name, _)) = given.clone().next() {
-                bail!("--{name} needs --algorithm");
-            }
-            return Ok(None);
-        };
-        Policy::from_params(algorithm, given)
-            .map(Some)
-            .map_err(flag_error)
-    }
-
     fn arrivals(&self) -> anyhow::Result<Box<dyn Iterator<Item = Result<Arrival, TraceError>>>> {
         if let Some(name) = &self.scenario {
             let scenario =
@@ -116,16 +75,13 @@ impl Args {
     }
 }
 
-fn flag_error(e: PolicyError) -> anyhow::Error {
-    anyhow!("--{}: {}", e.field, e.kind)
-}
-
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     if !args.compare {
         let policy = args
-            .flag_policy()?
+            .policy
+            .policy()?
             .ok_or_else(|| anyhow!("--algorithm is required (or --compare with --policy)"))?;
         let format = match args.format {
             OutputFormat::Csv => Format::Csv,
@@ -135,7 +91,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     }
     let scenario = args.scenario.as_deref().and_then(Scenario::find);
     let mut policies = Vec::new();
-    if let Some(policy) = args.flag_policy()? {
+    if let Some(policy) = args.policy.policy()? {
         policies.push((policy.to_string(), policy));
     }
     for spec in &args.policy_specs {

@@ -1,0 +1,166 @@
+//! `weir bench`: a closed loop of checks on the in-process store, from
+//! several threads over many keys, for a while; one JSON object out.
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow};
+use hdrhistogram::Histogram;
+use weir_core::units::parse_duration;
+use weir_limiter::Limiter;
+
+use crate::policy_flags::PolicyFlags;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    #[command(flatten)]
+    policy: PolicyFlags,
+    /// Distinct keys, checked in turn.
+    #[arg(long, default_value_t = 1)]
+    keys: usize,
+    /// Threads checking at once.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// How long to run (an integer and a unit: 5s, 500ms).
+    #[arg(long, default_value = "5s")]
+    duration: String,
+    /// The cost of each check.
+    #[arg(long, default_value_t = 1)]
+    cost: u64,
+    /// The key budget of the store.
+    #[arg(long, default_value_t = weir_limiter::DEFAULT_MAX_KEYS)]
+    max_keys: usize,
+}
+
+/// One latency sample every this many checks (timing each would double the
+/// cost of the fastest checks).
+const SAMPLE_EVERY: u64 = 16;
+
+#[derive(Debug)]
+struct Tally {
+    decisions: u64,
+    allowed: u64,
+    refused: u64,
+    latency: Histogram<u64>,
+}
+
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    let policy = args
+        .policy
+        .policy()?
+        .ok_or_else(|| anyhow!("--algorithm is required"))?;
+    let duration = parse_duration(&args.duration)
+        .map_err(|e| anyhow!("--duration: `{}` is not valid: {e}", args.duration))?;
+    if args.keys == 0 || args.threads == 0 {
+        return Err(anyhow!("--keys and --threads must be at least 1"));
+    }
+    policy
+        .validate_cost(args.cost)
+        .map_err(|e| anyhow!("--cost: {e}"))?;
+    let limiter = Arc::new(
+        Limiter::builder()
+            .policy("bench", policy)
+            .max_keys(args.max_keys)
+            .build()?,
+    );
+    let keys: Arc<Vec<String>> = Arc::new((0..args.keys).map(|i| format!("key-{i}")).collect());
+    let deadline = Instant::now() + Duration::from_nanos(duration);
+    let start = Instant::now();
+    let workers: Vec<_> = (0..args.threads)
+        .map(|t| {
+            let (limiter, keys, cost) = (limiter.clone(), keys.clone(), args.cost);
+            thread::spawn(move || work(&limiter, &keys, cost, t, deadline))
+        })
+        .collect();
+    let mut total = Tally {
+        decisions: 0,
+        allowed: 0,
+        refused: 0,
+        latency: histogram()?,
+    };
+    for worker in workers {
+        let tally = worker
+            .join()
+            .map_err(|_| anyhow!("a bench thread panicked"))??;
+        total.decisions += tally.decisions;
+        total.allowed += tally.allowed;
+        total.refused += tally.refused;
+        total
+            .latency
+            .add(&tally.latency)
+            .context("merging latencies")?;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let report = serde_json::json!({
+        "policy": policy.to_string(),
+        "keys": args.keys,
+        "threads": args.threads,
+        "decisions": total.decisions,
+        "seconds": seconds,
+        "decisions_per_sec": total.decisions as f64 / seconds,
+        "allowed": total.allowed,
+        "rejected": total.decisions - total.allowed - total.refused,
+        "refused_new_keys": total.refused,
+        "p50_ns": total.latency.value_at_quantile(0.5),
+        "p99_ns": total.latency.value_at_quantile(0.99),
+        "keys_stored": limiter.len(),
+        "peak_rss_bytes": peak_rss_bytes(),
+    });
+    println!("{report}");
+    Ok(())
+}
+
+fn histogram() -> anyhow::Result<Histogram<u64>> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).context("latency histogram")
+}
+
+fn work(
+    limiter: &Limiter,
+    keys: &[String],
+    cost: u64,
+    thread: usize,
+    deadline: Instant,
+) -> anyhow::Result<Tally> {
+    let mut tally = Tally {
+        decisions: 0,
+        allowed: 0,
+        refused: 0,
+        latency: histogram()?,
+    };
+    // Each thread walks all keys with a stride, from its own starting point.
+    let mut i = thread * 7919 % keys.len();
+    let stride = 104_729 % keys.len().max(1);
+    loop {
+        for _ in 0..1024 {
+            i = (i + stride.max(1)) % keys.len();
+            let sampled = tally.decisions % SAMPLE_EVERY == 0;
+            let began = sampled.then(Instant::now);
+            match limiter.check(&keys[i], cost) {
+                Ok(d) => tally.allowed += u64::from(d.allowed),
+                Err(weir_limiter::Error::TooManyKeys { .. }) => tally.refused += 1,
+                Err(e) => return Err(e.into()),
+            }
+            if let Some(began) = began {
+                let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                tally.latency.saturating_record(ns.max(1));
+            }
+            tally.decisions += 1;
+        }
+        if Instant::now() >= deadline {
+            return Ok(tally);
+        }
+    }
+}
+
+/// The process's peak resident set (`VmHWM`), in bytes; 0 where unknown.
+fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        })
+        .unwrap_or(0)
+}

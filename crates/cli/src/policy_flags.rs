@@ -1,0 +1,56 @@
+//! The policy flags shared by `weir simulate` and `weir bench`.
+
+use anyhow::{anyhow, bail};
+use clap::builder::PossibleValuesParser;
+use weir_core::{Algorithm, Policy};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct PolicyFlags {
+    /// The algorithm of the policy.
+    #[arg(long, value_name = "ALG", value_parser = PossibleValuesParser::new(Algorithm::ALL.map(Algorithm::name)))]
+    algorithm: Option<String>,
+    /// token-bucket: bucket size, in tokens.
+    #[arg(long, value_name = "C")]
+    capacity: Option<String>,
+    /// gcra: largest burst, in requests.
+    #[arg(long, value_name = "B")]
+    burst: Option<String>,
+    /// token-bucket, gcra, leaky-bucket: N/DURATION or N/UNIT (2/s, 120/m, 10/1500ms).
+    #[arg(long, value_name = "R")]
+    rate: Option<String>,
+    /// fixed-window, sliding-log, sliding-counter: admitted cost per window.
+    #[arg(long, value_name = "L")]
+    limit: Option<String>,
+    /// fixed-window, sliding-log, sliding-counter: window length (60s, 1500ms, 1m).
+    #[arg(long, value_name = "W")]
+    window: Option<String>,
+    /// leaky-bucket: slots that may wait.
+    #[arg(long, value_name = "Q")]
+    queue: Option<String>,
+}
+
+impl PolicyFlags {
+    /// The policy given by --algorithm and its flags, if any; errors name the flag.
+    pub(crate) fn policy(&self) -> anyhow::Result<Option<Policy>> {
+        let flags = [
+            ("capacity", &self.capacity),
+            ("burst", &self.burst),
+            ("rate", &self.rate),
+            ("limit", &self.limit),
+            ("window", &self.window),
+            ("queue", &self.queue),
+        ];
+        let given = flags
+            .iter()
+            .filter_map(|(name, value)| Some((*name, value.as_deref()?)));
+        let Some(algorithm) = &self.algorithm else {
+            if let Some((name, _)) = given.clone().next() {
+                bail!("--{name} needs --algorithm");
+            }
+            return Ok(None);
+        };
+        Policy::from_params(algorithm, given)
+            .map(Some)
+            .map_err(|e| anyhow!("--{}: {}", e.field, e.kind))
+    }
+}
