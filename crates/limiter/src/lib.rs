@@ -200,7 +200,7 @@ impl<C: Clock> Builder<C> {
                 return Err(Error::Config(format!("policy `{name}` is defined twice")));
             }
             policies.push(Named {
-                store: Store::new(policy, self.shards),
+                store: Store::new(policy, self.shards, self.clock.is_monotonic()),
                 name,
             });
         }
@@ -234,7 +234,7 @@ impl Limiter<SystemClock> {
         Self {
             policies: vec![Named {
                 name: "default".into(),
-                store: Store::new(policy, Builder::new().shards),
+                store: Store::new(policy, Builder::new().shards, true),
             }],
             index: HashMap::from([("default".to_owned(), 0)]),
             budget: Budget::new(DEFAULT_MAX_KEYS),
@@ -253,31 +253,19 @@ impl Limiter<SystemClock> {
 impl<C: Clock> Limiter<C> {
     /// Checks `key` against the first policy, at the clock's time.
     pub fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.decide(
-            0,
-            key,
-            cost,
-            &|| self.clock.now(),
-            !self.clock.is_monotonic(),
-        )
+        self.decide(0, key, cost, &|| self.clock.now())
     }
 
     /// Checks `key` against the first policy at an explicit time `now` (for
     /// tests and replay; idle keys are still swept at the times given, so keep
     /// them roughly in order).
     pub fn check_at(&self, key: &str, cost: u64, now: Nanos) -> Result<Decision, Error> {
-        self.decide(0, key, cost, &|| now, true)
+        self.decide(0, key, cost, &|| now)
     }
 
     /// Checks `key` against the named policy, at the clock's time.
     pub fn check_policy(&self, policy: &str, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.decide(
-            self.find(policy)?,
-            key,
-            cost,
-            &|| self.clock.now(),
-            !self.clock.is_monotonic(),
-        )
+        self.decide(self.find(policy)?, key, cost, &|| self.clock.now())
     }
 
     /// Checks `key` against the named policy at an explicit time.
@@ -288,7 +276,7 @@ impl<C: Clock> Limiter<C> {
         cost: u64,
         now: Nanos,
     ) -> Result<Decision, Error> {
-        self.decide(self.find(policy)?, key, cost, &|| now, true)
+        self.decide(self.find(policy)?, key, cost, &|| now)
     }
 
     /// Checks several `(policy, key)` pairs as one request, at the clock's
@@ -366,25 +354,23 @@ impl<C: Clock> Limiter<C> {
         Ok(named)
     }
 
-    /// `record_seen`: whether `now` may be behind a time already used.
     fn decide(
         &self,
         index: usize,
         key: &str,
         cost: u64,
         now: &impl Fn() -> Nanos,
-        record_seen: bool,
     ) -> Result<Decision, Error> {
         let named = self.validate(index, key, cost)?;
         let cost_error = |error| Error::Cost {
             policy: named.name.clone(),
             error,
         };
-        match named.store.check(key, cost, now, record_seen, &self.budget) {
+        match named.store.check(key, cost, now, &self.budget) {
             Ok(result) => result.map_err(cost_error),
             Err(Full) => {
                 self.sweep_when_full(now())?;
-                match named.store.check(key, cost, now, record_seen, &self.budget) {
+                match named.store.check(key, cost, now, &self.budget) {
                     Ok(result) => result.map_err(cost_error),
                     Err(Full) => Err(Error::TooManyKeys {
                         max: self.budget.max(),
@@ -452,7 +438,7 @@ impl<C: Clock> Limiter<C> {
         order.dedup();
         let mut guards: Vec<_> = order
             .iter()
-            .map(|&(p, s)| store::write(self.policies[p].store.shard(s)))
+            .map(|&(p, s)| self.policies[p].store.lock(s))
             .collect();
         let now = at.unwrap_or_else(|| self.clock.now());
         let guard_of = |p: usize, s: usize| order.binary_search(&(p, s)).unwrap_or(0);
@@ -481,7 +467,7 @@ impl<C: Clock> Limiter<C> {
         for &(p, s, key) in &targets {
             let store = &self.policies[p].store;
             if store
-                .insert(&mut guards[guard_of(p, s)], key, now, &self.budget)
+                .insert_locked(&mut guards[guard_of(p, s)], key, now, &self.budget)
                 .is_err()
             {
                 // Nothing charged yet (inserting a new key grants nothing).

@@ -3,15 +3,16 @@
 //! A check takes its shard's read lock (shared, so checks of unrelated keys
 //! and of one hot key run in parallel) and then either
 //!
-//! - the **one-word path**: token bucket, GCRA and leaky bucket keep their
-//!   state as GCRA's theoretical arrival time `tat = seen·n + level` (in
-//!   `1/n` ns) in one `AtomicU64`, updated by compare-and-swap, the clock read
-//!   after the state so no committed state is ever newer than `now`. A second
-//!   atomic keeps `seen` for times that may go backwards (explicit times, a
-//!   fake clock); with a monotonic clock it is not needed and not written.
-//!   Used when the rate's reduced numerator `n` is at most 2 (`2/s`, `100/s`,
-//!   `120/m` all have `n = 1`), so `tat` fits 64 bits until 2262.
-//! - the **locked path**: every other state sits behind its own mutex.
+//! - the **one-word path**: with a monotonic clock, token bucket, GCRA and
+//!   leaky bucket keep their state as GCRA's theoretical arrival time
+//!   `tat = seen·n + level` (in `1/n` ns) in one `AtomicU64`, updated by
+//!   compare-and-swap, the clock read after the state is loaded so that no
+//!   committed state is newer than `now` and SPEC.md's clamp never applies. A
+//!   map entry is then 32 bytes: the key inline and the word. Used when the
+//!   rate's reduced numerator `n` is at most 2 (`2/s`, `100/s`, `120/m` all
+//!   have `n = 1`), so `tat` fits 64 bits until 2262.
+//! - the **locked path**: every other state, and every state under a clock
+//!   that may go back (a fake clock), sits behind its own mutex.
 //!
 //! Keys up to 24 bytes are stored inline (no pointer to chase on lookup). A
 //! new key takes the shard's write lock once. Idle keys (SPEC.md's idle rule:
@@ -30,17 +31,13 @@ use compact_str::CompactString;
 use weir_core::algo::{LeakyBucket, LevelState, TokenBucket};
 use weir_core::{CostError, Decision, Nanos, Policy, State};
 
-type Map = HashMap<CompactString, Slot, foldhash::fast::RandomState>;
-
 /// A shard sweeps itself when it reaches this many keys, then at twice the
 /// number it kept.
 const FIRST_SWEEP: usize = 64;
 
 /// Sweeps as a shard grows remove keys that have been idle for at least this
-/// long, so that a key checked every few hundred milliseconds is not removed
-/// and re-inserted each time; sweeps for room (budget spent) take every idle
-/// key.
-pub(crate) const GROWTH_SWEEP_GRACE: Nanos = 1_000_000_000;
+/// long; sweeps for room (budget spent) take every idle key.
+const GROWTH_SWEEP_GRACE: Nanos = 1_000_000_000;
 
 /// The limit on keys across every policy of a limiter.
 #[derive(Debug)]
@@ -82,58 +79,262 @@ impl Budget {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Full;
 
-#[derive(Debug)]
-enum Slot {
-    Word {
-        tat: AtomicU64,
-        seen: AtomicU64,
-    },
-    /// Boxed, so that a map entry stays small (and the map dense) for the
-    /// one-word algorithms.
-    Locked(Box<Mutex<State>>),
-}
-
 /// The algorithms whose state is one draining level.
 #[derive(Debug, Clone, Copy)]
-enum Leveled {
+pub(crate) enum Leveled {
     Bucket(TokenBucket),
     Shaper(LeakyBucket),
 }
 
-impl Leveled {
-    fn check(self, state: LevelState, now: Nanos, cost: u64) -> (Decision, LevelState) {
-        match self {
-            Self::Bucket(b) => b.check(state, now, cost),
-            Self::Shaper(l) => l.check(state, now, cost),
+/// What a store knows besides its keys.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rules {
+    policy: Policy,
+    /// The level algorithm and its rate's reduced numerator, on the word path.
+    word: Option<(Leveled, u64)>,
+}
+
+/// A key's state in the map.
+pub(crate) trait Slot: Sized {
+    fn new(rules: &Rules) -> Self;
+    fn decide(
+        &self,
+        rules: &Rules,
+        cost: u64,
+        now: &impl Fn() -> Nanos,
+    ) -> Result<Decision, CostError>;
+    fn peek(&self, rules: &Rules, cost: u64, now: Nanos) -> Result<Decision, CostError>;
+    /// Idle at `now`, and nothing later seen.
+    fn is_idle(&self, rules: &Rules, now: Nanos) -> bool;
+}
+
+impl Slot for AtomicU64 {
+    fn new(_: &Rules) -> Self {
+        Self::new(0)
+    }
+
+    fn decide(
+        &self,
+        rules: &Rules,
+        cost: u64,
+        now: &impl Fn() -> Nanos,
+    ) -> Result<Decision, CostError> {
+        let Some((algorithm, n)) = rules.word else {
+            return rules
+                .policy
+                .check(&mut rules.policy.new_state(), now(), cost);
+        };
+        loop {
+            let current = self.load(Ordering::Acquire);
+            let now = now();
+            let state = LevelState {
+                seen: now,
+                level: current.saturating_sub(now.saturating_mul(n)),
+            };
+            let (decision, next) = match algorithm {
+                Leveled::Bucket(b) => b.check(state, now, cost),
+                Leveled::Shaper(l) => l.check(state, now, cost),
+            };
+            let new = next.seen.saturating_mul(n).saturating_add(next.level);
+            // A rejection changes nothing (its level is positive, so `tat`
+            // is the same); an admission must win the race to commit.
+            if !decision.allowed
+                || self
+                    .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                return Ok(decision);
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    fn peek(&self, rules: &Rules, cost: u64, now: Nanos) -> Result<Decision, CostError> {
+        let n = rules.word.map_or(1, |(_, n)| n);
+        let level = self
+            .load(Ordering::Acquire)
+            .saturating_sub(now.saturating_mul(n));
+        rules
+            .policy
+            .peek(&State::Level(LevelState { seen: now, level }), now, cost)
+    }
+
+    fn is_idle(&self, rules: &Rules, now: Nanos) -> bool {
+        let n = rules.word.map_or(1, |(_, n)| n);
+        self.load(Ordering::Acquire) <= now.saturating_mul(n)
+    }
+}
+
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Slot for Mutex<State> {
+    fn new(rules: &Rules) -> Self {
+        Self::new(rules.policy.new_state())
+    }
+
+    fn decide(
+        &self,
+        rules: &Rules,
+        cost: u64,
+        now: &impl Fn() -> Nanos,
+    ) -> Result<Decision, CostError> {
+        rules.policy.check(&mut lock(self), now(), cost)
+    }
+
+    fn peek(&self, rules: &Rules, cost: u64, now: Nanos) -> Result<Decision, CostError> {
+        rules.policy.peek(&lock(self), now, cost)
+    }
+
+    fn is_idle(&self, rules: &Rules, now: Nanos) -> bool {
+        let state = lock(self);
+        state.seen() <= now && rules.policy.is_idle(&state, now)
+    }
+}
+
+/// One shard: keys and their slots, and when to sweep next.
+#[derive(Debug)]
+pub(crate) struct ShardMap<S> {
+    map: HashMap<CompactString, S, foldhash::fast::RandomState>,
+    sweep_at: usize,
+}
+
+impl<S> Default for ShardMap<S> {
+    fn default() -> Self {
+        Self {
+            map: HashMap::default(),
+            sweep_at: FIRST_SWEEP,
         }
     }
 }
 
-#[derive(Debug, Default)]
-pub(crate) struct ShardMap {
-    map: Map,
-    sweep_at: usize,
+impl<S: Slot> ShardMap<S> {
+    fn sweep(&mut self, rules: &Rules, now: Nanos) -> usize {
+        let before = self.map.len();
+        self.map.retain(|_, slot| !slot.is_idle(rules, now));
+        self.sweep_at = (2 * self.map.len()).max(before + 1).max(FIRST_SWEEP);
+        before - self.map.len()
+    }
+
+    /// Makes sure `key` exists.
+    fn insert(
+        &mut self,
+        rules: &Rules,
+        key: &str,
+        now: Nanos,
+        budget: &Budget,
+    ) -> Result<(), Full> {
+        if self.map.contains_key(key) {
+            return Ok(());
+        }
+        if self.map.len() >= self.sweep_at {
+            budget.give_back(self.sweep(rules, now.saturating_sub(GROWTH_SWEEP_GRACE)));
+        }
+        if !budget.take() {
+            return Err(Full);
+        }
+        self.map.insert(key.into(), S::new(rules));
+        Ok(())
+    }
+
+    fn peek(&self, rules: &Rules, key: &str, cost: u64, now: Nanos) -> Result<Decision, CostError> {
+        match self.map.get(key) {
+            Some(slot) => slot.peek(rules, cost, now),
+            None => rules.policy.peek(&rules.policy.new_state(), now, cost),
+        }
+    }
+
+    fn charge(
+        &self,
+        rules: &Rules,
+        key: &str,
+        cost: u64,
+        now: Nanos,
+    ) -> Result<Decision, CostError> {
+        match self.map.get(key) {
+            Some(slot) => slot.decide(rules, cost, &|| now),
+            None => rules.policy.check(&mut rules.policy.new_state(), now, cost),
+        }
+    }
+}
+
+fn read<S>(lock: &RwLock<ShardMap<S>>) -> RwLockReadGuard<'_, ShardMap<S>> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<S>(lock: &RwLock<ShardMap<S>>) -> RwLockWriteGuard<'_, ShardMap<S>> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[derive(Debug)]
+struct Shards<S> {
+    shards: Box<[RwLock<ShardMap<S>>]>,
+}
+
+impl<S: Slot> Shards<S> {
+    fn new(count: usize) -> Self {
+        Self {
+            shards: (0..count).map(|_| RwLock::default()).collect(),
+        }
+    }
+
+    fn check(
+        &self,
+        rules: &Rules,
+        index: usize,
+        key: &str,
+        cost: u64,
+        now: &impl Fn() -> Nanos,
+        budget: &Budget,
+    ) -> Result<Result<Decision, CostError>, Full> {
+        let shard = &self.shards[index];
+        if let Some(slot) = read(shard).map.get(key) {
+            return Ok(slot.decide(rules, cost, now));
+        }
+        let mut guard = write(shard);
+        guard.insert(rules, key, now(), budget)?;
+        let slot = guard.map.get(key).ok_or(Full)?;
+        Ok(slot.decide(rules, cost, now))
+    }
+
+    fn sweep(&self, rules: &Rules, now: Nanos) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| write(shard).sweep(rules, now))
+            .sum()
+    }
+
+    fn len(&self) -> usize {
+        self.shards.iter().map(|shard| read(shard).map.len()).sum()
+    }
+}
+
+#[derive(Debug)]
+enum Table {
+    Word(Shards<AtomicU64>),
+    Locked(Shards<Mutex<State>>),
+}
+
+/// A write-locked shard, for checks over several policies.
+#[derive(Debug)]
+pub(crate) enum Guard<'a> {
+    Word(RwLockWriteGuard<'a, ShardMap<AtomicU64>>),
+    Locked(RwLockWriteGuard<'a, ShardMap<Mutex<State>>>),
 }
 
 #[derive(Debug)]
 pub(crate) struct Store {
-    policy: Policy,
-    /// `(algorithm, n)` when the one-word path applies.
-    word: Option<(Leveled, u64)>,
-    shards: Box<[RwLock<ShardMap>]>,
+    rules: Rules,
+    table: Table,
     pick: foldhash::fast::RandomState,
-}
-
-fn read(lock: &RwLock<ShardMap>) -> RwLockReadGuard<'_, ShardMap> {
-    lock.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-pub(crate) fn write(lock: &RwLock<ShardMap>) -> RwLockWriteGuard<'_, ShardMap> {
-    lock.write().unwrap_or_else(PoisonError::into_inner)
+    mask: usize,
 }
 
 impl Store {
-    pub(crate) fn new(policy: Policy, shards: usize) -> Self {
+    /// `monotonic`: whether every time given is at or after every earlier
+    /// one (the one-word path depends on it).
+    pub(crate) fn new(policy: Policy, shards: usize, monotonic: bool) -> Self {
         let leveled = match policy {
             Policy::TokenBucket(b) | Policy::Gcra(b) => {
                 Some((Leveled::Bucket(b), b.rate().tokens()))
@@ -141,210 +342,107 @@ impl Store {
             Policy::LeakyBucket(l) => Some((Leveled::Shaper(l), l.rate().tokens())),
             _ => None,
         };
+        let word = leveled.filter(|&(_, n)| monotonic && n <= 2);
+        let count = shards.max(1).next_power_of_two();
+        let table = match word {
+            Some(_) => Table::Word(Shards::new(count)),
+            None => Table::Locked(Shards::new(count)),
+        };
         Self {
-            policy,
-            word: leveled.filter(|&(_, n)| n <= 2),
-            shards: (0..shards.next_power_of_two())
-                .map(|_| RwLock::default())
-                .collect(),
+            rules: Rules { policy, word },
+            table,
             pick: foldhash::fast::RandomState::default(),
+            mask: count - 1,
         }
     }
 
     pub(crate) fn policy(&self) -> &Policy {
-        &self.policy
+        &self.rules.policy
     }
 
     pub(crate) fn shard_of(&self, key: &str) -> usize {
-        (self.pick.hash_one(key) as usize) & (self.shards.len() - 1)
+        (self.pick.hash_one(key) as usize) & self.mask
     }
 
-    pub(crate) fn shard(&self, index: usize) -> &RwLock<ShardMap> {
-        &self.shards[index]
-    }
-
-    /// Checks `key`, creating it if it is new. `now` is read after the
-    /// key's state is loaded (and under its lock), so concurrent checks with
-    /// a monotonic clock are evaluated in the order they commit.
+    /// Checks `key`, creating it if it is new; `now` is read after the key's
+    /// state is loaded (and under its lock).
     pub(crate) fn check(
         &self,
         key: &str,
         cost: u64,
         now: &impl Fn() -> Nanos,
-        record_seen: bool,
         budget: &Budget,
     ) -> Result<Result<Decision, CostError>, Full> {
-        let shard = self.shard(self.shard_of(key));
-        if let Some(slot) = read(shard).map.get(key) {
-            return Ok(self.decide(slot, cost, now, record_seen));
+        let index = self.shard_of(key);
+        match &self.table {
+            Table::Word(shards) => shards.check(&self.rules, index, key, cost, now, budget),
+            Table::Locked(shards) => shards.check(&self.rules, index, key, cost, now, budget),
         }
-        let mut guard = write(shard);
-        self.insert(&mut guard, key, now(), budget)?;
-        let slot = guard.map.get(key).ok_or(Full)?;
-        Ok(self.decide(slot, cost, now, record_seen))
     }
 
-    /// Makes sure `key` exists in a write-locked shard.
-    pub(crate) fn insert(
+    pub(crate) fn lock(&self, index: usize) -> Guard<'_> {
+        match &self.table {
+            Table::Word(shards) => Guard::Word(write(&shards.shards[index])),
+            Table::Locked(shards) => Guard::Locked(write(&shards.shards[index])),
+        }
+    }
+
+    /// The decision a check would make, changing nothing.
+    pub(crate) fn peek_locked(
         &self,
-        shard: &mut ShardMap,
+        guard: &Guard<'_>,
+        key: &str,
+        cost: u64,
+        now: Nanos,
+    ) -> Result<Decision, CostError> {
+        match guard {
+            Guard::Word(g) => g.peek(&self.rules, key, cost, now),
+            Guard::Locked(g) => g.peek(&self.rules, key, cost, now),
+        }
+    }
+
+    pub(crate) fn insert_locked(
+        &self,
+        guard: &mut Guard<'_>,
         key: &str,
         now: Nanos,
         budget: &Budget,
     ) -> Result<(), Full> {
-        if shard.map.contains_key(key) {
-            return Ok(());
-        }
-        if shard.map.len() >= shard.sweep_at.max(FIRST_SWEEP) {
-            let size = shard.map.len();
-            let removed = self.sweep_map(&mut shard.map, now.saturating_sub(GROWTH_SWEEP_GRACE));
-            budget.give_back(removed);
-            shard.sweep_at = (2 * shard.map.len()).max(size + 1);
-        }
-        if !budget.take() {
-            return Err(Full);
-        }
-        let slot = match self.word {
-            Some(_) => Slot::Word {
-                tat: AtomicU64::new(0),
-                seen: AtomicU64::new(0),
-            },
-            None => Slot::Locked(Box::new(Mutex::new(self.policy.new_state()))),
-        };
-        shard.map.insert(key.into(), slot);
-        Ok(())
-    }
-
-    fn decide(
-        &self,
-        slot: &Slot,
-        cost: u64,
-        now: &impl Fn() -> Nanos,
-        record_seen: bool,
-    ) -> Result<Decision, CostError> {
-        match (slot, self.word) {
-            (Slot::Word { tat, seen }, Some((algorithm, n))) => loop {
-                let current = tat.load(Ordering::Acquire);
-                let last = seen.load(Ordering::Acquire);
-                let (decision, next) = algorithm.check(level(current, last, n), now(), cost);
-                let new = tat_of(next, n);
-                if new == current
-                    || tat
-                        .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                {
-                    if record_seen && next.seen > last {
-                        seen.fetch_max(next.seen, Ordering::AcqRel);
-                    }
-                    return Ok(decision);
-                }
-                std::hint::spin_loop();
-            },
-            (Slot::Locked(state), _) => {
-                let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
-                self.policy.check(&mut state, now(), cost)
-            }
-            // A word slot exists only when `word` is set.
-            (Slot::Word { .. }, None) => {
-                self.policy.check(&mut self.policy.new_state(), now(), cost)
-            }
+        match guard {
+            Guard::Word(g) => g.insert(&self.rules, key, now, budget),
+            Guard::Locked(g) => g.insert(&self.rules, key, now, budget),
         }
     }
 
-    /// The state of `key` in a locked shard, as the core's `State`.
-    fn state_of(&self, shard: &ShardMap, key: &str) -> State {
-        match (shard.map.get(key), self.word) {
-            (Some(Slot::Word { tat, seen }), Some((_, n))) => State::Level(level(
-                tat.load(Ordering::Acquire),
-                seen.load(Ordering::Acquire),
-                n,
-            )),
-            (Some(Slot::Locked(state)), _) => {
-                state.lock().unwrap_or_else(PoisonError::into_inner).clone()
-            }
-            _ => self.policy.new_state(),
-        }
-    }
-
-    /// The decision a check would make on a write-locked shard, changing nothing.
-    pub(crate) fn peek_locked(
-        &self,
-        shard: &ShardMap,
-        key: &str,
-        cost: u64,
-        now: Nanos,
-    ) -> Result<Decision, CostError> {
-        match (shard.map.get(key), self.word) {
-            (Some(Slot::Locked(state)), _) => self.policy.peek(
-                &state.lock().unwrap_or_else(PoisonError::into_inner),
-                now,
-                cost,
-            ),
-            _ => self.policy.peek(&self.state_of(shard, key), now, cost),
-        }
-    }
-
-    /// Charges `key` in a write-locked shard where it exists.
     pub(crate) fn check_locked(
         &self,
-        shard: &ShardMap,
+        guard: &Guard<'_>,
         key: &str,
         cost: u64,
         now: Nanos,
     ) -> Result<Decision, CostError> {
-        match shard.map.get(key) {
-            Some(slot) => self.decide(slot, cost, &|| now, true),
-            None => self.policy.check(&mut self.policy.new_state(), now, cost),
+        match guard {
+            Guard::Word(g) => g.charge(&self.rules, key, cost, now),
+            Guard::Locked(g) => g.charge(&self.rules, key, cost, now),
         }
     }
 
-    fn is_idle(&self, slot: &Slot, now: Nanos) -> bool {
-        match (slot, self.word) {
-            // `tat >= seen·n` always, so this also says `seen <= now`.
-            (Slot::Word { tat, .. }, Some((_, n))) => {
-                tat.load(Ordering::Acquire) <= now.saturating_mul(n)
-            }
-            (Slot::Locked(state), _) => {
-                let state = state.lock().unwrap_or_else(PoisonError::into_inner);
-                state.seen() <= now && self.policy.is_idle(&state, now)
-            }
-            (Slot::Word { .. }, None) => true,
-        }
-    }
-
-    /// Removes the keys that are idle at `now` and have seen nothing later.
-    fn sweep_map(&self, map: &mut Map, now: Nanos) -> usize {
-        let before = map.len();
-        map.retain(|_, slot| !self.is_idle(slot, now));
-        before - map.len()
-    }
-
-    /// Sweeps every shard; returns how many keys were removed.
+    /// Removes every key idle at `now`; returns how many, and gives their
+    /// budget back.
     pub(crate) fn sweep(&self, now: Nanos, budget: &Budget) -> usize {
-        let mut removed = 0;
-        for shard in &self.shards {
-            let mut guard = write(shard);
-            let n = self.sweep_map(&mut guard.map, now);
-            guard.sweep_at = 2 * guard.map.len();
-            removed += n;
-        }
+        let removed = match &self.table {
+            Table::Word(shards) => shards.sweep(&self.rules, now),
+            Table::Locked(shards) => shards.sweep(&self.rules, now),
+        };
         budget.give_back(removed);
         removed
     }
 
     /// Keys stored now.
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| read(s).map.len()).sum()
+        match &self.table {
+            Table::Word(shards) => shards.len(),
+            Table::Locked(shards) => shards.len(),
+        }
     }
-}
-
-fn level(tat: u64, seen: Nanos, n: u64) -> LevelState {
-    LevelState {
-        seen,
-        level: tat.saturating_sub(seen.saturating_mul(n)),
-    }
-}
-
-fn tat_of(state: LevelState, n: u64) -> u64 {
-    state.seen.saturating_mul(n).saturating_add(state.level)
 }

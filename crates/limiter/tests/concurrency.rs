@@ -6,6 +6,8 @@ use std::thread;
 
 use weir_limiter::{Clock, Decision, FakeClock, Limiter, Policy, SystemClock};
 
+use crate::contract::Forward;
+
 const THREADS: usize = 4;
 
 fn hammer<C: Clock + 'static>(limiter: Arc<Limiter<C>>, per_thread: usize) -> Vec<Decision> {
@@ -29,7 +31,8 @@ fn hammer<C: Clock + 'static>(limiter: Arc<Limiter<C>>, per_thread: usize) -> Ve
 
 /// With time standing still, a serial order admits exactly the capacity, and
 /// the admitted decisions report each remaining count from C-1 down to 0
-/// exactly once.
+/// exactly once: on the locked path (a fake clock) and on the one-word path
+/// (a clock that promises never to go back).
 #[test]
 fn frozen_time_admits_exactly_the_capacity_in_a_serial_order() {
     for spec in [
@@ -40,42 +43,51 @@ fn frozen_time_admits_exactly_the_capacity_in_a_serial_order() {
         "sliding-counter limit=1000 window=1h",
     ] {
         let policy = Policy::parse(spec).unwrap();
-        let limiter = Arc::new(
-            Limiter::builder()
-                .policy("p", policy)
-                .clock(FakeClock::at(7))
-                .build()
-                .unwrap(),
-        );
-        let decisions = hammer(limiter, 2_000);
-        let mut remaining: Vec<u64> = decisions
-            .iter()
-            .filter(|d| d.allowed)
-            .map(|d| d.remaining)
-            .collect();
-        remaining.sort_unstable();
-        assert_eq!(remaining, (0..1000).collect::<Vec<_>>(), "{spec}");
+        let locked = Limiter::builder()
+            .policy("p", policy)
+            .clock(FakeClock::at(7));
+        let one_word = Limiter::builder()
+            .policy("p", policy)
+            .clock(Forward(7.into()));
+        let runs = [
+            hammer(Arc::new(locked.build().unwrap()), 2_000),
+            hammer(Arc::new(one_word.build().unwrap()), 2_000),
+        ];
+        for decisions in runs {
+            let mut remaining: Vec<u64> = decisions
+                .iter()
+                .filter(|d| d.allowed)
+                .map(|d| d.remaining)
+                .collect();
+            remaining.sort_unstable();
+            assert_eq!(remaining, (0..1000).collect::<Vec<_>>(), "{spec}");
+        }
     }
     let shaper = Policy::parse("leaky-bucket rate=1/h queue=500").unwrap();
-    let limiter = Arc::new(
-        Limiter::builder()
-            .policy("p", shaper)
-            .clock(FakeClock::at(7))
-            .build()
-            .unwrap(),
-    );
-    let mut delays: Vec<u64> = hammer(limiter, 1_000)
-        .iter()
-        .filter(|d| d.allowed)
-        .map(|d| d.delay)
-        .collect();
-    delays.sort_unstable();
-    let slot = 3_600_000_000_000;
-    assert_eq!(
-        delays,
-        (0..=500).map(|k| k * slot).collect::<Vec<_>>(),
-        "each slot handed out once"
-    );
+    let locked = Limiter::builder()
+        .policy("p", shaper)
+        .clock(FakeClock::at(7));
+    let one_word = Limiter::builder()
+        .policy("p", shaper)
+        .clock(Forward(7.into()));
+    let runs = [
+        hammer(Arc::new(locked.build().unwrap()), 1_000),
+        hammer(Arc::new(one_word.build().unwrap()), 1_000),
+    ];
+    for decisions in runs {
+        let mut delays: Vec<u64> = decisions
+            .iter()
+            .filter(|d| d.allowed)
+            .map(|d| d.delay)
+            .collect();
+        delays.sort_unstable();
+        let slot = 3_600_000_000_000;
+        assert_eq!(
+            delays,
+            (0..=500).map(|k| k * slot).collect::<Vec<_>>(),
+            "each slot once"
+        );
+    }
 }
 
 /// The real clock, several threads on one key for a while: admissions stay
