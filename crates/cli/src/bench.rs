@@ -128,12 +128,15 @@ fn work(
         refused: 0,
         latency: histogram()?,
     };
-    // Each thread walks all keys with a stride, from its own starting point.
+    // Each thread walks all keys in order from its own starting point: the
+    // harness's reads are sequential, the store's are random (hashed).
     let mut i = thread * 7919 % keys.len();
-    let stride = 104_729 % keys.len().max(1);
     loop {
         for _ in 0..1024 {
-            i = (i + stride.max(1)) % keys.len();
+            i += 1;
+            if i == keys.len() {
+                i = 0;
+            }
             let sampled = tally.decisions % SAMPLE_EVERY == 0;
             let began = sampled.then(Instant::now);
             match limiter.check(&keys[i], cost) {
