@@ -52,6 +52,8 @@ impl Decision {
 /// division (several times faster than a 128-bit one) is the path taken.
 pub(crate) fn ceil_div(a: u128, b: u128) -> Nanos {
     match (u64::try_from(a), u64::try_from(b)) {
+        // Most rates reduce to one token per period: no division at all.
+        (Ok(a), Ok(1)) => a,
         (Ok(a), Ok(b)) => a.div_ceil(b),
         _ => Nanos::try_from(a.div_ceil(b)).unwrap_or(Nanos::MAX),
     }

@@ -423,13 +423,17 @@ impl<C: Clock> Limiter<C> {
         for &(policy, key) in checks {
             let index = self.find(policy)?;
             let named = self.validate(index, key, cost)?;
-            if targets.iter().any(|&(i, _, k)| i == index && k == key) {
+            if targets
+                .iter()
+                .any(|&(i, _, k): &(usize, usize, store::Hashed<'_>)| i == index && k.key() == key)
+            {
                 return Err(Error::DuplicateCheck {
                     policy: policy.to_owned(),
                     key: key.to_owned(),
                 });
             }
-            targets.push((index, named.store.shard_of(key), key));
+            let hashed = named.store.hashed(key);
+            targets.push((index, named.store.shard_of(hashed), hashed));
         }
         // Lock the shards involved in one global order (no deadlock), for
         // writing: no other check of these keys runs until we are done.

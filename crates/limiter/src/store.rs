@@ -22,12 +22,12 @@
 //! few hundred milliseconds is not removed and re-inserted over and over),
 //! and from every shard, taking every idle key, when the key budget runs out.
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use compact_str::CompactString;
+use hashbrown::HashTable;
 use weir_core::algo::{LeakyBucket, LevelState, TokenBucket};
 use weir_core::{CostError, Decision, Nanos, Policy, State};
 
@@ -193,53 +193,86 @@ impl Slot for Mutex<State> {
     }
 }
 
-/// One shard: keys and their slots, and when to sweep next.
+/// One shard: keys and their slots, and when to sweep next. The key's hash
+/// is computed once per check and picks both the shard and the bucket.
 #[derive(Debug)]
 pub(crate) struct ShardMap<S> {
-    map: HashMap<CompactString, S, foldhash::fast::RandomState>,
+    table: HashTable<(CompactString, S)>,
     sweep_at: usize,
 }
 
 impl<S> Default for ShardMap<S> {
     fn default() -> Self {
         Self {
-            map: HashMap::default(),
+            table: HashTable::new(),
             sweep_at: FIRST_SWEEP,
         }
     }
 }
 
+/// A key and its hash under the store's hasher.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hashed<'a> {
+    key: &'a str,
+    hash: u64,
+}
+
+impl<'a> Hashed<'a> {
+    pub(crate) fn key(&self) -> &'a str {
+        self.key
+    }
+}
+
 impl<S: Slot> ShardMap<S> {
+    fn get(&self, key: Hashed<'_>) -> Option<&S> {
+        self.table
+            .find(key.hash, |(k, _)| k == key.key)
+            .map(|(_, slot)| slot)
+    }
+
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+
     fn sweep(&mut self, rules: &Rules, now: Nanos) -> usize {
-        let before = self.map.len();
-        self.map.retain(|_, slot| !slot.is_idle(rules, now));
-        self.sweep_at = (2 * self.map.len()).max(before + 1).max(FIRST_SWEEP);
-        before - self.map.len()
+        let before = self.table.len();
+        self.table.retain(|(_, slot)| !slot.is_idle(rules, now));
+        self.sweep_at = (2 * self.table.len()).max(before + 1).max(FIRST_SWEEP);
+        before - self.table.len()
     }
 
     /// Makes sure `key` exists.
     fn insert(
         &mut self,
         rules: &Rules,
-        key: &str,
+        pick: &Pick,
+        key: Hashed<'_>,
         now: Nanos,
         budget: &Budget,
     ) -> Result<(), Full> {
-        if self.map.contains_key(key) {
+        if self.get(key).is_some() {
             return Ok(());
         }
-        if self.map.len() >= self.sweep_at {
+        if self.table.len() >= self.sweep_at {
             budget.give_back(self.sweep(rules, now.saturating_sub(GROWTH_SWEEP_GRACE)));
         }
         if !budget.take() {
             return Err(Full);
         }
-        self.map.insert(key.into(), S::new(rules));
+        let entry = (CompactString::from(key.key), S::new(rules));
+        self.table
+            .insert_unique(key.hash, entry, |(k, _)| pick.hash_one(k.as_str()));
         Ok(())
     }
 
-    fn peek(&self, rules: &Rules, key: &str, cost: u64, now: Nanos) -> Result<Decision, CostError> {
-        match self.map.get(key) {
+    fn peek(
+        &self,
+        rules: &Rules,
+        key: Hashed<'_>,
+        cost: u64,
+        now: Nanos,
+    ) -> Result<Decision, CostError> {
+        match self.get(key) {
             Some(slot) => slot.peek(rules, cost, now),
             None => rules.policy.peek(&rules.policy.new_state(), now, cost),
         }
@@ -248,16 +281,18 @@ impl<S: Slot> ShardMap<S> {
     fn charge(
         &self,
         rules: &Rules,
-        key: &str,
+        key: Hashed<'_>,
         cost: u64,
         now: Nanos,
     ) -> Result<Decision, CostError> {
-        match self.map.get(key) {
+        match self.get(key) {
             Some(slot) => slot.decide(rules, cost, &|| now),
             None => rules.policy.check(&mut rules.policy.new_state(), now, cost),
         }
     }
 }
+
+type Pick = foldhash::fast::RandomState;
 
 fn read<S>(lock: &RwLock<ShardMap<S>>) -> RwLockReadGuard<'_, ShardMap<S>> {
     lock.read().unwrap_or_else(PoisonError::into_inner)
@@ -282,19 +317,20 @@ impl<S: Slot> Shards<S> {
     fn check(
         &self,
         rules: &Rules,
+        pick: &Pick,
         index: usize,
-        key: &str,
+        key: Hashed<'_>,
         cost: u64,
         now: &impl Fn() -> Nanos,
         budget: &Budget,
     ) -> Result<Result<Decision, CostError>, Full> {
         let shard = &self.shards[index];
-        if let Some(slot) = read(shard).map.get(key) {
+        if let Some(slot) = read(shard).get(key) {
             return Ok(slot.decide(rules, cost, now));
         }
         let mut guard = write(shard);
-        guard.insert(rules, key, now(), budget)?;
-        let slot = guard.map.get(key).ok_or(Full)?;
+        guard.insert(rules, pick, key, now(), budget)?;
+        let slot = guard.get(key).ok_or(Full)?;
         Ok(slot.decide(rules, cost, now))
     }
 
@@ -306,7 +342,7 @@ impl<S: Slot> Shards<S> {
     }
 
     fn len(&self) -> usize {
-        self.shards.iter().map(|shard| read(shard).map.len()).sum()
+        self.shards.iter().map(|shard| read(shard).len()).sum()
     }
 }
 
@@ -327,7 +363,7 @@ pub(crate) enum Guard<'a> {
 pub(crate) struct Store {
     rules: Rules,
     table: Table,
-    pick: foldhash::fast::RandomState,
+    pick: Pick,
     mask: usize,
 }
 
@@ -360,8 +396,18 @@ impl Store {
         &self.rules.policy
     }
 
-    pub(crate) fn shard_of(&self, key: &str) -> usize {
-        (self.pick.hash_one(key) as usize) & self.mask
+    /// Hashes `key` once, for its shard and its bucket.
+    pub(crate) fn hashed<'a>(&self, key: &'a str) -> Hashed<'a> {
+        Hashed {
+            key,
+            hash: self.pick.hash_one(key),
+        }
+    }
+
+    /// The shard of a key: bits the tables' own bucket index and tag do not
+    /// use (they take the low bits and the top seven).
+    pub(crate) fn shard_of(&self, key: Hashed<'_>) -> usize {
+        (key.hash >> 32) as usize & self.mask
     }
 
     /// Checks `key`, creating it if it is new; `now` is read after the key's
@@ -373,10 +419,15 @@ impl Store {
         now: &impl Fn() -> Nanos,
         budget: &Budget,
     ) -> Result<Result<Decision, CostError>, Full> {
+        let key = self.hashed(key);
         let index = self.shard_of(key);
         match &self.table {
-            Table::Word(shards) => shards.check(&self.rules, index, key, cost, now, budget),
-            Table::Locked(shards) => shards.check(&self.rules, index, key, cost, now, budget),
+            Table::Word(shards) => {
+                shards.check(&self.rules, &self.pick, index, key, cost, now, budget)
+            }
+            Table::Locked(shards) => {
+                shards.check(&self.rules, &self.pick, index, key, cost, now, budget)
+            }
         }
     }
 
@@ -391,7 +442,7 @@ impl Store {
     pub(crate) fn peek_locked(
         &self,
         guard: &Guard<'_>,
-        key: &str,
+        key: Hashed<'_>,
         cost: u64,
         now: Nanos,
     ) -> Result<Decision, CostError> {
@@ -404,20 +455,20 @@ impl Store {
     pub(crate) fn insert_locked(
         &self,
         guard: &mut Guard<'_>,
-        key: &str,
+        key: Hashed<'_>,
         now: Nanos,
         budget: &Budget,
     ) -> Result<(), Full> {
         match guard {
-            Guard::Word(g) => g.insert(&self.rules, key, now, budget),
-            Guard::Locked(g) => g.insert(&self.rules, key, now, budget),
+            Guard::Word(g) => g.insert(&self.rules, &self.pick, key, now, budget),
+            Guard::Locked(g) => g.insert(&self.rules, &self.pick, key, now, budget),
         }
     }
 
     pub(crate) fn check_locked(
         &self,
         guard: &Guard<'_>,
-        key: &str,
+        key: Hashed<'_>,
         cost: u64,
         now: Nanos,
     ) -> Result<Decision, CostError> {
