@@ -87,11 +87,13 @@ pub(crate) enum Leveled {
 }
 
 /// What a store knows besides its keys.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub(crate) struct Rules {
     policy: Policy,
     /// The level algorithm and its rate's reduced numerator, on the word path.
     word: Option<(Leveled, u64)>,
+    /// The hasher of keys, for shards and buckets alike.
+    pick: Pick,
 }
 
 /// A key's state in the map.
@@ -245,7 +247,6 @@ impl<S: Slot> ShardMap<S> {
     fn insert(
         &mut self,
         rules: &Rules,
-        pick: &Pick,
         key: Hashed<'_>,
         now: Nanos,
         budget: &Budget,
@@ -261,7 +262,7 @@ impl<S: Slot> ShardMap<S> {
         }
         let entry = (CompactString::from(key.key), S::new(rules));
         self.table
-            .insert_unique(key.hash, entry, |(k, _)| pick.hash_one(k.as_str()));
+            .insert_unique(key.hash, entry, |(k, _)| rules.pick.hash_one(k.as_str()));
         Ok(())
     }
 
@@ -317,7 +318,6 @@ impl<S: Slot> Shards<S> {
     fn check(
         &self,
         rules: &Rules,
-        pick: &Pick,
         index: usize,
         key: Hashed<'_>,
         cost: u64,
@@ -329,7 +329,7 @@ impl<S: Slot> Shards<S> {
             return Ok(slot.decide(rules, cost, now));
         }
         let mut guard = write(shard);
-        guard.insert(rules, pick, key, now(), budget)?;
+        guard.insert(rules, key, now(), budget)?;
         let slot = guard.get(key).ok_or(Full)?;
         Ok(slot.decide(rules, cost, now))
     }
@@ -363,7 +363,6 @@ pub(crate) enum Guard<'a> {
 pub(crate) struct Store {
     rules: Rules,
     table: Table,
-    pick: Pick,
     mask: usize,
 }
 
@@ -385,9 +384,12 @@ impl Store {
             None => Table::Locked(Shards::new(count)),
         };
         Self {
-            rules: Rules { policy, word },
+            rules: Rules {
+                policy,
+                word,
+                pick: Pick::default(),
+            },
             table,
-            pick: foldhash::fast::RandomState::default(),
             mask: count - 1,
         }
     }
@@ -400,7 +402,7 @@ impl Store {
     pub(crate) fn hashed<'a>(&self, key: &'a str) -> Hashed<'a> {
         Hashed {
             key,
-            hash: self.pick.hash_one(key),
+            hash: self.rules.pick.hash_one(key),
         }
     }
 
@@ -422,12 +424,8 @@ impl Store {
         let key = self.hashed(key);
         let index = self.shard_of(key);
         match &self.table {
-            Table::Word(shards) => {
-                shards.check(&self.rules, &self.pick, index, key, cost, now, budget)
-            }
-            Table::Locked(shards) => {
-                shards.check(&self.rules, &self.pick, index, key, cost, now, budget)
-            }
+            Table::Word(shards) => shards.check(&self.rules, index, key, cost, now, budget),
+            Table::Locked(shards) => shards.check(&self.rules, index, key, cost, now, budget),
         }
     }
 
@@ -460,8 +458,8 @@ impl Store {
         budget: &Budget,
     ) -> Result<(), Full> {
         match guard {
-            Guard::Word(g) => g.insert(&self.rules, &self.pick, key, now, budget),
-            Guard::Locked(g) => g.insert(&self.rules, &self.pick, key, now, budget),
+            Guard::Word(g) => g.insert(&self.rules, key, now, budget),
+            Guard::Locked(g) => g.insert(&self.rules, key, now, budget),
         }
     }
 
