@@ -223,8 +223,9 @@ pub enum State {
     FixedWindow(FixedWindowState),
     /// Sliding counter.
     SlidingCounter(SlidingCounterState),
-    /// Sliding log.
-    Log(LogState),
+    /// Sliding log (boxed: it is the large one, and stores keep many small
+    /// states of the other kinds side by side).
+    Log(Box<LogState>),
 }
 
 impl State {
@@ -474,7 +475,7 @@ impl Policy {
             }
             Self::FixedWindow(_) => State::FixedWindow(FixedWindowState::default()),
             Self::SlidingCounter(_) => State::SlidingCounter(SlidingCounterState::default()),
-            Self::SlidingLog(_) => State::Log(LogState::default()),
+            Self::SlidingLog(_) => State::Log(Box::default()),
         }
     }
 
@@ -677,7 +678,7 @@ mod tests {
     #[test]
     fn wrong_state_kind_is_a_new_key() {
         let p = Policy::parse("fixed-window limit=1 window=1s").unwrap();
-        let mut s = State::Log(LogState::default());
+        let mut s = State::Log(Box::default());
         assert!(p.check(&mut s, 0, 1).unwrap().allowed);
         assert!(matches!(s, State::FixedWindow(_)));
     }
