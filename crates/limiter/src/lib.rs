@@ -193,25 +193,38 @@ impl<C: Clock> Builder<C> {
         if self.policies.is_empty() {
             return Err(Error::Config("a limiter needs at least one policy".into()));
         }
-        let mut index = HashMap::new();
-        let mut policies = Vec::new();
-        for (name, policy) in self.policies {
-            if index.insert(name.clone(), policies.len()).is_some() {
-                return Err(Error::Config(format!("policy `{name}` is defined twice")));
-            }
-            policies.push(Named {
-                store: Store::new(policy, self.shards, self.clock.is_monotonic()),
-                name,
-            });
+        let mut names = std::collections::HashSet::new();
+        if let Some((name, _)) = self.policies.iter().find(|(name, _)| !names.insert(name)) {
+            return Err(Error::Config(format!("policy `{name}` is defined twice")));
         }
-        Ok(Limiter {
+        Ok(self.assemble())
+    }
+
+    /// The limiter, once the policies are known to be valid.
+    fn assemble(self) -> Limiter<C> {
+        let monotonic = self.clock.is_monotonic();
+        let index = self
+            .policies
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _))| (name.clone(), i))
+            .collect();
+        let policies = self
+            .policies
+            .into_iter()
+            .map(|(name, policy)| Named {
+                name,
+                store: Store::new(policy, self.shards, monotonic),
+            })
+            .collect();
+        Limiter {
             policies,
             index,
             budget: Budget::new(self.max_keys),
             max_key_len: self.max_key_len,
             clock: self.clock,
             next_full_sweep: AtomicU64::new(0),
-        })
+        }
     }
 }
 
@@ -231,17 +244,7 @@ pub struct Limiter<C = SystemClock> {
 impl Limiter<SystemClock> {
     /// A limiter with one policy, named `default`, on the system clock.
     pub fn new(policy: Policy) -> Self {
-        Self {
-            policies: vec![Named {
-                name: "default".into(),
-                store: Store::new(policy, Builder::new().shards, true),
-            }],
-            index: HashMap::from([("default".to_owned(), 0)]),
-            budget: Budget::new(DEFAULT_MAX_KEYS),
-            max_key_len: DEFAULT_MAX_KEY_LEN,
-            clock: SystemClock::new(),
-            next_full_sweep: AtomicU64::new(0),
-        }
+        Builder::new().policy("default", policy).assemble()
     }
 
     /// Starts building a limiter with several policies or other settings.
@@ -419,13 +422,13 @@ impl<C: Clock> Limiter<C> {
         at: Option<Nanos>,
     ) -> Result<AllDecision, Error> {
         // Validate everything first: an invalid request charges nothing.
-        let mut targets = Vec::with_capacity(checks.len());
+        let mut targets: Vec<(usize, usize, store::Hashed<'_>)> = Vec::with_capacity(checks.len());
         for &(policy, key) in checks {
             let index = self.find(policy)?;
             let named = self.validate(index, key, cost)?;
             if targets
                 .iter()
-                .any(|&(i, _, k): &(usize, usize, store::Hashed<'_>)| i == index && k.key() == key)
+                .any(|(i, _, k)| *i == index && k.key() == key)
             {
                 return Err(Error::DuplicateCheck {
                     policy: policy.to_owned(),
