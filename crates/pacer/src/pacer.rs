@@ -138,6 +138,8 @@ impl PacerBuilder {
             global_policies: self.global,
             origin: Instant::now(),
             state: Mutex::new(State {
+                not_before: HashMap::new(),
+                global_not_before: None,
                 destinations: HashMap::new(),
                 global,
                 sweep_at: 64,
@@ -151,6 +153,10 @@ struct State {
     destinations: HashMap<String, Vec<LevelState>>,
     global: Vec<Reservations>,
     sweep_at: usize,
+    /// When the next request may actually leave, per destination and
+    /// globally, from the last one that did (see [`Pacer::acquire`]).
+    not_before: HashMap<String, Instant>,
+    global_not_before: Option<Instant>,
 }
 
 /// A shaper's rate as `(n, p)`, for its scaled units.
@@ -303,6 +309,12 @@ impl Pacer {
     /// Waits until a request of `cost` may go to `destination` (see
     /// [`Pacer::reserve`] for the errors). Dropping the future while it waits
     /// is safe: the slot stays taken (SPEC.md: not refunded), nothing leaks.
+    ///
+    /// Timers fire at or a little after their time (tokio's, by up to a
+    /// millisecond), so on waking the request also waits, if need be, until
+    /// one pace after the previous request that actually left for this
+    /// destination (and globally): a late waker never puts the next request
+    /// closer than the pace on the wire.
     pub async fn acquire(
         &self,
         destination: &str,
@@ -311,7 +323,39 @@ impl Pacer {
     ) -> Result<Slot, PaceError> {
         let slot = self.reserve(destination, cost, deadline)?;
         tokio::time::sleep_until(slot.at).await;
-        Ok(slot)
+        loop {
+            let until = {
+                let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+                let now = Instant::now();
+                let not_before = state
+                    .not_before
+                    .get(destination)
+                    .copied()
+                    .max(state.global_not_before);
+                match not_before {
+                    Some(until) if until > now => Some(until),
+                    _ => {
+                        let gap = |policies: &[LeakyBucket]| {
+                            let gaps = policies.iter().map(|p| {
+                                let (n, period) = scale(p);
+                                u64::try_from((u128::from(cost) * period).div_ceil(n))
+                                    .unwrap_or(u64::MAX)
+                            });
+                            now + Duration::from_nanos(gaps.max().unwrap_or(0))
+                        };
+                        state
+                            .not_before
+                            .insert(destination.to_owned(), gap(&self.per_destination));
+                        state.global_not_before = Some(gap(&self.global_policies));
+                        None
+                    }
+                }
+            };
+            match until {
+                Some(until) => tokio::time::sleep_until(until).await,
+                None => return Ok(slot),
+            }
+        }
     }
 
     /// Destinations with state now (idle ones are dropped as more arrive).
@@ -333,5 +377,7 @@ impl Pacer {
                 .any(|(p, level)| level.seen > now || level.at(now, p.rate()).1 > 0)
         });
         state.sweep_at = (2 * state.destinations.len()).max(64);
+        let instant = self.origin + Duration::from_nanos(now);
+        state.not_before.retain(|_, until| *until > instant);
     }
 }
