@@ -299,6 +299,27 @@ impl<C: Clock> Limiter<C> {
         self.decide_all(checks, cost, Some(now))
     }
 
+    /// The decision checking `key` under the named policy would make now,
+    /// charging nothing (for inspection).
+    pub fn peek_policy(&self, policy: &str, key: &str, cost: u64) -> Result<Decision, Error> {
+        let named = self.validate(self.find(policy)?, key, cost)?;
+        let now = self.clock.now();
+        named
+            .store
+            .peek(key, cost, now)
+            .map_err(|error| Error::Cost {
+                policy: named.name.clone(),
+                error,
+            })
+    }
+
+    /// Forgets `key` under the named policy, which **grants it a fresh
+    /// allowance**; returns whether it was stored.
+    pub fn reset(&self, policy: &str, key: &str) -> Result<bool, Error> {
+        let named = &self.policies[self.find(policy)?];
+        Ok(named.store.remove(key, &self.budget))
+    }
+
     /// Removes every key that is idle now (by the limiter's clock); returns
     /// how many. Checks sweep as they go; call this to reclaim memory sooner.
     pub fn sweep(&self) -> usize {

@@ -341,6 +341,28 @@ impl<S: Slot> Shards<S> {
             .sum()
     }
 
+    fn peek(
+        &self,
+        rules: &Rules,
+        index: usize,
+        key: Hashed<'_>,
+        cost: u64,
+        now: Nanos,
+    ) -> Result<Decision, CostError> {
+        read(&self.shards[index]).peek(rules, key, cost, now)
+    }
+
+    fn remove(&self, index: usize, key: Hashed<'_>) -> bool {
+        let mut shard = write(&self.shards[index]);
+        match shard.table.find_entry(key.hash, |(k, _)| k == key.key) {
+            Ok(entry) => {
+                entry.remove();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     fn len(&self) -> usize {
         self.shards.iter().map(|shard| read(shard).len()).sum()
     }
@@ -484,6 +506,30 @@ impl Store {
             Table::Locked(shards) => shards.sweep(&self.rules, now),
         };
         budget.give_back(removed);
+        removed
+    }
+
+    /// The decision a check would make now, changing nothing.
+    pub(crate) fn peek(&self, key: &str, cost: u64, now: Nanos) -> Result<Decision, CostError> {
+        let key = self.hashed(key);
+        let index = self.shard_of(key);
+        match &self.table {
+            Table::Word(shards) => shards.peek(&self.rules, index, key, cost, now),
+            Table::Locked(shards) => shards.peek(&self.rules, index, key, cost, now),
+        }
+    }
+
+    /// Forgets `key` (it starts fresh); whether it was stored.
+    pub(crate) fn remove(&self, key: &str, budget: &Budget) -> bool {
+        let key = self.hashed(key);
+        let index = self.shard_of(key);
+        let removed = match &self.table {
+            Table::Word(shards) => shards.remove(index, key),
+            Table::Locked(shards) => shards.remove(index, key),
+        };
+        if removed {
+            budget.give_back(1);
+        }
         removed
     }
 

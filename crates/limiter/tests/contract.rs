@@ -180,3 +180,22 @@ fn bad_input_is_an_error_not_a_decision() {
     let twice = twice.policy("a", Policy::parse("gcra burst=2 rate=1/s").unwrap());
     assert!(matches!(twice.build(), Err(Error::Config(_))));
 }
+
+#[test]
+fn peek_charges_nothing_and_reset_grants_afresh() {
+    let limiter = Limiter::builder()
+        .policy(
+            "p",
+            Policy::parse("fixed-window limit=2 window=1h").unwrap(),
+        )
+        .clock(FakeClock::at(5))
+        .build()
+        .unwrap();
+    assert_eq!(limiter.peek_policy("p", "k", 1).unwrap().remaining, 1);
+    assert!(limiter.is_empty(), "peeking stores nothing");
+    limiter.check_policy("p", "k", 2).unwrap();
+    assert!(!limiter.peek_policy("p", "k", 1).unwrap().allowed);
+    assert_eq!(limiter.reset("p", "k"), Ok(true));
+    assert_eq!(limiter.reset("p", "k"), Ok(false));
+    assert!(limiter.check_policy("p", "k", 2).unwrap().allowed);
+}
