@@ -4,6 +4,7 @@
 mod bench;
 mod policy_file;
 mod policy_flags;
+mod serve;
 mod simulate;
 
 use std::process::ExitCode;
@@ -26,6 +27,12 @@ enum Command {
     /// Run a closed-loop load on the in-process store and print one JSON
     /// object: decisions per second, latency percentiles, peak memory.
     Bench(Box<bench::Args>),
+    /// Serve the decision API and the gateway (the embedded example policies
+    /// without --config).
+    Serve(serve::Args),
+    /// Print an example config, or check one.
+    #[command(subcommand)]
+    Config(serve::ConfigCommand),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +40,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(*args),
         Command::Bench(args) => bench::run(&args),
+        Command::Serve(args) => serve::run(&args),
+        Command::Config(command) => serve::config(&command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

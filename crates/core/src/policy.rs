@@ -28,6 +28,7 @@ use crate::algo::{
     FixedWindow, FixedWindowState, LeakyBucket, LevelState, LogState, SlidingCounter,
     SlidingCounterState, SlidingLog, TokenBucket,
 };
+use crate::decision::{ceil_div, floor_div};
 use crate::units::{DisplayDuration, UnitError, parse_count, parse_duration};
 use crate::{Decision, Nanos, Rate};
 
@@ -525,6 +526,39 @@ impl Policy {
             }
             (Self::SlidingLog(l), State::Log(s)) => s.is_idle(t, l.window()),
             _ => true,
+        }
+    }
+
+    /// The key's standing at `now` with no request: `(remaining, reset)` as
+    /// a decision would report them (for a check over several policies that
+    /// was refused elsewhere and so charged nothing here).
+    pub fn status(&self, state: &State, now: Nanos) -> (u64, Nanos) {
+        let level = |s: &LevelState, rate: Rate, size: u64, leaky: bool| {
+            let (_, level) = s.at(now, rate);
+            let (n, p) = (u128::from(rate.tokens()), u128::from(rate.period()));
+            let full = (u128::from(size) + u128::from(leaky)) * p;
+            (floor_div(full.saturating_sub(level), p), ceil_div(level, n))
+        };
+        match (self, state) {
+            (Self::TokenBucket(b) | Self::Gcra(b), State::Level(s)) => {
+                level(s, b.rate(), b.capacity(), false)
+            }
+            (Self::LeakyBucket(l), State::Level(s)) => level(s, l.rate(), l.queue(), true),
+            // A windowed check too large to ever pass changes nothing and
+            // reports the standing as it is.
+            _ => {
+                let never = self.max_cost().0.saturating_add(1);
+                let mut copy = state.clone();
+                let decision = match (self, &mut copy) {
+                    (Self::FixedWindow(w), State::FixedWindow(s)) => w.check(*s, now, never).0,
+                    (Self::SlidingCounter(c), State::SlidingCounter(s)) => {
+                        return c.status(*s, now);
+                    }
+                    (Self::SlidingLog(l), State::Log(s)) => l.peek(s, now, never),
+                    _ => return self.status(&self.new_state(), now),
+                };
+                (decision.remaining, decision.reset)
+            }
         }
     }
 

@@ -301,6 +301,17 @@ proptest! {
     }
 
     #[test]
+    fn status_is_the_standing_without_a_request((policy, _) in policy_strategy(), trace in trace_strategy()) {
+        let arrivals = arrivals(&policy, &trace);
+        for c in run(&policy, &arrivals) {
+            // A rejection reports the standing unchanged: status must agree.
+            if !c.decision.allowed {
+                prop_assert_eq!(policy.status(&c.before, c.now), (c.decision.remaining, c.decision.reset), "{}", policy);
+            }
+        }
+    }
+
+    #[test]
     fn keys_are_independent((policy, _) in policy_strategy(), trace in trace_strategy()) {
         let arrivals = arrivals(&policy, &trace);
         let together = run(&policy, &arrivals);

@@ -106,8 +106,9 @@ pub struct AllDecision {
     /// True when every policy allowed, and so every policy was charged.
     pub allowed: bool,
     /// One decision per `(policy, key)` pair, in order. When the request was
-    /// rejected, nothing was charged and these say what each policy would
-    /// have decided.
+    /// rejected, nothing was charged: the policies that refused report their
+    /// rejection, and the others `allowed: true` with their `remaining` and
+    /// `reset` as they stand (and the `delay` they would have imposed).
     pub decisions: Vec<Decision>,
 }
 
@@ -286,7 +287,19 @@ impl<C: Clock> Limiter<C> {
     /// time: allowed only if every policy allows, and then every policy is
     /// charged; otherwise none is (SPEC.md, several policies).
     pub fn check_all(&self, checks: &[(&str, &str)], cost: u64) -> Result<AllDecision, Error> {
-        self.decide_all(checks, cost, None)
+        self.decide_all(checks, cost, None, Nanos::MAX)
+    }
+
+    /// [`Limiter::check_all`] for a caller that will not wait longer than
+    /// `max_delay` for a shaper: a request that would is rejected like any
+    /// other (nothing charged; its decisions show the delays it would have).
+    pub fn check_all_within(
+        &self,
+        checks: &[(&str, &str)],
+        cost: u64,
+        max_delay: Nanos,
+    ) -> Result<AllDecision, Error> {
+        self.decide_all(checks, cost, None, max_delay)
     }
 
     /// [`Limiter::check_all`] at an explicit time.
@@ -296,7 +309,7 @@ impl<C: Clock> Limiter<C> {
         cost: u64,
         now: Nanos,
     ) -> Result<AllDecision, Error> {
-        self.decide_all(checks, cost, Some(now))
+        self.decide_all(checks, cost, Some(now), Nanos::MAX)
     }
 
     /// The decision checking `key` under the named policy would make now,
@@ -441,6 +454,7 @@ impl<C: Clock> Limiter<C> {
         checks: &[(&str, &str)],
         cost: u64,
         at: Option<Nanos>,
+        max_delay: Nanos,
     ) -> Result<AllDecision, Error> {
         // Validate everything first: an invalid request charges nothing.
         let mut targets: Vec<(usize, usize, store::Hashed<'_>)> = Vec::with_capacity(checks.len());
@@ -486,7 +500,16 @@ impl<C: Clock> Limiter<C> {
                     .map_err(cost_error(p))?,
             );
         }
-        if !decisions.iter().all(|d| d.allowed) {
+        if !decisions.iter().all(|d| d.allowed && d.delay <= max_delay) {
+            // Nothing is charged: the policies that would have allowed report
+            // their standing as it is.
+            for (decision, &(p, s, key)) in decisions.iter_mut().zip(&targets) {
+                if decision.allowed {
+                    let store = &self.policies[p].store;
+                    (decision.remaining, decision.reset) =
+                        store.status_locked(&guards[guard_of(p, s)], key, now);
+                }
+            }
             return Ok(AllDecision {
                 allowed: false,
                 decisions,

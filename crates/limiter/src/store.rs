@@ -108,6 +108,8 @@ pub(crate) trait Slot: Sized {
     fn peek(&self, rules: &Rules, cost: u64, now: Nanos) -> Result<Decision, CostError>;
     /// Idle at `now`, and nothing later seen.
     fn is_idle(&self, rules: &Rules, now: Nanos) -> bool;
+    /// `(remaining, reset)` at `now` with no request.
+    fn status(&self, rules: &Rules, now: Nanos) -> (u64, Nanos);
 }
 
 impl Slot for AtomicU64 {
@@ -165,6 +167,16 @@ impl Slot for AtomicU64 {
         let n = rules.word.map_or(1, |(_, n)| n);
         self.load(Ordering::Acquire) <= now.saturating_mul(n)
     }
+
+    fn status(&self, rules: &Rules, now: Nanos) -> (u64, Nanos) {
+        let n = rules.word.map_or(1, |(_, n)| n);
+        let level = self
+            .load(Ordering::Acquire)
+            .saturating_sub(now.saturating_mul(n));
+        rules
+            .policy
+            .status(&State::Level(LevelState { seen: now, level }), now)
+    }
 }
 
 fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
@@ -192,6 +204,10 @@ impl Slot for Mutex<State> {
     fn is_idle(&self, rules: &Rules, now: Nanos) -> bool {
         let state = lock(self);
         state.seen() <= now && rules.policy.is_idle(&state, now)
+    }
+
+    fn status(&self, rules: &Rules, now: Nanos) -> (u64, Nanos) {
+        rules.policy.status(&lock(self), now)
     }
 }
 
@@ -276,6 +292,13 @@ impl<S: Slot> ShardMap<S> {
         match self.get(key) {
             Some(slot) => slot.peek(rules, cost, now),
             None => rules.policy.peek(&rules.policy.new_state(), now, cost),
+        }
+    }
+
+    fn status(&self, rules: &Rules, key: Hashed<'_>, now: Nanos) -> (u64, Nanos) {
+        match self.get(key) {
+            Some(slot) => slot.status(rules, now),
+            None => rules.policy.status(&rules.policy.new_state(), now),
         }
     }
 
@@ -495,6 +518,19 @@ impl Store {
         match guard {
             Guard::Word(g) => g.charge(&self.rules, key, cost, now),
             Guard::Locked(g) => g.charge(&self.rules, key, cost, now),
+        }
+    }
+
+    /// `(remaining, reset)` of `key` at `now` with no request.
+    pub(crate) fn status_locked(
+        &self,
+        guard: &Guard<'_>,
+        key: Hashed<'_>,
+        now: Nanos,
+    ) -> (u64, Nanos) {
+        match guard {
+            Guard::Word(g) => g.status(&self.rules, key, now),
+            Guard::Locked(g) => g.status(&self.rules, key, now),
         }
     }
 

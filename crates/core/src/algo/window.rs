@@ -99,6 +99,27 @@ impl SlidingCounter {
         self.window
     }
 
+    /// `(remaining, reset)` at `now` with no request.
+    pub fn status(&self, state: SlidingCounterState, now: Nanos) -> (u64, Nanos) {
+        let t = now.max(state.seen);
+        let index = t / self.window;
+        let (cur, prev) = match index.checked_sub(state.index) {
+            Some(0) => (state.current, state.previous),
+            Some(1) => (0, state.current),
+            _ => (0, 0),
+        };
+        let w = u128::from(self.window);
+        let left = w - u128::from(t % self.window);
+        let used = u128::from(cur) * w + u128::from(prev) * left;
+        let remaining = floor_div((u128::from(self.limit) * w).saturating_sub(used), w);
+        let reset = match (cur, prev) {
+            (0, 0) => 0,
+            (0, _) => ceil_div(left, 1),
+            _ => ceil_div(left + w, 1),
+        };
+        (remaining, reset)
+    }
+
     /// The pure transition: `(state, now, cost) → (decision, new state)`.
     /// `cost` must be in `1..=limit`.
     ///

@@ -1,0 +1,134 @@
+//! `weir serve` and `weir config`: load and validate the config, bind, run
+//! until SIGTERM or SIGINT, reload on SIGHUP.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, anyhow, bail};
+use weir_server::config::{self, Config, EXAMPLE};
+use weir_server::{AppState, Shared};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The config file (TOML); without it, the example from `weir config example`.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Listen here instead of the config's `[server] listen`.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum ConfigCommand {
+    /// Print an example config.
+    Example,
+    /// Validate a config file: every error with its line, table and key.
+    Check {
+        /// The file to check.
+        file: PathBuf,
+    },
+}
+
+fn load(path: Option<&PathBuf>) -> anyhow::Result<Config> {
+    let env_token = std::env::var("WEIR_ADMIN_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty());
+    let (name, text) = match path {
+        Some(path) => (
+            path.display().to_string(),
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?,
+        ),
+        None => ("the example config".to_owned(), EXAMPLE.to_owned()),
+    };
+    config::parse(&text, env_token).map_err(|errors| {
+        let lines: Vec<String> = errors.0.iter().map(|e| format!("{name}:{e}")).collect();
+        anyhow!("{}", lines.join("\n"))
+    })
+}
+
+pub(crate) fn config(command: &ConfigCommand) -> anyhow::Result<()> {
+    match command {
+        ConfigCommand::Example => {
+            print!("{EXAMPLE}");
+            Ok(())
+        }
+        ConfigCommand::Check { file } => {
+            let config = load(Some(file))?;
+            println!(
+                "{}: ok ({} policies, {} routes, listening on {})",
+                file.display(),
+                config.policies.len(),
+                config.routes.len(),
+                config.listen
+            );
+            Ok(())
+        }
+    }
+}
+
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    let ansi = std::io::stderr().is_terminal();
+    tracing_subscriber::fmt()
+        .with_target(false)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr)
+        .init();
+    let mut config = load(args.config.as_ref())?;
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(serve(config, args.config.clone()))
+}
+
+async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let listen = config.listen;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let addr = listener.local_addr()?;
+    let state = AppState::new(Shared::new(config, None)?);
+    tracing::info!(%addr, config = %path.as_ref().map_or("example".into(), |p| p.display().to_string()), "weir listening");
+    eprintln!("weir listening on http://{addr}");
+
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+        tracing::info!("shutting down: finishing requests in flight");
+    };
+    let reloader = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            while hangup.recv().await.is_some() {
+                let Some(path) = &path else {
+                    tracing::warn!("SIGHUP: no --config file to reload; still serving the example");
+                    continue;
+                };
+                match load(Some(path)).and_then(|c| {
+                    if c.listen != listen {
+                        tracing::warn!(old = %listen, new = %c.listen, "SIGHUP: a new listen address needs a restart");
+                    }
+                    state.reload(c).map_err(|e| anyhow!("{e}"))
+                }) {
+                    Ok(()) => tracing::info!(config = %path.display(), "reloaded"),
+                    Err(e) => tracing::error!(error = %e, "reload rejected; the old config keeps serving"),
+                }
+            }
+        })
+    };
+    let served = weir_server::run(listener, state, shutdown).await;
+    reloader.abort();
+    if let Err(e) = served {
+        bail!("server failed: {e}");
+    }
+    Ok(())
+}

@@ -1,0 +1,64 @@
+//! `weir serve`: the HTTP decision API, the gateway that forwards admitted
+//! requests and answers the rest with `429`, Prometheus metrics, health, and
+//! admin endpoints — a shell over the in-process `Limiter`.
+//!
+//! The server is a function you can test: [`app`] builds the router from an
+//! [`AppState`], and [`run`] serves it on a listener the caller owns until the
+//! caller's shutdown future completes.
+
+pub mod config;
+mod gateway;
+mod handlers;
+mod state;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::{get, post};
+
+pub use state::{AppState, Shared};
+
+/// The router: decision API, admin, health, metrics; every other path goes
+/// to the gateway routes.
+pub fn app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/check", post(handlers::check))
+        .route("/v1/policies", get(handlers::policies))
+        .route(
+            "/v1/keys/{policy}/{key}",
+            get(handlers::inspect_key).delete(handlers::reset_key),
+        )
+        .route("/healthz", get(handlers::healthz))
+        .route("/readyz", get(handlers::readyz))
+        .route("/metrics", get(handlers::metrics))
+        .fallback(gateway::forward)
+        .with_state(state)
+}
+
+/// Serves `state` on `listener` until `shutdown` completes, then finishes the
+/// requests in flight. Idle keys are swept every few seconds meanwhile.
+pub async fn run(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let sweeper = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                state.current().limiter.sweep();
+            }
+        })
+    };
+    let service = app(state).into_make_service_with_connect_info::<SocketAddr>();
+    let served = axum::serve(listener, service)
+        .with_graceful_shutdown(shutdown)
+        .await;
+    sweeper.abort();
+    served
+}

@@ -1,0 +1,121 @@
+//! What the handlers share: the config, the limiter, the upstream client and
+//! the metrics; swapped whole on reload.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use arc_swap::ArcSwap;
+use axum::body::Body;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use weir_limiter::{Limiter, Policy};
+use weir_tower::{quota, rate_limit_policy};
+
+use crate::config::Config;
+
+/// One configuration, ready to serve.
+#[derive(Debug)]
+pub struct Shared {
+    /// The validated config.
+    pub config: Config,
+    /// The in-process store and its policies.
+    pub limiter: Arc<Limiter>,
+    /// Per policy: its `RateLimit-Policy` item and limit.
+    pub(crate) fields: HashMap<String, (String, u64)>,
+    /// Pooled keep-alive connections to the upstreams.
+    pub(crate) client: Client<HttpConnector, Body>,
+}
+
+impl Shared {
+    /// Builds what `config` needs, keeping `previous`'s limiter (and so every
+    /// key's state) when the policies and the key budget are unchanged.
+    pub fn new(config: Config, previous: Option<&Shared>) -> Result<Self, weir_limiter::Error> {
+        let same = previous.filter(|p| {
+            p.config.policies == config.policies && p.config.max_keys == config.max_keys
+        });
+        let limiter = match same {
+            Some(previous) => previous.limiter.clone(),
+            None => {
+                let builder = config
+                    .policies
+                    .iter()
+                    .fold(Limiter::builder(), |b, (name, policy)| {
+                        b.policy(name.clone(), *policy)
+                    });
+                Arc::new(builder.max_keys(config.max_keys).max_key_len(512).build()?)
+            }
+        };
+        let fields = config
+            .policies
+            .iter()
+            .map(|(name, policy)| (name.clone(), field(name, policy)))
+            .collect();
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        Ok(Self {
+            config,
+            limiter,
+            fields,
+            client,
+        })
+    }
+}
+
+fn field(name: &str, policy: &Policy) -> (String, u64) {
+    let (limit, window) = quota(policy);
+    let value = rate_limit_policy(name, limit, window);
+    (value.to_str().unwrap_or_default().to_owned(), limit)
+}
+
+/// The server's state: the current configuration and the metrics handle.
+#[derive(Debug)]
+pub struct AppState {
+    current: ArcSwap<Shared>,
+    pub(crate) metrics: PrometheusHandle,
+}
+
+/// Histogram buckets of `weir_check_duration_seconds`.
+const BUCKETS: [f64; 12] = [
+    1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 1e-3, 1e-2,
+];
+
+fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets(&BUCKETS)
+                .unwrap_or_else(|_| PrometheusBuilder::new());
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            // Only the first server of a process installs the recorder.
+            let _ = metrics::set_global_recorder(recorder);
+            metrics::gauge!("weir_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+            metrics::counter!("weir_store_errors_total", "kind" => "timeout").absolute(0);
+            handle
+        })
+        .clone()
+}
+
+impl AppState {
+    /// The state for `shared`.
+    pub fn new(shared: Shared) -> Arc<Self> {
+        Arc::new(Self {
+            current: ArcSwap::from_pointee(shared),
+            metrics: metrics_handle(),
+        })
+    }
+
+    /// The configuration being served.
+    pub fn current(&self) -> Arc<Shared> {
+        self.current.load_full()
+    }
+
+    /// Serves `config` from now on (requests in flight finish on the old one).
+    pub fn reload(&self, config: Config) -> Result<(), weir_limiter::Error> {
+        let next = Shared::new(config, Some(&self.current()))?;
+        self.current.store(Arc::new(next));
+        Ok(())
+    }
+}

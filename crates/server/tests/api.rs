@@ -1,0 +1,237 @@
+//! The decision API, health, metrics and admin.
+
+use crate::{send, start};
+
+const CONFIG: &str = r#"
+[server]
+admin_token = "a-long-enough-admin-token"
+
+[policies.api]
+algorithm = "token-bucket"
+capacity = 2
+rate = "1/h"
+
+[policies.window]
+algorithm = "fixed-window"
+limit = 5
+window = "1h"
+
+[policies.shaper]
+algorithm = "leaky-bucket"
+rate = "2/s"
+queue = 3
+"#;
+
+#[tokio::test]
+async fn decides_and_answers_with_ratelimit_fields() {
+    let (addr, _) = start(CONFIG).await;
+    let url = format!("http://{addr}/v1/check");
+    let first = send("POST", &url, &[], r#"{"policy":"api","key":"842"}"#).await;
+    assert_eq!(first.status, 200);
+    let json = first.json();
+    assert_eq!(json["allowed"], true);
+    assert_eq!(json["policy"], "api");
+    assert_eq!(json["limit"], 2);
+    assert_eq!(json["remaining"], 1);
+    assert_eq!(json["retry_after_ms"], 0);
+    assert_eq!(json["reset_ms"], 3_600_000);
+    assert_eq!(first.header("ratelimit-policy"), "\"api\";q=2;w=7200");
+    assert_eq!(first.header("ratelimit"), "\"api\";r=1;t=3600");
+    send("POST", &url, &[], r#"{"policy":"api","key":"842"}"#).await;
+    let third = send(
+        "POST",
+        &url,
+        &[],
+        r#"{"policy":"api","key":"842","cost":1}"#,
+    )
+    .await;
+    assert_eq!(third.status, 200, "a rejection is a decision");
+    assert_eq!(third.json()["allowed"], false);
+    let retry = third.json()["retry_after_ms"].as_u64().unwrap();
+    assert!(
+        (3_590_000..=3_600_000).contains(&retry),
+        "an hour, less the time since: {retry}"
+    );
+
+    // Several policies: all or nothing.
+    let both = r#"{"checks":[{"policy":"window","key":"k"},{"policy":"api","key":"k"}],"cost":2}"#;
+    let all = send("POST", &url, &[], both).await.json();
+    assert_eq!(all["allowed"], true);
+    let again = send("POST", &url, &[], both).await.json();
+    assert_eq!(again["allowed"], false, "api has no tokens left for k");
+    assert_eq!(
+        again["decisions"][0]["remaining"], 3,
+        "the window, uncharged, as it stands"
+    );
+    let window = send(
+        "POST",
+        &url,
+        &[],
+        r#"{"policy":"window","key":"k","cost":3}"#,
+    )
+    .await
+    .json();
+    assert_eq!(
+        window["allowed"], true,
+        "the rejected request charged nothing: 5 - 2 = 3 left"
+    );
+
+    // The shaper reports its delay.
+    let shaped: Vec<_> = [0, 1].iter().map(|_| url.clone()).collect();
+    let mut delays = Vec::new();
+    for url in shaped {
+        delays.push(
+            send("POST", &url, &[], r#"{"policy":"shaper","key":"c"}"#)
+                .await
+                .json()["delay_ms"]
+                .clone(),
+        );
+    }
+    assert_eq!(delays[0], 0);
+    assert!(delays[1].as_u64().unwrap() > 490, "{delays:?}");
+}
+
+#[tokio::test]
+async fn bad_input_gets_its_own_4xx_and_charges_nothing() {
+    let (addr, _) = start(CONFIG).await;
+    let url = format!("http://{addr}/v1/check");
+    for (body, status, code) in [
+        (r#"{"policy":"api""#, 400, "MALFORMED_JSON"),
+        ("not json", 400, "MALFORMED_JSON"),
+        (r#"{"policy":"api"}"#, 422, "MISSING_FIELD"),
+        (
+            r#"{"policy":"api","key":"x","colour":"red"}"#,
+            422,
+            "INVALID_REQUEST",
+        ),
+        (r#"{"policy":"api","key":7}"#, 422, "INVALID_REQUEST"),
+        (r#"{"policy":"nope","key":"x"}"#, 404, "UNKNOWN_POLICY"),
+        (
+            r#"{"policy":"api","key":"x","cost":3}"#,
+            422,
+            "COST_NEVER_FITS",
+        ),
+        (
+            r#"{"policy":"api","key":"x","cost":0}"#,
+            422,
+            "INVALID_COST",
+        ),
+        (r#"{"checks":[]}"#, 422, "INVALID_REQUEST"),
+        (
+            r#"{"checks":[{"policy":"api","key":"x"},{"policy":"nope","key":"x"}]}"#,
+            404,
+            "UNKNOWN_POLICY",
+        ),
+    ] {
+        let reply = send("POST", &url, &[], body).await;
+        assert_eq!(
+            (reply.status, reply.json()["error"].as_str().unwrap()),
+            (status, code),
+            "{body}"
+        );
+        assert!(reply.json()["detail"].is_string());
+    }
+    let long = format!(r#"{{"policy":"api","key":"{}"}}"#, "k".repeat(600));
+    assert_eq!(
+        send("POST", &url, &[], &long).await.json()["error"],
+        "KEY_TOO_LONG"
+    );
+    let huge = format!(r#"{{"policy":"api","key":"{}"}}"#, "k".repeat(100_000));
+    assert_eq!(send("POST", &url, &[], &huge).await.status, 413);
+    // None of that charged x.
+    assert_eq!(
+        send("POST", &url, &[], r#"{"policy":"api","key":"x","cost":2}"#)
+            .await
+            .json()["allowed"],
+        true
+    );
+}
+
+#[tokio::test]
+async fn policies_health_metrics_and_admin() {
+    let (addr, _) = start(CONFIG).await;
+    let base = format!("http://{addr}");
+    let policies = send("GET", &format!("{base}/v1/policies"), &[], "")
+        .await
+        .json();
+    assert_eq!(policies["policies"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        send("GET", &format!("{base}/healthz"), &[], "")
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        send("GET", &format!("{base}/readyz"), &[], "").await.json()["ready"],
+        true
+    );
+
+    send(
+        "POST",
+        &format!("{base}/v1/check"),
+        &[],
+        r#"{"policy":"api","key":"m"}"#,
+    )
+    .await;
+    let metrics = send("GET", &format!("{base}/metrics"), &[], "").await.body;
+    for series in [
+        "weir_decisions_total{policy=\"api\",outcome=\"allowed\"}",
+        "weir_check_duration_seconds_bucket{store=\"memory\"",
+        "weir_store_errors_total",
+        "weir_build_info",
+    ] {
+        assert!(metrics.contains(series), "{series} in\n{metrics}");
+    }
+
+    let key = format!("{base}/v1/keys/api/api:m");
+    let auth = [("authorization", "Bearer a-long-enough-admin-token")];
+    for headers in [
+        &[][..],
+        &[("authorization", "Bearer wrong")][..],
+        &[("authorization", "a-long-enough-admin-token")][..],
+    ] {
+        let denied = send("GET", &key, headers, "").await;
+        assert_eq!(
+            (denied.status, denied.json()["error"].as_str().unwrap()),
+            (401, "UNAUTHORIZED")
+        );
+        assert!(!denied.body.contains("remaining"), "leaks nothing");
+    }
+    let seen = send("GET", &key, &auth, "").await.json();
+    assert_eq!(
+        seen["next_check"]["remaining"], 0,
+        "one token left, so a check now would leave 0"
+    );
+    let reset = send("DELETE", &key, &auth, "").await.json();
+    assert_eq!(
+        (reset["reset"].as_bool(), reset["existed"].as_bool()),
+        (Some(true), Some(true))
+    );
+    assert!(reset["effect"].as_str().unwrap().contains("full allowance"));
+    assert_eq!(
+        send("GET", &key, &auth, "").await.json()["next_check"]["remaining"],
+        1
+    );
+    assert_eq!(
+        send("GET", &format!("{base}/v1/keys/nope/x"), &auth, "")
+            .await
+            .status,
+        404
+    );
+}
+
+#[tokio::test]
+async fn admin_is_off_without_a_token() {
+    let (addr, _) = start("[policies.a]\nalgorithm = \"gcra\"\nburst = 1\nrate = \"1/s\"\n").await;
+    let reply = send(
+        "GET",
+        &format!("http://{addr}/v1/keys/a/x"),
+        &[("authorization", "Bearer x")],
+        "",
+    )
+    .await;
+    assert_eq!(
+        (reply.status, reply.json()["error"].as_str().unwrap()),
+        (404, "ADMIN_DISABLED")
+    );
+}

@@ -1,0 +1,184 @@
+//! The gateway in front of a real upstream server.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::Request;
+use axum::routing::any;
+
+use crate::{send, start};
+
+type Seen = Arc<Mutex<Vec<(Instant, String, String)>>>;
+
+/// An upstream that echoes what it received and records when.
+async fn upstream() -> (SocketAddr, Seen) {
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    let app = Router::new().fallback(any(move |request: Request| {
+        let log = log.clone();
+        async move {
+            let line = format!("{} {}", request.method(), request.uri());
+            let host = request
+                .headers()
+                .get("host")
+                .map(|h| h.to_str().unwrap().to_owned())
+                .unwrap_or_default();
+            let body = axum::body::to_bytes(request.into_body(), 1 << 20)
+                .await
+                .unwrap();
+            log.lock()
+                .unwrap()
+                .push((Instant::now(), line.clone(), host));
+            format!("{line} {}", String::from_utf8_lossy(&body))
+        }
+    }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, seen)
+}
+
+fn config(upstream: SocketAddr) -> String {
+    format!(
+        r#"
+[policies.seller-stock-read]
+algorithm = "token-bucket"
+capacity = 2
+rate = "1/10s"
+
+[policies.per-endpoint]
+algorithm = "sliding-log"
+limit = 100
+window = "1h"
+
+[policies.crawl]
+algorithm = "leaky-bucket"
+rate = "5/s"
+queue = 2
+
+[[routes]]
+match = "GET /sellers/{{seller}}/stock"
+identity = "header:x-seller-id"
+policies = ["seller-stock-read", "per-endpoint"]
+upstream = "http://{upstream}"
+
+[[routes]]
+match = "POST /items/{{item}}"
+identity = "path:item"
+policies = ["seller-stock-read"]
+upstream = "http://{upstream}"
+
+[[routes]]
+match = "GET /crawl"
+identity = "peer"
+policies = ["crawl"]
+upstream = "http://{upstream}"
+max_wait = "300ms"
+
+[[routes]]
+match = "GET /down"
+identity = "peer"
+policies = ["per-endpoint"]
+upstream = "http://127.0.0.1:9"
+"#
+    )
+}
+
+#[tokio::test]
+async fn forwards_admitted_requests_and_answers_the_rest_with_429() {
+    let (up, seen) = upstream().await;
+    let (addr, _) = start(&config(up)).await;
+    let url = format!("http://{addr}/sellers/842/stock?fresh=1");
+    let seller = [("x-seller-id", "842")];
+
+    let ok = send("GET", &url, &seller, "").await;
+    assert_eq!(
+        (ok.status, ok.body.as_str()),
+        (200, "GET /sellers/842/stock?fresh=1 ")
+    );
+    assert_eq!(
+        ok.header("ratelimit"),
+        "\"seller-stock-read\";r=1;t=10, \"per-endpoint\";r=99;t=3600"
+    );
+    assert_eq!(
+        seen.lock().unwrap()[0].2,
+        up.to_string(),
+        "Host is the upstream's"
+    );
+    send("GET", &url, &seller, "").await;
+
+    let limited = send("GET", &url, &seller, "").await;
+    assert_eq!(limited.status, 429);
+    assert_eq!(limited.header("retry-after"), "10");
+    assert_eq!(limited.header("cache-control"), "no-store");
+    assert_eq!(
+        limited.header("ratelimit-policy"),
+        "\"seller-stock-read\";q=2;w=20, \"per-endpoint\";q=100;w=3600"
+    );
+    assert_eq!(
+        limited.header("ratelimit"),
+        "\"seller-stock-read\";r=0;t=20, \"per-endpoint\";r=98;t=3600"
+    );
+    assert_eq!(
+        limited.body,
+        r#"{"error":"RATE_LIMITED","policy":"seller-stock-read"}"#
+    );
+    assert_eq!(seen.lock().unwrap().len(), 2, "the 429 was not forwarded");
+
+    // Bodies are forwarded; identities from the path are keys of their own.
+    let post = send("POST", &format!("http://{addr}/items/9"), &[], "payload").await;
+    assert_eq!(post.body, "POST /items/9 payload");
+    // A missing or oversized identity is a 4xx, never a shared bucket.
+    let missing = send("GET", &url, &[], "").await;
+    assert_eq!(
+        (missing.status, missing.json()["error"].as_str().unwrap()),
+        (400, "MISSING_IDENTITY")
+    );
+    let long = "x".repeat(300);
+    assert_eq!(
+        send("GET", &url, &[("x-seller-id", &long)], "")
+            .await
+            .json()["error"],
+        "IDENTITY_TOO_LONG"
+    );
+    assert_eq!(
+        send("GET", &format!("http://{addr}/elsewhere"), &[], "")
+            .await
+            .status,
+        404
+    );
+    // An unreachable upstream is a 502 with a JSON error.
+    let down = send("GET", &format!("http://{addr}/down"), &[], "").await;
+    assert_eq!(
+        (down.status, down.json()["error"].as_str().unwrap()),
+        (502, "UPSTREAM_UNAVAILABLE")
+    );
+}
+
+#[tokio::test]
+async fn a_shaper_delays_on_the_wire_and_max_wait_refuses() {
+    let (up, seen) = upstream().await;
+    let (addr, _) = start(&config(up)).await;
+    let url = format!("http://{addr}/crawl");
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { send("GET", &url, &[], "").await.status })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.push(task.await.unwrap());
+    }
+    statuses.sort_unstable();
+    // 5/s: slots at 0 and 200 ms; the next would wait 400 ms, past the
+    // route's max_wait of 300 ms: refused, uncharged, so the fourth too.
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    let arrivals: Vec<Instant> = seen.lock().unwrap().iter().map(|(at, _, _)| *at).collect();
+    assert_eq!(arrivals.len(), 2);
+    // The delay, measured on the wire (a few ms of scheduling allowed).
+    let gap = arrivals[1] - arrivals[0];
+    assert!(gap >= Duration::from_millis(190), "{gap:?}");
+}
