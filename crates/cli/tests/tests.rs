@@ -1,4 +1,5 @@
 //! Integration tests of the `weir` binary, run as a real process.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod serve;
 mod simulate;

@@ -1,0 +1,177 @@
+//! `weir serve` and `weir config` as real processes: start with no config,
+//! check configs, reload on SIGHUP, stop on SIGTERM.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+fn weir() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_weir"))
+}
+
+/// A running `weir serve`, its address, and its stderr lines.
+struct Server {
+    child: Child,
+    addr: String,
+    log: mpsc::Receiver<String>,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Self {
+        let mut child = weir()
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, log) = mpsc::channel();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let addr = loop {
+            let line = log
+                .recv_timeout(Duration::from_secs(20))
+                .expect("weir starts");
+            if let Some(addr) = line.strip_prefix("weir listening on http://") {
+                break addr.to_owned();
+            }
+        };
+        Self { child, addr, log }
+    }
+
+    /// One HTTP/1.1 request; the status and body.
+    fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let mut stream = TcpStream::connect(&self.addr).unwrap();
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: weir\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let status = response[9..12].parse().unwrap();
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    fn wait_for_log(&self, needle: &str) -> String {
+        loop {
+            let line = self
+                .log
+                .recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|_| panic!("no log line with {needle}"));
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn temp(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("weir-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn serves_the_example_with_no_config_and_stops_on_sigterm() {
+    let mut server = Server::start(&[]);
+    let (status, body) = server.request("POST", "/v1/check", r#"{"policy":"api","key":"me"}"#);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""allowed":true"#), "{body}");
+    assert_eq!(server.request("GET", "/healthz", "").0, 200);
+    server.signal("TERM");
+    let exit = server.child.wait().unwrap();
+    assert!(exit.success(), "{exit:?}");
+}
+
+#[test]
+fn config_example_passes_check_and_errors_name_their_lines() {
+    let example = weir().args(["config", "example"]).output().unwrap();
+    assert!(example.status.success());
+    let path = temp("example.toml", &String::from_utf8(example.stdout).unwrap());
+    let check = weir()
+        .args(["config", "check"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    let bad = temp(
+        "bad.toml",
+        "[server]\nlisten = \"nowhere\"\n\n[policies.a]\nalgorithm = \"token-bucket\"\ncapacity = 0\nrate = \"2/s\"\n",
+    );
+    let check = weir().args(["config", "check"]).arg(&bad).output().unwrap();
+    assert_eq!(check.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&check.stderr);
+    assert!(
+        stderr.contains("bad.toml:line 2: [server] listen: `nowhere` is not an address"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("bad.toml:line 6: [policies.a] capacity:"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn sighup_reloads_and_a_bad_config_keeps_the_old_one() {
+    let one = "[policies.a]\nalgorithm = \"token-bucket\"\ncapacity = 1\nrate = \"1/h\"\n";
+    let path = temp("reload.toml", one);
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
+    let check = |s: &Server| {
+        s.request("POST", "/v1/check", r#"{"policy":"a","key":"k"}"#)
+            .1
+    };
+    assert!(check(&server).contains(r#""allowed":true"#));
+    assert!(check(&server).contains(r#""allowed":false"#));
+
+    // A broken file is rejected; the old config keeps serving, state and all.
+    std::fs::write(&path, "[policies.a]\nalgorithm = \"token-bucket\"\n").unwrap();
+    server.signal("HUP");
+    server.wait_for_log("reload rejected");
+    assert!(check(&server).contains(r#""allowed":false"#));
+
+    // A valid new policy takes over.
+    std::fs::write(&path, one.replace("capacity = 1", "capacity = 5")).unwrap();
+    server.signal("HUP");
+    server.wait_for_log("reloaded");
+    let (_, policies) = server.request("GET", "/v1/policies", "");
+    assert!(
+        policies.contains("token-bucket capacity=5 rate=1/h"),
+        "{policies}"
+    );
+    assert!(
+        check(&server).contains(r#""remaining":4"#),
+        "a changed policy starts fresh"
+    );
+}
