@@ -1,5 +1,6 @@
 //! Integration tests of the `weir` binary, run as a real process.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod crawler;
 mod serve;
 mod simulate;

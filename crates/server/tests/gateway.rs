@@ -189,11 +189,23 @@ async fn a_client_that_leaves_while_waiting_is_never_forwarded() {
     let (up, seen) = upstream().await;
     let (addr, _) = start(&config(up)).await;
     // Take the shaper's free slot, so the next request waits 200 ms.
-    assert_eq!(send("GET", &format!("http://{addr}/crawl"), &[], "").await.status, 200);
+    assert_eq!(
+        send("GET", &format!("http://{addr}/crawl"), &[], "")
+            .await
+            .status,
+        200
+    );
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream.write_all(b"GET /crawl HTTP/1.1\r\nHost: weir\r\n\r\n").await.unwrap();
+    stream
+        .write_all(b"GET /crawl HTTP/1.1\r\nHost: weir\r\n\r\n")
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     drop(stream); // gone while queued
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(seen.lock().unwrap().len(), 1, "the waiter that left was not forwarded");
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        1,
+        "the waiter that left was not forwarded"
+    );
 }
