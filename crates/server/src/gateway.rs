@@ -15,8 +15,8 @@ use weir_limiter::{Decision, Nanos};
 use weir_tower::retry_after_seconds;
 
 use crate::config::{Identity, Route, Segment};
-use crate::handlers::{count, error, limiter_error, observe, rate_limit_headers};
-use crate::state::{AppState, Shared};
+use crate::handlers::{error, limiter_error, outcome, rate_limit_headers};
+use crate::state::{AppState, Outcome, Shared};
 
 /// The longest identity accepted, in bytes.
 const MAX_IDENTITY: usize = 256;
@@ -124,12 +124,15 @@ pub(crate) async fn forward(State(state): State<Arc<AppState>>, request: Request
         .collect();
     let max_wait = Nanos::try_from(route.max_wait.as_nanos()).unwrap_or(Nanos::MAX);
     let started = Instant::now();
-    let outcome = shared.limiter.check_all_within(&pairs, 1, max_wait);
-    observe(started);
-    let all = match outcome {
+    let checked = shared.limiter.check_all_within(&pairs, 1, max_wait);
+    shared.meters.observe(started);
+    let all = match checked {
         Ok(all) => all,
         Err(e) => {
-            route.policies.iter().for_each(|p| count(p, "error"));
+            route
+                .policies
+                .iter()
+                .for_each(|p| shared.meters.count(p, Outcome::Error));
             return limiter_error(&e);
         }
     };
@@ -140,27 +143,8 @@ pub(crate) async fn forward(State(state): State<Arc<AppState>>, request: Request
         .zip(all.decisions.iter().copied())
         .collect();
     for (policy, d) in &decided {
-        count(
-            policy,
-            if all.allowed {
-                "allowed"
-            } else if d.allowed {
-                "uncharged"
-            } else {
-                "rejected"
-            },
-        );
-        if let Some(weir_core::Policy::LeakyBucket(l)) = shared
-            .config
-            .policies
-            .iter()
-            .find(|(n, _)| n == policy)
-            .map(|(_, p)| *p)
-        {
-            let in_use = (l.queue() + 1).saturating_sub(d.remaining);
-            metrics::gauge!("weir_queue_depth", "policy" => (*policy).to_owned())
-                .set(in_use as f64);
-        }
+        shared.meters.count(policy, outcome(all.allowed, d));
+        shared.meters.queue(policy, d.remaining);
     }
     if !all.allowed {
         return rejection(&shared, &decided, max_wait);

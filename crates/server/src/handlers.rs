@@ -13,7 +13,16 @@ use serde_json::{Value, json};
 use weir_limiter::{Decision, Error, Nanos};
 use weir_tower::rate_limit;
 
-use crate::state::{AppState, Shared};
+use crate::state::{AppState, Outcome, Shared};
+
+/// The outcome of one policy in a check that was `allowed` as a whole.
+pub(crate) fn outcome(allowed: bool, d: &Decision) -> Outcome {
+    match (allowed, d.allowed) {
+        (true, _) => Outcome::Allowed,
+        (false, true) => Outcome::Uncharged,
+        (false, false) => Outcome::Rejected,
+    }
+}
 
 /// The largest decision request body.
 const MAX_BODY: usize = 64 * 1024;
@@ -92,17 +101,6 @@ pub(crate) fn rate_limit_headers(
     }
 }
 
-/// Counts a decision in the metrics.
-pub(crate) fn count(policy: &str, outcome: &'static str) {
-    metrics::counter!("weir_decisions_total", "policy" => policy.to_owned(), "outcome" => outcome)
-        .increment(1);
-}
-
-pub(crate) fn observe(started: Instant) {
-    metrics::histogram!("weir_check_duration_seconds", "store" => "memory")
-        .record(started.elapsed().as_secs_f64());
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CheckRequest {
@@ -172,14 +170,13 @@ pub(crate) async fn check(State(state): State<Arc<AppState>>, body: Body) -> Res
         .map(|((p, _), k)| (p.as_str(), k.as_str()))
         .collect();
     let started = Instant::now();
-    let outcome = shared.limiter.check_all(&pairs, cost);
-    observe(started);
-    let all = match outcome {
+    let checked = shared.limiter.check_all(&pairs, cost);
+    shared.meters.observe(started);
+    let all = match checked {
         Ok(all) => all,
         Err(e) => {
-            // Only configured names become labels: clients cannot add series.
-            for (policy, _) in pairs.iter().filter(|(p, _)| shared.fields.contains_key(*p)) {
-                count(policy, "error");
+            for (policy, _) in &pairs {
+                shared.meters.count(policy, Outcome::Error);
             }
             return limiter_error(&e);
         }
@@ -190,16 +187,7 @@ pub(crate) async fn check(State(state): State<Arc<AppState>>, body: Body) -> Res
         .zip(all.decisions.iter().copied())
         .collect();
     for (policy, d) in &decided {
-        count(
-            policy,
-            if all.allowed {
-                "allowed"
-            } else if d.allowed {
-                "uncharged"
-            } else {
-                "rejected"
-            },
-        );
+        shared.meters.count(policy, outcome(all.allowed, d));
     }
     let body = if multi {
         let decisions: Vec<Value> = decided

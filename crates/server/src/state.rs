@@ -9,6 +9,7 @@ use axum::body::Body;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use metrics::{Counter, Gauge, Histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use weir_limiter::{Limiter, Policy};
 use weir_tower::{quota, rate_limit_policy};
@@ -26,6 +27,82 @@ pub struct Shared {
     pub(crate) fields: HashMap<String, (String, u64)>,
     /// Pooled keep-alive connections to the upstreams.
     pub(crate) client: Client<HttpConnector, Body>,
+    /// Metric handles, looked up once rather than per request.
+    pub(crate) meters: Meters,
+}
+
+/// How a policy's part in a decision ended.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Outcome {
+    Allowed,
+    Rejected,
+    /// Would have allowed, but another policy of the same request refused.
+    Uncharged,
+    Error,
+}
+
+/// The metric handles of one configuration.
+#[derive(Debug)]
+pub(crate) struct Meters {
+    decisions: HashMap<String, [Counter; 4]>,
+    /// Per shaper: its gauge and its slots (queue + the one served).
+    queues: HashMap<String, (Gauge, u64)>,
+    duration: Histogram,
+}
+
+impl Meters {
+    fn new(config: &Config) -> Self {
+        let decisions = config
+            .policies
+            .iter()
+            .map(|(name, _)| {
+                let counter = |outcome: &'static str| {
+                    metrics::counter!("weir_decisions_total", "policy" => name.clone(), "outcome" => outcome)
+                };
+                (name.clone(), [counter("allowed"), counter("rejected"), counter("uncharged"), counter("error")])
+            })
+            .collect();
+        let queues = config
+            .policies
+            .iter()
+            .filter_map(|(name, p)| match p {
+                Policy::LeakyBucket(l) => Some((
+                    name.clone(),
+                    (
+                        metrics::gauge!("weir_queue_depth", "policy" => name.clone()),
+                        l.queue() + 1,
+                    ),
+                )),
+                _ => None,
+            })
+            .collect();
+        let duration = metrics::histogram!("weir_check_duration_seconds", "store" => "memory");
+        Self {
+            decisions,
+            queues,
+            duration,
+        }
+    }
+
+    /// Counts one policy's outcome (unknown names are not counted: clients
+    /// cannot add series).
+    pub(crate) fn count(&self, policy: &str, outcome: Outcome) {
+        if let Some(counters) = self.decisions.get(policy) {
+            counters[outcome as usize].increment(1);
+        }
+    }
+
+    /// The time one check took.
+    pub(crate) fn observe(&self, started: std::time::Instant) {
+        self.duration.record(started.elapsed().as_secs_f64());
+    }
+
+    /// A shaper's slots in use, from a decision's `remaining`.
+    pub(crate) fn queue(&self, policy: &str, remaining: u64) {
+        if let Some((gauge, slots)) = self.queues.get(policy) {
+            gauge.set(slots.saturating_sub(remaining) as f64);
+        }
+    }
 }
 
 impl Shared {
@@ -53,7 +130,10 @@ impl Shared {
             .map(|(name, policy)| (name.clone(), field(name, policy)))
             .collect();
         let client = Client::builder(TokioExecutor::new()).build_http();
+        metrics_handle(); // the recorder first, then the handles
+        let meters = Meters::new(&config);
         Ok(Self {
+            meters,
             config,
             limiter,
             fields,
