@@ -2,7 +2,6 @@
 //! errors into a message and an exit status (2 for bad input).
 
 mod bench;
-mod policy_file;
 mod policy_flags;
 mod serve;
 mod simulate;

@@ -28,7 +28,10 @@ pub(crate) enum ConfigCommand {
     },
 }
 
-fn load(path: Option<&PathBuf>) -> anyhow::Result<Config> {
+/// Reads and validates a config (the example without a path); errors name
+/// the file, line, table and key. `weir simulate --policies` reads its
+/// `[policies.NAME]` tables the same way.
+pub(crate) fn load(path: Option<&PathBuf>) -> anyhow::Result<Config> {
     let env_token = std::env::var("WEIR_ADMIN_TOKEN")
         .ok()
         .filter(|t| !t.is_empty());

@@ -99,7 +99,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         policies.push((policy.to_string(), policy));
     }
     if let Some(path) = &args.policy_file {
-        policies.extend(crate::policy_file::read(path)?);
+        policies.extend(crate::serve::load(Some(path))?.policies);
     }
     if policies.is_empty() {
         match scenario {

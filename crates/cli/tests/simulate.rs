@@ -324,6 +324,29 @@ fn compare_prints_a_table_and_draws_a_plot() {
         picture.contains("per-minute: admitted 120, rejected 121"),
         "lane caption"
     );
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[policies.a]\nalgorithm = \"gcra\"\nburst = 0\nrate = \"1/s\"\n",
+    )
+    .unwrap();
+    let out = weir(
+        &[
+            "simulate",
+            "--compare",
+            "--policies",
+            bad.to_str().unwrap(),
+            "--scenario",
+            "boundary-burst",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("bad.toml:line 3: [policies.a] burst:"),
+        "{}",
+        text(&out.stderr)
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -99,8 +99,9 @@ impl SlidingCounter {
         self.window
     }
 
-    /// `(remaining, reset)` at `now` with no request.
-    pub fn status(&self, state: SlidingCounterState, now: Nanos) -> (u64, Nanos) {
+    /// The evaluation time, the window index, and the current and previous
+    /// windows' counts at `now` (the state rolled forward).
+    fn roll(&self, state: SlidingCounterState, now: Nanos) -> (Nanos, u64, u64, u64) {
         let t = now.max(state.seen);
         let index = t / self.window;
         let (cur, prev) = match index.checked_sub(state.index) {
@@ -108,6 +109,11 @@ impl SlidingCounter {
             Some(1) => (0, state.current),
             _ => (0, 0),
         };
+        (t, index, cur, prev)
+    }
+
+    /// `(remaining, reset)` with `cur` and `prev` at `t`.
+    fn standing(&self, t: Nanos, cur: u64, prev: u64) -> (u64, Nanos) {
         let w = u128::from(self.window);
         let left = w - u128::from(t % self.window);
         let used = u128::from(cur) * w + u128::from(prev) * left;
@@ -118,6 +124,12 @@ impl SlidingCounter {
             _ => ceil_div(left + w, 1),
         };
         (remaining, reset)
+    }
+
+    /// `(remaining, reset)` at `now` with no request.
+    pub fn status(&self, state: SlidingCounterState, now: Nanos) -> (u64, Nanos) {
+        let (t, _, cur, prev) = self.roll(state, now);
+        self.standing(t, cur, prev)
     }
 
     /// The pure transition: `(state, now, cost) → (decision, new state)`.
@@ -131,13 +143,7 @@ impl SlidingCounter {
         now: Nanos,
         cost: u64,
     ) -> (Decision, SlidingCounterState) {
-        let t = now.max(state.seen);
-        let index = t / self.window;
-        let (cur, prev) = match index.checked_sub(state.index) {
-            Some(0) => (state.current, state.previous),
-            Some(1) => (0, state.current),
-            _ => (0, 0),
-        };
+        let (t, index, cur, prev) = self.roll(state, now);
         let w = u128::from(self.window);
         let left = w - u128::from(t % self.window); // W - e, in 1..=W
         let (l, c, cur128, prev128) = (
@@ -146,19 +152,9 @@ impl SlidingCounter {
             u128::from(cur),
             u128::from(prev),
         );
-        let weighted_prev = prev128 * left;
-        let allowed = (cur128 + c) * w + weighted_prev <= l * w;
+        let allowed = (cur128 + c) * w + prev128 * left <= l * w;
         let cur = if allowed { cur + cost } else { cur };
-        let used = u128::from(cur) * w + weighted_prev;
-        let remaining = floor_div((l * w).saturating_sub(used), w);
-        let window_end = u128::from(index + 1) * w - u128::from(t); // = left
-        let reset = if cur > 0 {
-            ceil_div(window_end + w, 1)
-        } else if prev > 0 {
-            ceil_div(window_end, 1)
-        } else {
-            0
-        };
+        let (remaining, reset) = self.standing(t, cur, prev);
         let next = SlidingCounterState {
             seen: t,
             index,
