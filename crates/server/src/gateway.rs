@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
@@ -15,8 +15,8 @@ use weir_limiter::{Decision, Nanos};
 use weir_tower::retry_after_seconds;
 
 use crate::config::{Identity, Route, Segment};
-use crate::handlers::{error, limiter_error, outcome, rate_limit_headers};
-use crate::state::{AppState, Outcome, Shared};
+use crate::handlers::{decide, error, rate_limit_headers};
+use crate::state::{AppState, Shared};
 
 /// The longest identity accepted, in bytes.
 const MAX_IDENTITY: usize = 256;
@@ -123,29 +123,10 @@ pub(crate) async fn forward(State(state): State<Arc<AppState>>, request: Request
         .map(|p| (p.as_str(), key.as_str()))
         .collect();
     let max_wait = Nanos::try_from(route.max_wait.as_nanos()).unwrap_or(Nanos::MAX);
-    let started = Instant::now();
-    let checked = shared.limiter.check_all_within(&pairs, 1, max_wait);
-    shared.meters.observe(started);
-    let all = match checked {
-        Ok(all) => all,
-        Err(e) => {
-            route
-                .policies
-                .iter()
-                .for_each(|p| shared.meters.count(p, Outcome::Error));
-            return limiter_error(&e);
-        }
+    let (all, decided) = match decide(&shared, &pairs, 1, max_wait) {
+        Ok(decided) => decided,
+        Err(response) => return response,
     };
-    let decided: Vec<(&str, Decision)> = route
-        .policies
-        .iter()
-        .map(String::as_str)
-        .zip(all.decisions.iter().copied())
-        .collect();
-    for (policy, d) in &decided {
-        shared.meters.count(policy, outcome(all.allowed, d));
-        shared.meters.queue(policy, d.remaining);
-    }
     if !all.allowed {
         return rejection(&shared, &decided, max_wait);
     }

@@ -10,18 +10,47 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use weir_limiter::{Decision, Error, Nanos};
+use weir_limiter::{AllDecision, Decision, Error, Nanos};
 use weir_tower::rate_limit;
 
 use crate::state::{AppState, Outcome, Shared};
 
-/// The outcome of one policy in a check that was `allowed` as a whole.
-pub(crate) fn outcome(allowed: bool, d: &Decision) -> Outcome {
-    match (allowed, d.allowed) {
-        (true, _) => Outcome::Allowed,
-        (false, true) => Outcome::Uncharged,
-        (false, false) => Outcome::Rejected,
+/// Decisions paired with their policies' names.
+pub(crate) type Decided<'a> = Vec<(&'a str, Decision)>;
+
+/// Checks `pairs` all-or-nothing (refusing waits over `max_delay`),
+/// counting each policy's outcome; the decisions paired with their policies,
+/// or the error response.
+pub(crate) fn decide<'a>(
+    shared: &Shared,
+    pairs: &[(&'a str, &str)],
+    cost: u64,
+    max_delay: Nanos,
+) -> Result<(AllDecision, Decided<'a>), Response> {
+    let started = Instant::now();
+    let checked = shared.limiter.check_all_within(pairs, cost, max_delay);
+    shared.meters.observe(started);
+    let all = checked.map_err(|e| {
+        pairs
+            .iter()
+            .for_each(|(p, _)| shared.meters.count(p, Outcome::Error));
+        limiter_error(&e)
+    })?;
+    let decided: Decided<'a> = pairs
+        .iter()
+        .map(|(p, _)| *p)
+        .zip(all.decisions.iter().copied())
+        .collect();
+    for (policy, d) in &decided {
+        let outcome = match (all.allowed, d.allowed) {
+            (true, _) => Outcome::Allowed,
+            (false, true) => Outcome::Uncharged,
+            (false, false) => Outcome::Rejected,
+        };
+        shared.meters.count(policy, outcome);
+        shared.meters.queue(policy, d.remaining);
     }
+    Ok((all, decided))
 }
 
 /// The largest decision request body.
@@ -169,26 +198,10 @@ pub(crate) async fn check(State(state): State<Arc<AppState>>, body: Body) -> Res
         .zip(&keys)
         .map(|((p, _), k)| (p.as_str(), k.as_str()))
         .collect();
-    let started = Instant::now();
-    let checked = shared.limiter.check_all(&pairs, cost);
-    shared.meters.observe(started);
-    let all = match checked {
-        Ok(all) => all,
-        Err(e) => {
-            for (policy, _) in &pairs {
-                shared.meters.count(policy, Outcome::Error);
-            }
-            return limiter_error(&e);
-        }
+    let (all, decided) = match decide(&shared, &pairs, cost, Nanos::MAX) {
+        Ok(decided) => decided,
+        Err(response) => return response,
     };
-    let decided: Vec<(&str, Decision)> = pairs
-        .iter()
-        .map(|(p, _)| *p)
-        .zip(all.decisions.iter().copied())
-        .collect();
-    for (policy, d) in &decided {
-        shared.meters.count(policy, outcome(all.allowed, d));
-    }
     let body = if multi {
         let decisions: Vec<Value> = decided
             .iter()
