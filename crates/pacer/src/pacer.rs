@@ -205,17 +205,20 @@ impl Pacer {
         cost: u64,
         deadline: Option<Instant>,
     ) -> Result<Slot, PaceError> {
-        for policy in self.per_destination.iter().chain(&self.global_policies) {
-            if cost == 0 {
-                return Err(PaceError::Cost(CostError::Zero));
-            }
-            if cost > policy.queue() {
-                return Err(PaceError::Cost(CostError::TooLarge {
-                    cost,
-                    max: policy.queue(),
-                    field: "queue",
-                }));
-            }
+        if cost == 0 {
+            return Err(PaceError::Cost(CostError::Zero));
+        }
+        if let Some(policy) = self
+            .per_destination
+            .iter()
+            .chain(&self.global_policies)
+            .find(|p| cost > p.queue())
+        {
+            return Err(PaceError::Cost(CostError::TooLarge {
+                cost,
+                max: policy.queue(),
+                field: "queue",
+            }));
         }
         let now = self.now();
         let mut guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
