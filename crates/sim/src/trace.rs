@@ -256,6 +256,20 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Whatever the bytes, the reader yields rows and at most one error,
+        /// and nothing after it.
+        #[test]
+        fn any_input_reads_or_stops_at_one_error(text in "(time|cost|key|,|\\n|[0-9.\\-e\"]|[ -~]){0,120}") {
+            let rows: Vec<_> = TraceReader::new(text.as_bytes()).collect();
+            let errors = rows.iter().filter(|r| r.is_err()).count();
+            proptest::prop_assert!(errors <= 1);
+            if errors == 1 {
+                proptest::prop_assert!(rows.last().is_some_and(Result::is_err));
+            }
+        }
+    }
+
     #[test]
     fn quoted_keys() {
         let rows = read("time,key\n0,\"a,b\"\n");
