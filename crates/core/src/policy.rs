@@ -14,7 +14,7 @@
 //! |---|---|---|
 //! | token-bucket, gcra | `2 · capacity · p ≤ 2^53` | refilling an empty bucket takes at most ~52 days (× `n`) |
 //! | leaky-bucket | `2 · queue · p ≤ 2^53` | a full queue drains in at most ~52 days (× `n`) |
-//! | fixed-window, sliding-log | `limit ≤ 2^53`, `window ≤ 2^53 ns` (~104 days) | |
+//! | fixed-window, sliding-log | `limit ≤ 2^53`, `window ≤ 2^52 ns` (~52 days) | |
 //! | sliding-log | `limit ≤ 1,000,000` | the log keeps up to `limit` entries per key |
 //! | sliding-counter | `limit · window ≤ 2^53` (window in ns) | 150,000 per minute, 2,500 per hour |
 //! | every rate | `n ≤ 2^53` | |
@@ -283,11 +283,12 @@ fn check_level(field: &str, size: u64, rate: Rate) -> Result<(), PolicyError> {
 
 fn check_window(window: Nanos) -> Result<(), PolicyError> {
     positive("window", window)?;
-    if u128::from(window) > EXACT_MAX {
+    // Half of 2^53: the Redis store computes `t mod window` by doubling.
+    if u128::from(window) > EXACT_MAX / 2 {
         return Err(out_of_bounds(
             "window",
             format!(
-                "{} is longer than 2^53 ns (about 104 days)",
+                "{} is longer than 2^52 ns (about 52 days)",
                 DisplayDuration(window)
             ),
         ));

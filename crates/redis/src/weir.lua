@@ -1,0 +1,266 @@
+-- weir: one atomic decision over N keys (all-or-nothing), SPEC.md exactly.
+--
+-- KEYS[i]  the store key of check i (all in one hash slot on a cluster)
+-- ARGV[1]  cost
+-- ARGV[2]  "redis" to use Redis TIME, or "S NS" (explicit seconds, nanoseconds)
+-- ARGV[2+i] the policy of check i:
+--          "tb C n p"  token bucket / GCRA: capacity C, rate reduced to n/p ns
+--          "lb Q n p"  leaky bucket: queue Q, rate n/p
+--          "fw L W"    fixed window      "sc L W" sliding counter
+--          "sl L W"    sliding log       (W in ns)
+-- Returns {all_allowed, then per check: allowed, remaining, retry_after, reset, delay}
+-- (durations in ns). Every number is an exact integer below 2^53 (the policy
+-- bounds of weir-core guarantee it); times are (seconds, nanoseconds) pairs,
+-- so absolute nanoseconds (~1.8e18) never appear in a double.
+--
+-- State per key (a string): "seen_s seen_ns ..." then
+--   tb/lb: level (1/p token units at seen)
+--   fw: start_s start_ns count          sc: start_s start_ns cur prev
+--   sl: first_s first_ns | entries (varint gap from the previous, varint cost)
+
+local E9 = 1000000000
+local BIG = 9007199254740992 -- 2^53
+
+local function idiv(a, b) -- exact floor(a / b) for 0 <= a, b < 2^53
+  local q = math.floor(a / b)
+  while q * b > a do q = q - 1 end
+  while (q + 1) * b <= a do q = q + 1 end
+  return q
+end
+local function cdiv(a, b) local q = idiv(a, b); if q * b < a then q = q + 1 end; return q end
+local function mulmod(a, b, m) -- a * b mod m, all below 2^53
+  local r = 0
+  a = a % m
+  while b > 0 do
+    if b % 2 == 1 then r = (r + a) % m end
+    a = (a * 2) % m
+    b = math.floor(b / 2)
+  end
+  return r
+end
+local function later(as, an, bs, bn)
+  if as > bs or (as == bs and an >= bn) then return as, an end
+  return bs, bn
+end
+local function diff(as, an, bs, bn) -- (a - b) in ns, a >= b, saturating at 2^53
+  if as - bs > 9000000 then return BIG end
+  return (as - bs) * E9 + (an - bn)
+end
+local function add(s, n, d) -- pair + d ns (d < 2^53)
+  local extra = idiv(n + d, E9)
+  return s + extra, n + d - extra * E9
+end
+local function sub(s, n, d) -- pair - d ns (d < 2^53, result >= 0)
+  local back = cdiv(math.max(d - n, 0), E9)
+  return s - back, n + back * E9 - d
+end
+local function fmt(x) return string.format('%.0f', x) end
+
+local function words(text)
+  local out = {}
+  for w in string.gmatch(text, '%S+') do out[#out + 1] = tonumber(w) end
+  return out
+end
+
+local function varint(x)
+  local out = {}
+  repeat
+    local b = x % 128
+    x = (x - b) / 128
+    if x > 0 then b = b + 128 end
+    out[#out + 1] = string.char(b)
+  until x == 0
+  return table.concat(out)
+end
+local function read_varint(s, pos)
+  local x, mul = 0, 1
+  while true do
+    local b = string.byte(s, pos)
+    pos = pos + 1
+    if b < 128 then return x + b * mul, pos end
+    x = x + (b - 128) * mul
+    mul = mul * 128
+  end
+end
+
+-- Evaluation time: now, clamped to the key's latest time.
+local cost = tonumber(ARGV[1])
+local now_s, now_ns
+local redis_time = ARGV[2] == 'redis'
+if redis_time then
+  local t = redis.call('TIME')
+  now_s, now_ns = tonumber(t[1]), tonumber(t[2]) * 1000
+else
+  local t = words(ARGV[2])
+  now_s, now_ns = t[1], t[2]
+end
+
+local checks = {}
+for i = 1, #KEYS do
+  local spec = {}
+  for w in string.gmatch(ARGV[2 + i], '%S+') do spec[#spec + 1] = w end
+  local kind = spec[1]
+  local a, b, c = tonumber(spec[2]), tonumber(spec[3]), tonumber(spec[4])
+  local raw = redis.call('GET', KEYS[i])
+  local st, blob = {}, ''
+  if raw then
+    local bar = string.find(raw, '|', 1, true)
+    if bar then st, blob = words(string.sub(raw, 1, bar - 1)), string.sub(raw, bar + 1)
+    else st = words(raw) end
+  end
+  local ts, tn = now_s, now_ns
+  if raw then ts, tn = later(now_s, now_ns, st[1], st[2]) end
+  local d = { allowed = 0, remaining = 0, retry = 0, reset = 0, delay = 0 }
+  local new -- the state text if charged; `fresh` the refreshed one if not
+  local fresh
+
+  if kind == 'tb' or kind == 'lb' then
+    local size, n, p = a, b, c
+    local level = 0
+    if raw then
+      local el = diff(ts, tn, st[1], st[2])
+      if el > idiv(st[3], n) + 1 then level = 0 else level = math.max(st[3] - el * n, 0) end
+    end
+    fresh = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(level)
+    if kind == 'tb' then
+      local full, need = size * p, level + cost * p
+      if need <= full then
+        d.allowed, d.remaining, d.reset = 1, idiv(full - need, p), cdiv(need, n)
+        new = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(need)
+      else
+        d.remaining, d.retry, d.reset = idiv(full - level, p), cdiv(need - full, n), cdiv(level, n)
+      end
+    else
+      local bound, slots = size * p, (size + 1) * p
+      if level <= bound then
+        local after = level + cost * p
+        d.allowed, d.delay, d.reset = 1, cdiv(level, n), cdiv(after, n)
+        d.remaining = idiv(math.max(slots - after, 0), p)
+        new = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(after)
+      else
+        d.remaining, d.retry, d.reset = idiv(math.max(slots - level, 0), p), cdiv(level - bound, n), cdiv(level, n)
+      end
+    end
+  elseif kind == 'fw' or kind == 'sc' then
+    local L, W = a, b
+    local off = (mulmod(ts, E9 % W, W) + tn % W) % W -- t mod W
+    local ss, sn = sub(ts, tn, off)                  -- this window's start
+    local left = W - off
+    local cur, prev = 0, 0
+    if raw then
+      if st[3] == ss and st[4] == sn then cur, prev = st[5], st[6] or 0
+      else
+        local ps, pn = add(st[3], st[4], W)
+        if kind == 'sc' and ps == ss and pn == sn then cur, prev = 0, st[5] end
+      end
+    end
+    local head = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ss) .. ' ' .. fmt(sn) .. ' '
+    if kind == 'fw' then
+      fresh = head .. fmt(cur)
+      if cur + cost <= L then
+        d.allowed, d.remaining, d.reset = 1, L - cur - cost, left
+        new = head .. fmt(cur + cost)
+      else
+        d.remaining, d.retry, d.reset = L - cur, left, (cur > 0) and left or 0
+      end
+    else
+      fresh = head .. fmt(cur) .. ' ' .. fmt(prev)
+      local function standing(c)
+        local room, used = (L - c) * W, prev * left
+        local r = 0
+        if room >= used then r = idiv(room - used, W) end
+        local reset = 0
+        if c > 0 then reset = left + W elseif prev > 0 then reset = left end
+        return r, reset
+      end
+      if L - cur - cost >= 0 and prev * left <= (L - cur - cost) * W then
+        d.allowed = 1
+        d.remaining, d.reset = standing(cur + cost)
+        new = head .. fmt(cur + cost) .. ' ' .. fmt(prev)
+      else
+        d.remaining, d.reset = standing(cur)
+        if cur + cost <= L then d.retry = left - idiv((L - cur - cost) * W, prev)
+        else d.retry = left + (W - idiv((L - cost) * W, cur)) end
+      end
+    end
+  else -- 'sl'
+    local L, W = a, b
+    local times, costs = {}, {}
+    local count = 0
+    if raw and #blob > 0 then
+      local es, en = st[3], st[4]
+      local pos = 1
+      while pos <= #blob do
+        local gap, c2
+        gap, pos = read_varint(blob, pos)
+        c2, pos = read_varint(blob, pos)
+        es, en = add(es, en, gap)
+        if diff(ts, tn, es, en) < W then -- live: a > t - W
+          times[#times + 1] = { es, en }
+          costs[#costs + 1] = c2
+          count = count + c2
+        end
+      end
+    end
+    local function encode(extra)
+      local list = {}
+      for k = 1, #times do list[#list + 1] = { times[k], costs[k] } end
+      if extra then list[#list + 1] = extra end
+      if #list == 0 then return fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ts) .. ' ' .. fmt(tn) .. '|' end
+      local first = list[1][1]
+      local parts = { fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(first[1]) .. ' ' .. fmt(first[2]) .. '|' }
+      local ps, pn = first[1], first[2]
+      for k = 1, #list do
+        local e = list[k]
+        parts[#parts + 1] = varint(diff(e[1][1], e[1][2], ps, pn)) .. varint(e[2])
+        ps, pn = e[1][1], e[1][2]
+      end
+      return table.concat(parts)
+    end
+    fresh = encode(nil)
+    if count + cost <= L then
+      d.allowed, d.remaining, d.reset = 1, L - count - cost, W
+      new = encode({ { ts, tn }, cost })
+    else
+      d.remaining = L - count
+      local excess, sum = count + cost - L, 0
+      for k = 1, #times do
+        sum = sum + costs[k]
+        if sum >= excess then d.retry = W - diff(ts, tn, times[k][1], times[k][2]); break end
+      end
+      local last = times[#times]
+      d.reset = W - diff(ts, tn, last[1], last[2])
+    end
+  end
+  checks[i] = { d = d, new = new, fresh = fresh }
+end
+
+local all = 1
+for i = 1, #checks do if checks[i].d.allowed == 0 then all = 0 end end
+
+local function store(key, text, reset)
+  if redis_time and reset == 0 then
+    redis.call('DEL', key)
+  elseif redis_time then
+    redis.call('SET', key, text, 'PX', math.max(cdiv(reset, 1000000), 1))
+  else
+    redis.call('SET', key, text)
+  end
+end
+
+local out = { all }
+for i = 1, #checks do
+  local c = checks[i]
+  if all == 1 then
+    store(KEYS[i], c.new, c.d.reset)
+  elseif #checks == 1 then
+    store(KEYS[i], c.fresh, c.d.reset) -- a rejection refreshes accounting
+  end
+  local d = c.d
+  out[#out + 1] = d.allowed
+  out[#out + 1] = d.remaining
+  out[#out + 1] = d.retry
+  out[#out + 1] = d.reset
+  out[#out + 1] = d.delay
+end
+return out

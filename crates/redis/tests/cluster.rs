@@ -1,0 +1,50 @@
+//! A real three-node Redis Cluster: keys spread over the nodes, one
+//! identity's policies in one slot.
+
+use weir_core::{NANOS_PER_SEC, Policy};
+use weir_redis::RedisStore;
+
+use crate::contract::{POLICIES, replay};
+use crate::harness::Cluster;
+
+#[test]
+fn a_cluster_decides_as_the_core() {
+    let cluster = Cluster::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = runtime
+        .block_on(RedisStore::connect(&cluster.url()))
+        .unwrap();
+    let trace: Vec<(i64, u8, u64)> = (0..60u64)
+        .map(|i| (((i * 37) % 400) as i64 - 50, (i % 4) as u8, 1 + i % 2))
+        .collect();
+    for (case, spec) in POLICIES.iter().enumerate() {
+        replay(
+            &store,
+            &runtime,
+            Policy::parse(spec).unwrap(),
+            &trace,
+            1_000 + case as u64,
+        );
+    }
+    // Several policies of one identity: one slot, one script.
+    let a = Policy::parse("gcra burst=1 rate=1/h").unwrap();
+    let b = Policy::parse("sliding-log limit=5 window=1h").unwrap();
+    let at = Some(1_796_000_000 * NANOS_PER_SEC);
+    let checks = [("a", &a, "tenant-9"), ("b", &b, "tenant-9")];
+    assert!(
+        runtime
+            .block_on(store.check_all(&checks, 1, at))
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !runtime
+            .block_on(store.check_all(&checks, 1, at))
+            .unwrap()
+            .allowed
+    );
+}

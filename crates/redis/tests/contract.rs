@@ -1,0 +1,203 @@
+//! The same decisions as the core, to the nanosecond.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use proptest::prelude::*;
+use weir_core::{NANOS_PER_SEC, Nanos, Policy, State};
+use weir_redis::RedisStore;
+
+use crate::harness::RedisServer;
+
+pub(crate) const POLICIES: [&str; 9] = [
+    "token-bucket capacity=5 rate=2/s",
+    "token-bucket capacity=3 rate=3/s",
+    "gcra burst=4 rate=1/100ms",
+    "fixed-window limit=4 window=1s",
+    "fixed-window limit=3 window=1500ms",
+    "sliding-log limit=4 window=1s",
+    "sliding-counter limit=5 window=1s",
+    "leaky-bucket rate=2/s queue=3",
+    "leaky-bucket rate=7/1500ms queue=2",
+];
+
+/// A Redis server of its own for one test, and a store connected to it.
+struct Shared {
+    runtime: tokio::runtime::Runtime,
+    store: RedisStore,
+    _server: RedisServer,
+}
+
+fn shared() -> Shared {
+    let server = RedisServer::start(&[]);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = runtime
+        .block_on(RedisStore::connect(&server.url()))
+        .unwrap();
+    Shared {
+        runtime,
+        store,
+        _server: server,
+    }
+}
+
+/// Replays arrivals `(gap ms, key, cost)` through Redis and the core.
+pub(crate) fn replay(
+    store: &RedisStore,
+    runtime: &tokio::runtime::Runtime,
+    policy: Policy,
+    trace: &[(i64, u8, u64)],
+    case: u64,
+) {
+    let mut reference: HashMap<String, State> = HashMap::new();
+    // A realistic absolute time (about 2026), far above 2^53 ns.
+    let mut now: Nanos = 1_796_000_000 * NANOS_PER_SEC + 123_456_789;
+    let name = format!("p{case}");
+    for &(gap, key, cost) in trace {
+        now = now.saturating_add_signed(gap * 1_000_000 + i64::from(key) * 7);
+        let identity = format!("c{case}-k{key}");
+        let cost = cost.min(policy.max_cost().0);
+        let state = reference
+            .entry(identity.clone())
+            .or_insert_with(|| policy.new_state());
+        let expected = policy.check(state, now, cost).unwrap();
+        let got = runtime
+            .block_on(store.check(&name, &policy, &identity, cost, Some(now)))
+            .unwrap();
+        assert_eq!(got, expected, "{policy} at {now}, {identity}, cost {cost}");
+    }
+}
+
+/// Gaps in ms: bursts, exact window and refill boundaries, going back.
+fn gap() -> impl Strategy<Value = i64> {
+    prop_oneof![3 => Just(0i64), 2 => prop::sample::select(vec![100i64, 250, 500, 1000, 1500, 3000]), 4 => -300i64..900]
+}
+
+#[test]
+fn redis_decides_as_the_core() {
+    let shared = shared();
+    let case = AtomicU64::new(0);
+    let strategy = (
+        prop::sample::select(POLICIES.to_vec()),
+        prop::collection::vec((gap(), 0u8..4, 1u64..=3), 1..80),
+    );
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 64,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&strategy, |(policy, trace)| {
+            let n = case.fetch_add(1, Ordering::SeqCst);
+            replay(
+                &shared.store,
+                &shared.runtime,
+                Policy::parse(policy).unwrap(),
+                &trace,
+                n,
+            );
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn several_policies_are_charged_all_or_none() {
+    let shared = shared();
+    let seller = Policy::parse("token-bucket capacity=3 rate=1/h").unwrap();
+    let endpoint = Policy::parse("fixed-window limit=2 window=1h").unwrap();
+    let at = Some(1_796_000_000 * NANOS_PER_SEC);
+    let checks = [
+        ("seller", &seller, "all-or-none"),
+        ("endpoint", &endpoint, "all-or-none"),
+    ];
+    let run = |cost| {
+        shared
+            .runtime
+            .block_on(shared.store.check_all(&checks, cost, at))
+            .unwrap()
+    };
+    assert!(run(1).allowed);
+    assert!(run(1).allowed);
+    let third = run(1);
+    assert!(!third.allowed && third.decisions[0].allowed && !third.decisions[1].allowed);
+    let seller_now = shared
+        .runtime
+        .block_on(shared.store.check("seller", &seller, "all-or-none", 1, at))
+        .unwrap();
+    assert_eq!(
+        seller_now.remaining, 0,
+        "one token was left: the refused request charged nothing"
+    );
+}
+
+#[test]
+fn on_the_redis_clock_keys_expire_at_their_reset() {
+    let shared = shared();
+    let policy = Policy::parse("token-bucket capacity=2 rate=1/s").unwrap();
+    let d = shared
+        .runtime
+        .block_on(shared.store.check("ttl", &policy, "clock", 1, None))
+        .unwrap();
+    assert!(d.allowed && d.remaining == 1 && d.reset == NANOS_PER_SEC);
+    let ttl: i64 = shared.runtime.block_on(async {
+        let client = redis::Client::open(shared._server.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        redis::cmd("PTTL")
+            .arg(weir_redis::key("ttl", "clock"))
+            .query_async(&mut conn)
+            .await
+            .unwrap()
+    });
+    assert!(
+        (1..=1000).contains(&ttl),
+        "expires with its reset: {ttl} ms"
+    );
+}
+
+#[test]
+fn the_packed_log_costs_a_third_of_a_sorted_set() {
+    let shared = shared();
+    let policy = Policy::parse("sliding-log limit=120 window=1m").unwrap();
+    let start = 1_796_000_000 * NANOS_PER_SEC;
+    for i in 0..120u64 {
+        let at = Some(start + i * 490_000_000);
+        let d = shared
+            .runtime
+            .block_on(shared.store.check("mem", &policy, "log", 1, at))
+            .unwrap();
+        assert!(d.allowed);
+    }
+    let (ours, zset): (i64, i64) = shared.runtime.block_on(async {
+        let client = redis::Client::open(shared._server.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        for i in 0..120u64 {
+            let at = start + i * 490_000_000;
+            let _: () = redis::cmd("ZADD")
+                .arg("zset-baseline")
+                .arg(at / 1000)
+                .arg(format!("{at}-{i}"))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+        let ours = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(weir_redis::key("mem", "log"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let zset = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg("zset-baseline")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        (ours, zset)
+    });
+    println!("sliding log, 120 admissions: packed {ours} bytes, sorted set {zset} bytes");
+    assert!(ours * 3 <= zset, "packed {ours} vs sorted set {zset}");
+}
