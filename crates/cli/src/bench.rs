@@ -31,6 +31,13 @@ pub(crate) struct Args {
     /// The key budget of the store.
     #[arg(long, default_value_t = weir_limiter::DEFAULT_MAX_KEYS)]
     max_keys: usize,
+    /// `memory` (the in-process store), or a `redis://` / `redis-cluster://` URL.
+    #[arg(long, value_name = "URL", default_value = "memory")]
+    store: String,
+    /// With a Redis store: checks in flight at once (pipelined on one
+    /// multiplexed connection).
+    #[arg(long, default_value_t = 50)]
+    concurrency: usize,
 }
 
 /// One latency sample every this many checks (timing each would double the
@@ -58,6 +65,9 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     policy
         .validate_cost(args.cost)
         .map_err(|e| anyhow!("--cost: {e}"))?;
+    if args.store != "memory" {
+        return run_redis(args, policy, duration);
+    }
     let limiter = Arc::new(
         Limiter::builder()
             .policy("bench", policy)
@@ -166,4 +176,84 @@ fn peak_rss_bytes() -> u64 {
             Some(kib * 1024)
         })
         .unwrap_or(0)
+}
+
+/// The same closed loop against a Redis store, on the Redis clock:
+/// `concurrency` checks in flight over one multiplexed connection.
+fn run_redis(args: &Args, policy: weir_core::Policy, duration: u64) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let store = weir_redis::RedisStore::connect(&args.store)
+            .await
+            .map_err(|e| anyhow!("--store {}: {e}", args.store))?
+            .with_timeout(Duration::from_secs(1));
+        let keys: Arc<Vec<String>> = Arc::new((0..args.keys).map(|i| format!("key-{i}")).collect());
+        let deadline = tokio::time::Instant::now() + Duration::from_nanos(duration);
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..args.concurrency.max(1))
+            .map(|t| {
+                let (store, keys, cost) = (store.clone(), keys.clone(), args.cost);
+                tokio::spawn(async move {
+                    let mut tally = Tally {
+                        decisions: 0,
+                        allowed: 0,
+                        refused: 0,
+                        latency: histogram()?,
+                    };
+                    let mut i = t * 7919 % keys.len();
+                    while tokio::time::Instant::now() < deadline {
+                        i = (i + 1) % keys.len();
+                        let began = Instant::now();
+                        let decision = store.check("bench", &policy, &keys[i], cost, None).await;
+                        let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                        tally.latency.saturating_record(ns.max(1));
+                        match decision {
+                            Ok(d) => tally.allowed += u64::from(d.allowed),
+                            Err(_) => tally.refused += 1,
+                        }
+                        tally.decisions += 1;
+                    }
+                    Ok::<_, anyhow::Error>(tally)
+                })
+            })
+            .collect();
+        let mut total = Tally {
+            decisions: 0,
+            allowed: 0,
+            refused: 0,
+            latency: histogram()?,
+        };
+        for task in tasks {
+            let tally = task.await??;
+            total.decisions += tally.decisions;
+            total.allowed += tally.allowed;
+            total.refused += tally.refused;
+            total
+                .latency
+                .add(&tally.latency)
+                .context("merging latencies")?;
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        let report = serde_json::json!({
+            "store": args.store,
+            "policy": policy.to_string(),
+            "keys": args.keys,
+            "threads": args.threads,
+            "concurrency": args.concurrency,
+            "decisions": total.decisions,
+            "seconds": seconds,
+            "decisions_per_sec": total.decisions as f64 / seconds,
+            "allowed": total.allowed,
+            "rejected": total.decisions - total.allowed - total.refused,
+            "store_errors": total.refused,
+            "p50_ns": total.latency.value_at_quantile(0.5),
+            "p99_ns": total.latency.value_at_quantile(0.99),
+            "peak_rss_bytes": peak_rss_bytes(),
+        });
+        println!("{report}");
+        Ok(())
+    })
 }

@@ -84,6 +84,51 @@ fn every_shared_vector_matches() {
     }
 }
 
+/// The same vectors, decided by the Redis store's script on a real
+/// `redis-server` (started here on a free port).
+#[test]
+fn every_shared_vector_matches_on_redis() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server is installed (.ci/run installs it)");
+    let url = format!("redis://127.0.0.1:{port}");
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    for (expected, trace, flags) in VECTORS {
+        let trace = vectors().join(trace);
+        let mut args: Vec<&str> = vec!["simulate", "--store", &url];
+        args.extend(flags.split(' '));
+        args.extend(["--trace", trace.to_str().unwrap()]);
+        let out = weir(&args, "");
+        assert!(out.status.success(), "{expected}: {}", text(&out.stderr));
+        let want = std::fs::read_to_string(vectors().join(expected)).unwrap();
+        assert_eq!(text(&out.stdout), want, "{expected} on redis");
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
 #[test]
 fn reads_stdin_and_prints_json_lines() {
     let out = weir(

@@ -34,6 +34,9 @@ pub enum StoreError {
     /// Redis failed or could not be reached: transient, not a rejection.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// No answer within the store's timeout: transient, not a rejection.
+    #[error("redis did not answer within {0:?}")]
+    Timeout(std::time::Duration),
     /// The script answered something else than a decision.
     #[error("unexpected reply from the weir script")]
     Reply,
@@ -45,7 +48,7 @@ pub enum StoreError {
 impl StoreError {
     /// Whether trying again later may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Redis(_))
+        matches!(self, Self::Redis(_) | Self::Timeout(_))
     }
 }
 
@@ -69,6 +72,7 @@ enum Connection {
 pub struct RedisStore {
     connection: Connection,
     script: Script,
+    timeout: std::time::Duration,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -94,10 +98,19 @@ impl RedisStore {
             }
             None => Connection::Single(redis::Client::open(url)?.get_connection_manager().await?),
         };
+        let timeout = std::time::Duration::from_millis(50);
         Ok(Self {
             connection,
             script: Script::new(SCRIPT),
+            timeout,
         })
+    }
+
+    /// The deadline of each call (default 50 ms): past it, the check fails
+    /// with [`StoreError::Timeout`] instead of waiting on a slow store.
+    pub fn with_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// Checks `(policy name, policy, identity)` triples as one request, at
@@ -127,10 +140,17 @@ impl RedisStore {
             invocation.key(key(name, identity));
             invocation.arg(spec(policy));
         }
-        let reply: Vec<i64> = match &self.connection {
-            Connection::Single(c) => invocation.invoke_async(&mut c.clone()).await?,
-            Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await?,
+        // One round trip; the multiplexed connection pipelines concurrent
+        // calls, and `invoke_async` loads the script again on NOSCRIPT.
+        let call = async {
+            match &self.connection {
+                Connection::Single(c) => invocation.invoke_async::<Vec<i64>>(&mut c.clone()).await,
+                Connection::Cluster(c) => invocation.invoke_async::<Vec<i64>>(&mut c.clone()).await,
+            }
         };
+        let reply = tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout))??;
         parse(&reply, checks.len())
     }
 
