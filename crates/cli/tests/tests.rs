@@ -2,5 +2,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod crawler;
+mod redis;
 mod serve;
 mod simulate;
