@@ -238,7 +238,7 @@ pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, Conf
     if let Some(url) = &raw.store.url {
         if url.get_ref() != "memory" {
             let message = if url.get_ref().starts_with("redis") {
-                "the Redis store is not in this build yet; use \"memory\"".to_owned()
+                "weir serve does not use the Redis store yet (weir simulate and weir bench take --store redis://…); use \"memory\"".to_owned()
             } else {
                 format!("`{}` is not a store (valid: \"memory\")", url.get_ref())
             };
