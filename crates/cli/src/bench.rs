@@ -83,42 +83,66 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             thread::spawn(move || work(&limiter, &keys, cost, t, deadline))
         })
         .collect();
-    let mut total = Tally {
-        decisions: 0,
-        allowed: 0,
-        refused: 0,
-        latency: histogram()?,
-    };
+    let mut total = Tally::new()?;
     for worker in workers {
-        let tally = worker
-            .join()
-            .map_err(|_| anyhow!("a bench thread panicked"))??;
-        total.decisions += tally.decisions;
-        total.allowed += tally.allowed;
-        total.refused += tally.refused;
-        total
-            .latency
-            .add(&tally.latency)
-            .context("merging latencies")?;
+        total.add(
+            &worker
+                .join()
+                .map_err(|_| anyhow!("a bench thread panicked"))??,
+        )?;
     }
-    let seconds = start.elapsed().as_secs_f64();
-    let report = serde_json::json!({
-        "policy": policy.to_string(),
-        "keys": args.keys,
-        "threads": args.threads,
-        "decisions": total.decisions,
-        "seconds": seconds,
-        "decisions_per_sec": total.decisions as f64 / seconds,
-        "allowed": total.allowed,
-        "rejected": total.decisions - total.allowed - total.refused,
-        "refused_new_keys": total.refused,
-        "p50_ns": total.latency.value_at_quantile(0.5),
-        "p99_ns": total.latency.value_at_quantile(0.99),
-        "keys_stored": limiter.len(),
-        "peak_rss_bytes": peak_rss_bytes(),
-    });
+    let extra =
+        serde_json::json!({ "refused_new_keys": total.refused, "keys_stored": limiter.len() });
+    let report = total.report(&policy, args, start.elapsed().as_secs_f64(), extra);
     println!("{report}");
     Ok(())
+}
+
+impl Tally {
+    fn new() -> anyhow::Result<Self> {
+        Ok(Self {
+            decisions: 0,
+            allowed: 0,
+            refused: 0,
+            latency: histogram()?,
+        })
+    }
+
+    fn add(&mut self, other: &Self) -> anyhow::Result<()> {
+        self.decisions += other.decisions;
+        self.allowed += other.allowed;
+        self.refused += other.refused;
+        self.latency
+            .add(&other.latency)
+            .context("merging latencies")
+    }
+
+    /// The JSON report: the common fields, then `extra`.
+    fn report(
+        &self,
+        policy: &weir_core::Policy,
+        args: &Args,
+        seconds: f64,
+        extra: serde_json::Value,
+    ) -> serde_json::Value {
+        let mut report = serde_json::json!({
+            "policy": policy.to_string(),
+            "keys": args.keys,
+            "threads": args.threads,
+            "decisions": self.decisions,
+            "seconds": seconds,
+            "decisions_per_sec": self.decisions as f64 / seconds,
+            "allowed": self.allowed,
+            "rejected": self.decisions - self.allowed - self.refused,
+            "p50_ns": self.latency.value_at_quantile(0.5),
+            "p99_ns": self.latency.value_at_quantile(0.99),
+            "peak_rss_bytes": peak_rss_bytes(),
+        });
+        if let (Some(report), serde_json::Value::Object(extra)) = (report.as_object_mut(), extra) {
+            report.extend(extra);
+        }
+        report
+    }
 }
 
 fn histogram() -> anyhow::Result<Histogram<u64>> {
@@ -132,12 +156,7 @@ fn work(
     thread: usize,
     deadline: Instant,
 ) -> anyhow::Result<Tally> {
-    let mut tally = Tally {
-        decisions: 0,
-        allowed: 0,
-        refused: 0,
-        latency: histogram()?,
-    };
+    let mut tally = Tally::new()?;
     // Each thread walks all keys in order from its own starting point: the
     // harness's reads are sequential, the store's are random (hashed).
     let mut i = thread * 7919 % keys.len();
@@ -197,12 +216,7 @@ fn run_redis(args: &Args, policy: weir_core::Policy, duration: u64) -> anyhow::R
             .map(|t| {
                 let (store, keys, cost) = (store.clone(), keys.clone(), args.cost);
                 tokio::spawn(async move {
-                    let mut tally = Tally {
-                        decisions: 0,
-                        allowed: 0,
-                        refused: 0,
-                        latency: histogram()?,
-                    };
+                    let mut tally = Tally::new()?;
                     let mut i = t * 7919 % keys.len();
                     while tokio::time::Instant::now() < deadline {
                         i = (i + 1) % keys.len();
@@ -220,39 +234,14 @@ fn run_redis(args: &Args, policy: weir_core::Policy, duration: u64) -> anyhow::R
                 })
             })
             .collect();
-        let mut total = Tally {
-            decisions: 0,
-            allowed: 0,
-            refused: 0,
-            latency: histogram()?,
-        };
+        let mut total = Tally::new()?;
         for task in tasks {
-            let tally = task.await??;
-            total.decisions += tally.decisions;
-            total.allowed += tally.allowed;
-            total.refused += tally.refused;
-            total
-                .latency
-                .add(&tally.latency)
-                .context("merging latencies")?;
+            total.add(&task.await??)?;
         }
-        let seconds = start.elapsed().as_secs_f64();
-        let report = serde_json::json!({
-            "store": args.store,
-            "policy": policy.to_string(),
-            "keys": args.keys,
-            "threads": args.threads,
-            "concurrency": args.concurrency,
-            "decisions": total.decisions,
-            "seconds": seconds,
-            "decisions_per_sec": total.decisions as f64 / seconds,
-            "allowed": total.allowed,
-            "rejected": total.decisions - total.allowed - total.refused,
-            "store_errors": total.refused,
-            "p50_ns": total.latency.value_at_quantile(0.5),
-            "p99_ns": total.latency.value_at_quantile(0.99),
-            "peak_rss_bytes": peak_rss_bytes(),
+        let extra = serde_json::json!({
+            "store": args.store, "concurrency": args.concurrency, "store_errors": total.refused,
         });
+        let report = total.report(&policy, args, start.elapsed().as_secs_f64(), extra);
         println!("{report}");
         Ok(())
     })

@@ -6,33 +6,8 @@ use std::time::Instant;
 
 #[test]
 fn two_processes_share_one_balance() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut server = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server is installed (.ci/run installs it)");
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(25));
-    }
-    let url = format!("redis://127.0.0.1:{port}");
+    let redis = crate::Redis::start();
+    let url = redis.url.clone();
     let started = Instant::now();
     let runs: Vec<_> = (0..2)
         .map(|_| {
@@ -68,8 +43,7 @@ fn two_processes_share_one_balance() {
         .map(|c| c.wait_with_output().unwrap())
         .collect();
     let elapsed = started.elapsed();
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(redis);
     let mut admitted = 0u64;
     for output in &outputs {
         assert!(output.status.success());

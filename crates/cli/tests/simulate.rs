@@ -88,33 +88,8 @@ fn every_shared_vector_matches() {
 /// `redis-server` (started here on a free port).
 #[test]
 fn every_shared_vector_matches_on_redis() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut server = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server is installed (.ci/run installs it)");
-    let url = format!("redis://127.0.0.1:{port}");
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(25));
-    }
+    let redis = crate::Redis::start();
+    let url = redis.url.clone();
     for (expected, trace, flags) in VECTORS {
         let trace = vectors().join(trace);
         let mut args: Vec<&str> = vec!["simulate", "--store", &url];
@@ -125,8 +100,6 @@ fn every_shared_vector_matches_on_redis() {
         let want = std::fs::read_to_string(vectors().join(expected)).unwrap();
         assert_eq!(text(&out.stdout), want, "{expected} on redis");
     }
-    let _ = server.kill();
-    let _ = server.wait();
 }
 
 #[test]
