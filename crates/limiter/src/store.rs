@@ -391,6 +391,17 @@ impl<S: Slot> Shards<S> {
     }
 }
 
+/// Runs `$body` with `$s` bound to the shards (or the locked shard) of
+/// whichever slot kind `$value` holds: both kinds share every method.
+macro_rules! each_kind {
+    ($value:expr, $kind:ident, $s:ident => $body:expr) => {
+        match $value {
+            $kind::Word($s) => $body,
+            $kind::Locked($s) => $body,
+        }
+    };
+}
+
 #[derive(Debug)]
 enum Table {
     Word(Shards<AtomicU64>),
@@ -468,10 +479,7 @@ impl Store {
     ) -> Result<Result<Decision, CostError>, Full> {
         let key = self.hashed(key);
         let index = self.shard_of(key);
-        match &self.table {
-            Table::Word(shards) => shards.check(&self.rules, index, key, cost, now, budget),
-            Table::Locked(shards) => shards.check(&self.rules, index, key, cost, now, budget),
-        }
+        each_kind!(&self.table, Table, shards => shards.check(&self.rules, index, key, cost, now, budget))
     }
 
     pub(crate) fn lock(&self, index: usize) -> Guard<'_> {
@@ -489,10 +497,7 @@ impl Store {
         cost: u64,
         now: Nanos,
     ) -> Result<Decision, CostError> {
-        match guard {
-            Guard::Word(g) => g.peek(&self.rules, key, cost, now),
-            Guard::Locked(g) => g.peek(&self.rules, key, cost, now),
-        }
+        each_kind!(guard, Guard, g => g.peek(&self.rules, key, cost, now))
     }
 
     pub(crate) fn insert_locked(
@@ -502,10 +507,7 @@ impl Store {
         now: Nanos,
         budget: &Budget,
     ) -> Result<(), Full> {
-        match guard {
-            Guard::Word(g) => g.insert(&self.rules, key, now, budget),
-            Guard::Locked(g) => g.insert(&self.rules, key, now, budget),
-        }
+        each_kind!(guard, Guard, g => g.insert(&self.rules, key, now, budget))
     }
 
     pub(crate) fn check_locked(
@@ -515,10 +517,7 @@ impl Store {
         cost: u64,
         now: Nanos,
     ) -> Result<Decision, CostError> {
-        match guard {
-            Guard::Word(g) => g.charge(&self.rules, key, cost, now),
-            Guard::Locked(g) => g.charge(&self.rules, key, cost, now),
-        }
+        each_kind!(guard, Guard, g => g.charge(&self.rules, key, cost, now))
     }
 
     /// `(remaining, reset)` of `key` at `now` with no request.
@@ -528,19 +527,13 @@ impl Store {
         key: Hashed<'_>,
         now: Nanos,
     ) -> (u64, Nanos) {
-        match guard {
-            Guard::Word(g) => g.status(&self.rules, key, now),
-            Guard::Locked(g) => g.status(&self.rules, key, now),
-        }
+        each_kind!(guard, Guard, g => g.status(&self.rules, key, now))
     }
 
     /// Removes every key idle at `now`; returns how many, and gives their
     /// budget back.
     pub(crate) fn sweep(&self, now: Nanos, budget: &Budget) -> usize {
-        let removed = match &self.table {
-            Table::Word(shards) => shards.sweep(&self.rules, now),
-            Table::Locked(shards) => shards.sweep(&self.rules, now),
-        };
+        let removed = each_kind!(&self.table, Table, shards => shards.sweep(&self.rules, now));
         budget.give_back(removed);
         removed
     }
@@ -549,20 +542,14 @@ impl Store {
     pub(crate) fn peek(&self, key: &str, cost: u64, now: Nanos) -> Result<Decision, CostError> {
         let key = self.hashed(key);
         let index = self.shard_of(key);
-        match &self.table {
-            Table::Word(shards) => shards.peek(&self.rules, index, key, cost, now),
-            Table::Locked(shards) => shards.peek(&self.rules, index, key, cost, now),
-        }
+        each_kind!(&self.table, Table, shards => shards.peek(&self.rules, index, key, cost, now))
     }
 
     /// Forgets `key` (it starts fresh); whether it was stored.
     pub(crate) fn remove(&self, key: &str, budget: &Budget) -> bool {
         let key = self.hashed(key);
         let index = self.shard_of(key);
-        let removed = match &self.table {
-            Table::Word(shards) => shards.remove(index, key),
-            Table::Locked(shards) => shards.remove(index, key),
-        };
+        let removed = each_kind!(&self.table, Table, shards => shards.remove(index, key));
         if removed {
             budget.give_back(1);
         }
@@ -571,9 +558,6 @@ impl Store {
 
     /// Keys stored now.
     pub(crate) fn len(&self) -> usize {
-        match &self.table {
-            Table::Word(shards) => shards.len(),
-            Table::Locked(shards) => shards.len(),
-        }
+        each_kind!(&self.table, Table, shards => shards.len())
     }
 }
