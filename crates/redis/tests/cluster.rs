@@ -2,22 +2,14 @@
 //! identity's policies in one slot.
 
 use weir_core::{NANOS_PER_SEC, Policy};
-use weir_redis::RedisStore;
 
-use crate::contract::{POLICIES, replay};
+use crate::contract::{POLICIES, connect, replay};
 use crate::harness::Cluster;
 
 #[test]
 fn a_cluster_decides_as_the_core() {
     let cluster = Cluster::start();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let store = runtime
-        .block_on(RedisStore::connect(&cluster.url()))
-        .unwrap();
+    let (runtime, store) = connect(&cluster.url());
     let trace: Vec<(i64, u8, u64)> = (0..60u64)
         .map(|i| (((i * 37) % 400) as i64 - 50, (i % 4) as u8, 1 + i % 2))
         .collect();

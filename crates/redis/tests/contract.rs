@@ -30,19 +30,23 @@ struct Shared {
 
 fn shared() -> Shared {
     let server = RedisServer::start(&[]);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let store = runtime
-        .block_on(RedisStore::connect(&server.url()))
-        .unwrap();
+    let (runtime, store) = connect(&server.url());
     Shared {
         runtime,
         store,
         _server: server,
     }
+}
+
+/// A runtime and a store connected to `url` (a node or a cluster).
+pub(crate) fn connect(url: &str) -> (tokio::runtime::Runtime, RedisStore) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = runtime.block_on(RedisStore::connect(url)).unwrap();
+    (runtime, store)
 }
 
 /// Replays arrivals `(gap ms, key, cost)` through Redis and the core.

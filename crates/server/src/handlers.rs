@@ -253,7 +253,9 @@ pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// Admin access: `Authorization: Bearer TOKEN`, compared in constant time.
-fn authorize(shared: &Shared, headers: &HeaderMap) -> Result<(), Response> {
+/// The current config, once the request proves it may use the admin API.
+fn authorize(state: &AppState, headers: &HeaderMap) -> Result<Arc<Shared>, Response> {
+    let shared = state.current();
     let Some(token) = shared.config.admin_token.as_deref() else {
         return Err(error(
             StatusCode::NOT_FOUND,
@@ -273,7 +275,7 @@ fn authorize(shared: &Shared, headers: &HeaderMap) -> Result<(), Response> {
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
             == 0;
     if same {
-        Ok(())
+        Ok(shared)
     } else {
         let mut response = error(
             StatusCode::UNAUTHORIZED,
@@ -296,10 +298,10 @@ pub(crate) async fn inspect_key(
     Path((policy, key)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    let shared = state.current();
-    if let Err(denied) = authorize(&shared, &headers) {
-        return denied;
-    }
+    let shared = match authorize(&state, &headers) {
+        Ok(shared) => shared,
+        Err(denied) => return denied,
+    };
     match shared.limiter.peek_policy(&policy, &key, 1) {
         Ok(d) => Json(json!({ "policy": policy, "key": key, "next_check": decision_json(&shared, &policy, &d) })).into_response(),
         Err(e) => limiter_error(&e),
@@ -313,10 +315,10 @@ pub(crate) async fn reset_key(
     Path((policy, key)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    let shared = state.current();
-    if let Err(denied) = authorize(&shared, &headers) {
-        return denied;
-    }
+    let shared = match authorize(&state, &headers) {
+        Ok(shared) => shared,
+        Err(denied) => return denied,
+    };
     match shared.limiter.reset(&policy, &key) {
         Ok(existed) => {
             tracing::info!(policy, key, existed, "admin reset a key");
