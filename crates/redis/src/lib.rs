@@ -59,7 +59,50 @@ pub struct Checked {
     pub allowed: bool,
     /// One decision per check, in order (see the in-process `AllDecision`).
     pub decisions: Vec<Decision>,
+    /// This call found the generation marker missing: the store lost its
+    /// state (restarted empty, flushed, evicted) since the marker was set —
+    /// or it was never set (a new store).
+    pub state_lost: bool,
 }
+
+/// What a key lost with the store's state counts as.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnLoss {
+    /// A new key: its full allowance (as if never seen).
+    #[default]
+    Full,
+    /// Used up at the moment the loss was found; it refills from there.
+    Empty,
+}
+
+/// One check of a request.
+#[derive(Debug, Clone, Copy)]
+pub struct Check<'a> {
+    /// The policy's name (part of the key).
+    pub name: &'a str,
+    /// The policy.
+    pub policy: &'a Policy,
+    /// Whose allowance.
+    pub identity: &'a str,
+    /// What the key counts as when lost (needs [`RedisStore::with_marker`]).
+    pub on_loss: OnLoss,
+}
+
+/// What a call does with its decisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Charge when every check allows and no shaper would delay by more
+    /// than `max_delay` ns.
+    Charge {
+        /// The longest delay accepted.
+        max_delay: Nanos,
+    },
+    /// Decide as a check would, writing nothing.
+    Peek,
+}
+
+/// The generation marker's key (single node only: see [`RedisStore::with_marker`]).
+pub const MARKER: &str = "rl:v1:generation";
 
 #[derive(Clone)]
 enum Connection {
@@ -73,6 +116,7 @@ pub struct RedisStore {
     connection: Connection,
     script: Script,
     timeout: std::time::Duration,
+    marker: bool,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -103,7 +147,60 @@ impl RedisStore {
             connection,
             script: Script::new(SCRIPT),
             timeout,
+            marker: false,
         })
+    }
+
+    /// Keeps a generation marker ([`MARKER`]) so that a loss of the store's
+    /// state is detected rather than guessed, and [`OnLoss::Empty`] applies.
+    /// A single node only: on a cluster a marker would live on one node and
+    /// say nothing of the others (`false` is kept there).
+    pub fn with_marker(mut self, on: bool) -> Self {
+        self.marker = on && matches!(self.connection, Connection::Single(_));
+        self
+    }
+
+    /// The deadline of each call.
+    pub fn timeout(&self) -> std::time::Duration {
+        self.timeout
+    }
+
+    /// Whether the store answers a `PING` within the timeout.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let cmd = redis::cmd("PING");
+        self.call(async {
+            match &self.connection {
+                Connection::Single(c) => cmd.query_async::<()>(&mut c.clone()).await,
+                Connection::Cluster(c) => cmd.query_async::<()>(&mut c.clone()).await,
+            }
+        })
+        .await
+    }
+
+    /// Forgets `identity` under the policy `name` (granting it a fresh
+    /// allowance); whether it was stored.
+    pub async fn reset(&self, name: &str, identity: &str) -> Result<bool, StoreError> {
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(key(name, identity));
+        let deleted: i64 = self
+            .call(async {
+                match &self.connection {
+                    Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
+                    Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+                }
+            })
+            .await?;
+        Ok(deleted > 0)
+    }
+
+    async fn call<T>(
+        &self,
+        call: impl Future<Output = Result<T, redis::RedisError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout))?
+            .map_err(StoreError::Redis)
     }
 
     /// The deadline of each call (default 50 ms): past it, the check fails
@@ -122,35 +219,83 @@ impl RedisStore {
         cost: u64,
         at: Option<Nanos>,
     ) -> Result<Checked, StoreError> {
+        let checks: Vec<Check<'_>> = checks
+            .iter()
+            .map(|&(name, policy, identity)| Check {
+                name,
+                policy,
+                identity,
+                on_loss: OnLoss::Full,
+            })
+            .collect();
+        let mode = Mode::Charge {
+            max_delay: Nanos::MAX,
+        };
+        self.decide(&checks, cost, at, mode).await
+    }
+
+    /// Decides `checks` as one request: all-or-nothing, at the Redis clock
+    /// or at `at`. On a cluster every check must have the same identity
+    /// (one hash slot); a request across identities is refused as invalid.
+    pub async fn decide(
+        &self,
+        checks: &[Check<'_>],
+        cost: u64,
+        at: Option<Nanos>,
+        mode: Mode,
+    ) -> Result<Checked, StoreError> {
         let mut invocation = self.script.prepare_invoke();
         invocation.arg(cost);
         match at {
             None => invocation.arg("redis"),
             Some(t) => invocation.arg(format!("{} {}", t / NANOS_PER_SEC, t % NANOS_PER_SEC)),
         };
-        for (name, policy, identity) in checks {
-            policy
-                .validate_cost(cost)
-                .map_err(|e: CostError| StoreError::Invalid(format!("policy `{name}`: {e}")))?;
-            if identity.len() > MAX_IDENTITY {
+        match mode {
+            // Every delay is below 2^53 ns; a larger bound is the same.
+            Mode::Charge { max_delay } => invocation.arg(max_delay.min(1 << 53)),
+            Mode::Peek => invocation.arg("peek"),
+        };
+        invocation.arg(if self.marker { "m" } else { "-" });
+        for check in checks {
+            check.policy.validate_cost(cost).map_err(|e: CostError| {
+                StoreError::Invalid(format!("policy `{}`: {e}", check.name))
+            })?;
+            if check.identity.len() > MAX_IDENTITY {
                 return Err(StoreError::Invalid(format!(
                     "identity longer than {MAX_IDENTITY} bytes"
                 )));
             }
-            invocation.key(key(name, identity));
-            invocation.arg(spec(policy));
+            if matches!(self.connection, Connection::Cluster(_))
+                && check.identity != checks[0].identity
+            {
+                return Err(StoreError::Invalid(
+                    "on a Redis Cluster, the checks of one request share one identity".into(),
+                ));
+            }
+            invocation.key(key(check.name, check.identity));
+            let mut spec = spec(check.policy);
+            if check.on_loss == OnLoss::Empty {
+                spec.push_str(" e");
+            }
+            invocation.arg(spec);
+        }
+        if self.marker {
+            invocation.key(MARKER);
         }
         // One round trip; the multiplexed connection pipelines concurrent
         // calls, and `invoke_async` loads the script again on NOSCRIPT.
-        let call = async {
-            match &self.connection {
-                Connection::Single(c) => invocation.invoke_async::<Vec<i64>>(&mut c.clone()).await,
-                Connection::Cluster(c) => invocation.invoke_async::<Vec<i64>>(&mut c.clone()).await,
-            }
-        };
-        let reply = tokio::time::timeout(self.timeout, call)
-            .await
-            .map_err(|_| StoreError::Timeout(self.timeout))??;
+        let reply = self
+            .call(async {
+                match &self.connection {
+                    Connection::Single(c) => {
+                        invocation.invoke_async::<Vec<i64>>(&mut c.clone()).await
+                    }
+                    Connection::Cluster(c) => {
+                        invocation.invoke_async::<Vec<i64>>(&mut c.clone()).await
+                    }
+                }
+            })
+            .await?;
         parse(&reply, checks.len())
     }
 
@@ -175,11 +320,11 @@ impl RedisStore {
 }
 
 fn parse(reply: &[i64], count: usize) -> Result<Checked, StoreError> {
-    if reply.len() != 1 + 5 * count {
+    if reply.len() != 2 + 5 * count {
         return Err(StoreError::Reply);
     }
     let n = |x: i64| u64::try_from(x).map_err(|_| StoreError::Reply);
-    let decisions = reply[1..]
+    let decisions = reply[2..]
         .chunks(5)
         .map(|d| {
             Ok(Decision {
@@ -194,6 +339,7 @@ fn parse(reply: &[i64], count: usize) -> Result<Checked, StoreError> {
     Ok(Checked {
         allowed: reply[0] == 1,
         decisions,
+        state_lost: reply[1] == 1,
     })
 }
 

@@ -1,15 +1,24 @@
 -- weir: one atomic decision over N keys (all-or-nothing), SPEC.md exactly.
 --
--- KEYS[i]  the store key of check i (all in one hash slot on a cluster)
+-- KEYS[i]  the store key of check i (all in one hash slot on a cluster), then
+--          optionally the generation marker (ARGV[4] = "m")
 -- ARGV[1]  cost
 -- ARGV[2]  "redis" to use Redis TIME, or "S NS" (explicit seconds, nanoseconds)
--- ARGV[2+i] the policy of check i:
+-- ARGV[3]  "peek" (decide, write nothing), or the longest delay a shaper may
+--          impose (ns); a longer one refuses the request, charging nothing
+-- ARGV[4]  "m" when the last key is the generation marker, else "-"
+-- ARGV[4+i] the policy of check i, then " e" when a lost key counts as empty:
 --          "tb C n p"  token bucket / GCRA: capacity C, rate reduced to n/p ns
 --          "lb Q n p"  leaky bucket: queue Q, rate n/p
 --          "fw L W"    fixed window      "sc L W" sliding counter
 --          "sl L W"    sliding log       (W in ns)
--- Returns {all_allowed, then per check: allowed, remaining, retry_after, reset, delay}
--- (durations in ns). Every number is an exact integer below 2^53 (the policy
+-- Returns {all_allowed, state_lost, then per check: allowed, remaining,
+-- retry_after, reset, delay} (durations in ns). A check that would allow but
+-- was charged nothing (another refused) reports its standing as it is.
+--
+-- State loss: the marker holds the time the store was last found without it
+-- (a restart without data, a flush, an eviction). Keys missing since then
+-- count, for policies marked " e", as used up at that time; others start full. Every number is an exact integer below 2^53 (the policy
 -- bounds of weir-core guarantee it); times are (seconds, nanoseconds) pairs,
 -- so absolute nanoseconds (~1.8e18) never appear in a double.
 --
@@ -95,10 +104,28 @@ else
   now_s, now_ns = t[1], t[2]
 end
 
+local peek = ARGV[3] == 'peek'
+local max_delay = tonumber(ARGV[3]) or 0
+local count_keys = #KEYS
+local lost, gen = 0, nil
+if ARGV[4] == 'm' then
+  count_keys = count_keys - 1
+  local g = redis.call('GET', KEYS[#KEYS])
+  if g then gen = words(g)
+  else
+    lost, gen = 1, { now_s, now_ns }
+    if not peek then redis.call('SET', KEYS[#KEYS], fmt(now_s) .. ' ' .. fmt(now_ns)) end
+  end
+end
+
+local function window_start(s, n, W) -- the start of the window holding (s, n)
+  return sub(s, n, (mulmod(s, E9 % W, W) + n % W) % W)
+end
+
 local checks = {}
-for i = 1, #KEYS do
+for i = 1, count_keys do
   local spec = {}
-  for w in string.gmatch(ARGV[2 + i], '%S+') do spec[#spec + 1] = w end
+  for w in string.gmatch(ARGV[4 + i], '%S+') do spec[#spec + 1] = w end
   local kind = spec[1]
   local a, b, c = tonumber(spec[2]), tonumber(spec[3]), tonumber(spec[4])
   local raw = redis.call('GET', KEYS[i])
@@ -107,12 +134,24 @@ for i = 1, #KEYS do
     local bar = string.find(raw, '|', 1, true)
     if bar then st, blob = words(string.sub(raw, 1, bar - 1)), string.sub(raw, bar + 1)
     else st = words(raw) end
+  elseif gen and spec[#spec] == 'e' then
+    -- Lost: as if used up when the loss was found.
+    local gs, gn = gen[1], gen[2]
+    raw = true
+    if kind == 'tb' then st = { gs, gn, a * c }
+    elseif kind == 'lb' then st = { gs, gn, (a + 1) * c }
+    elseif kind == 'sl' then st, blob = { gs, gn, gs, gn }, varint(0) .. varint(a)
+    else
+      local ws, wn = window_start(gs, gn, b)
+      st = { gs, gn, ws, wn, a, 0 }
+    end
   end
   local ts, tn = now_s, now_ns
   if raw then ts, tn = later(now_s, now_ns, st[1], st[2]) end
   local d = { allowed = 0, remaining = 0, retry = 0, reset = 0, delay = 0 }
   local new -- the state text if charged; `fresh` the refreshed one if not
   local fresh
+  local status -- {remaining, reset} with no request
 
   if kind == 'tb' or kind == 'lb' then
     local size, n, p = a, b, c
@@ -124,6 +163,7 @@ for i = 1, #KEYS do
     fresh = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(level)
     if kind == 'tb' then
       local full, need = size * p, level + cost * p
+      status = { idiv(full - level, p), cdiv(level, n) }
       if need <= full then
         d.allowed, d.remaining, d.reset = 1, idiv(full - need, p), cdiv(need, n)
         new = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(need)
@@ -132,6 +172,7 @@ for i = 1, #KEYS do
       end
     else
       local bound, slots = size * p, (size + 1) * p
+      status = { idiv(math.max(slots - level, 0), p), cdiv(level, n) }
       if level <= bound then
         local after = level + cost * p
         d.allowed, d.delay, d.reset = 1, cdiv(level, n), cdiv(after, n)
@@ -143,9 +184,8 @@ for i = 1, #KEYS do
     end
   elseif kind == 'fw' or kind == 'sc' then
     local L, W = a, b
-    local off = (mulmod(ts, E9 % W, W) + tn % W) % W -- t mod W
-    local ss, sn = sub(ts, tn, off)                  -- this window's start
-    local left = W - off
+    local ss, sn = window_start(ts, tn, W)
+    local left = W - diff(ts, tn, ss, sn)
     local cur, prev = 0, 0
     if raw then
       if st[3] == ss and st[4] == sn then cur, prev = st[5], st[6] or 0
@@ -157,6 +197,7 @@ for i = 1, #KEYS do
     local head = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ss) .. ' ' .. fmt(sn) .. ' '
     if kind == 'fw' then
       fresh = head .. fmt(cur)
+      status = { L - cur, (cur > 0) and left or 0 }
       if cur + cost <= L then
         d.allowed, d.remaining, d.reset = 1, L - cur - cost, left
         new = head .. fmt(cur + cost)
@@ -173,6 +214,7 @@ for i = 1, #KEYS do
         if c > 0 then reset = left + W elseif prev > 0 then reset = left end
         return r, reset
       end
+      status = { standing(cur) }
       if L - cur - cost >= 0 and prev * left <= (L - cur - cost) * W then
         d.allowed = 1
         d.remaining, d.reset = standing(cur + cost)
@@ -218,6 +260,8 @@ for i = 1, #KEYS do
       return table.concat(parts)
     end
     fresh = encode(nil)
+    status = { L - count, 0 }
+    if #times > 0 then status[2] = W - diff(ts, tn, times[#times][1], times[#times][2]) end
     if count + cost <= L then
       d.allowed, d.remaining, d.reset = 1, L - count - cost, W
       new = encode({ { ts, tn }, cost })
@@ -232,11 +276,15 @@ for i = 1, #KEYS do
       d.reset = W - diff(ts, tn, last[1], last[2])
     end
   end
-  checks[i] = { d = d, new = new, fresh = fresh }
+  checks[i] = { d = d, new = new, fresh = fresh, status = status }
 end
 
 local all = 1
-for i = 1, #checks do if checks[i].d.allowed == 0 then all = 0 end end
+for i = 1, #checks do
+  local d = checks[i].d
+  if d.allowed == 0 or d.delay > max_delay then all = 0 end
+end
+if peek then all = -1 end
 
 local function store(key, text, reset)
   if redis_time and reset == 0 then
@@ -250,15 +298,16 @@ local function store(key, text, reset)
   end
 end
 
-local out = { all }
+local out = { math.max(all, 0), lost }
 for i = 1, #checks do
   local c = checks[i]
-  if all == 1 then
-    store(KEYS[i], c.new, c.d.reset)
-  elseif #checks == 1 then
-    store(KEYS[i], c.fresh, c.d.reset) -- a rejection refreshes accounting
-  end
   local d = c.d
+  if all == 1 then
+    store(KEYS[i], c.new, d.reset)
+  elseif all == 0 and #checks == 1 and d.allowed == 0 then
+    store(KEYS[i], c.fresh, d.reset) -- a rejection refreshes accounting
+  end
+  if all == 0 and d.allowed == 1 then d.remaining, d.reset = c.status[1], c.status[2] end
   out[#out + 1] = d.allowed
   out[#out + 1] = d.remaining
   out[#out + 1] = d.retry

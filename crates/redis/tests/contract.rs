@@ -205,3 +205,174 @@ fn the_packed_log_costs_a_third_of_a_sorted_set() {
     println!("sliding log, 120 admissions: packed {ours} bytes, sorted set {zset} bytes");
     assert!(ours * 3 <= zset, "packed {ours} vs sorted set {zset}");
 }
+
+/// Requests over three policies at once, through Redis and the in-process
+/// limiter: the same verdicts, the same standing reported for policies that
+/// were not charged, the same refusals of shaper waits over `max_delay`.
+/// Time only moves forward here, as a server's clock does: a refused request
+/// moves a key's clock forward in the script but not in the limiter, which
+/// shows only when a later request comes with an earlier time.
+#[test]
+fn several_policies_decide_as_the_in_process_limiter() {
+    use weir_core::FakeClock;
+    use weir_limiter::Limiter;
+    use weir_redis::{Check, Mode, OnLoss};
+
+    let shared = shared();
+    let specs = [
+        ("tb", POLICIES[0]),
+        ("sc", POLICIES[6]),
+        ("lb", POLICIES[7]),
+        ("sl", POLICIES[5]),
+    ];
+    let strategy = prop::collection::vec(
+        (
+            gap().prop_map(|g| g.max(0)),
+            prop::sample::subsequence(vec![0usize, 1, 2, 3], 1..=3),
+            1u64..=2,
+            prop::sample::select(vec![0u64, 400, 2000]),
+        ),
+        1..60,
+    );
+    let case = AtomicU64::new(0);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 32,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&strategy, |trace| {
+            let n = case.fetch_add(1, Ordering::SeqCst);
+            let mut now: Nanos = 1_796_000_000 * NANOS_PER_SEC + 987_654_321;
+            let clock = FakeClock::at(now);
+            let limiter = specs
+                .iter()
+                .fold(Limiter::builder(), |b, (name, spec)| {
+                    b.policy(*name, Policy::parse(spec).unwrap())
+                })
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            let policies: Vec<Policy> = specs
+                .iter()
+                .map(|(_, s)| Policy::parse(s).unwrap())
+                .collect();
+            let identity = format!("multi-{n}");
+            for (gap, chosen, cost, max_delay_ms) in trace {
+                now = now.saturating_add_signed(gap * 1_000_000);
+                clock.set(now);
+                let max_delay = max_delay_ms * 1_000_000;
+                let pairs: Vec<(&str, &str)> = chosen
+                    .iter()
+                    .map(|&i| (specs[i].0, identity.as_str()))
+                    .collect();
+                let checks: Vec<Check<'_>> = chosen
+                    .iter()
+                    .map(|&i| Check {
+                        name: specs[i].0,
+                        policy: &policies[i],
+                        identity: &identity,
+                        on_loss: OnLoss::Full,
+                    })
+                    .collect();
+                let expected = limiter.check_all_within(&pairs, cost, max_delay).unwrap();
+                let got = shared
+                    .runtime
+                    .block_on(shared.store.decide(
+                        &checks,
+                        cost,
+                        Some(now),
+                        Mode::Charge { max_delay },
+                    ))
+                    .unwrap();
+                prop_assert_eq!(got.allowed, expected.allowed);
+                prop_assert_eq!(
+                    &got.decisions,
+                    &expected.decisions,
+                    "{:?} at {}",
+                    chosen,
+                    now
+                );
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn peek_charges_nothing() {
+    use weir_redis::{Check, Mode, OnLoss};
+    let shared = shared();
+    let policy = Policy::parse("fixed-window limit=2 window=1h").unwrap();
+    let at = Some(1_796_000_000 * NANOS_PER_SEC);
+    let check = [Check {
+        name: "peek",
+        policy: &policy,
+        identity: "k",
+        on_loss: OnLoss::Full,
+    }];
+    for _ in 0..3 {
+        let d = shared
+            .runtime
+            .block_on(shared.store.decide(&check, 1, at, Mode::Peek))
+            .unwrap();
+        assert!(d.decisions[0].allowed && d.decisions[0].remaining == 1);
+    }
+    let charged = shared
+        .runtime
+        .block_on(shared.store.check("peek", &policy, "k", 1, at))
+        .unwrap();
+    assert_eq!(charged.remaining, 1, "the peeks charged nothing");
+}
+
+/// With the generation marker, a store that lost its state is detected, and
+/// `OnLoss::Empty` keys count as used up at the moment it was found.
+#[test]
+fn a_lost_state_is_detected_and_empty_keys_refill_from_then() {
+    use weir_redis::{Check, Mode, OnLoss};
+    let server = RedisServer::start(&[]);
+    let (runtime, store) = connect(&server.url());
+    let store = store.with_marker(true);
+    let bucket = Policy::parse("token-bucket capacity=4 rate=1/s").unwrap();
+    let window = Policy::parse("sliding-log limit=3 window=10s").unwrap();
+    let t0 = 1_796_000_000 * NANOS_PER_SEC;
+    let run = |identity: &str, policy: &Policy, on_loss, at: Nanos| {
+        let check = [Check {
+            name: "loss",
+            policy,
+            identity,
+            on_loss,
+        }];
+        runtime
+            .block_on(store.decide(&check, 1, Some(at), Mode::Charge { max_delay: 0 }))
+            .unwrap()
+    };
+    // A new store: the marker is missing, so this is (conservatively) a loss.
+    let first = run("a", &bucket, OnLoss::Empty, t0);
+    assert!(first.state_lost && !first.allowed);
+    assert_eq!(first.decisions[0].retry_after, NANOS_PER_SEC);
+    let later = run("b", &bucket, OnLoss::Empty, t0 + 2 * NANOS_PER_SEC);
+    assert!(!later.state_lost && later.allowed);
+    assert_eq!(
+        later.decisions[0].remaining, 1,
+        "two tokens back since the loss, one spent"
+    );
+    assert_eq!(
+        run("c", &bucket, OnLoss::Full, t0 + 2 * NANOS_PER_SEC).decisions[0].remaining,
+        3
+    );
+    // The store restarts empty.
+    runtime.block_on(async {
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        redis::cmd("FLUSHALL")
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+    });
+    let t1 = t0 + 100 * NANOS_PER_SEC;
+    let after = run("a", &window, OnLoss::Empty, t1);
+    assert!(after.state_lost && !after.allowed);
+    assert_eq!(after.decisions[0].retry_after, 10 * NANOS_PER_SEC);
+    assert!(run("a", &window, OnLoss::Empty, t1 + 10 * NANOS_PER_SEC).allowed);
+    assert!(!run("z", &window, OnLoss::Full, t1 + NANOS_PER_SEC).state_lost);
+}
