@@ -435,6 +435,45 @@ impl Policy {
         }
     }
 
+    /// This policy with its limit scaled by `num/den` (at most 1): a
+    /// bucket's capacity and rate, a shaper's rate and queue, a window's
+    /// limit — rounded down, but never below one. For a local fallback that
+    /// holds one instance to its share of a limit shared by several.
+    pub fn scaled(&self, num: u64, den: u64) -> Result<Self, PolicyError> {
+        let part = |x: u64| {
+            let scaled = u128::from(x) * u128::from(num) / u128::from(den.max(1));
+            u64::try_from(scaled).unwrap_or(x).clamp(1, x.max(1))
+        };
+        let rate = |r: Rate| {
+            let (n, p) = (
+                u128::from(r.tokens()) * u128::from(num),
+                u128::from(r.period()) * u128::from(den),
+            );
+            let g = gcd128(n, p);
+            match (u64::try_from(n / g), u64::try_from(p / g)) {
+                (Ok(n), Ok(p)) => {
+                    Rate::new(n, p).ok_or_else(|| out_of_bounds("rate", "scales to zero".into()))
+                }
+                _ => Err(out_of_bounds(
+                    "rate",
+                    format!(
+                        "{}/{} ns cannot be scaled by {num}/{den} exactly",
+                        r.tokens(),
+                        r.period()
+                    ),
+                )),
+            }
+        };
+        match *self {
+            Self::TokenBucket(b) => Self::token_bucket(part(b.capacity), rate(b.rate)?),
+            Self::Gcra(b) => Self::gcra(part(b.capacity), rate(b.rate)?),
+            Self::LeakyBucket(l) => Self::leaky_bucket(rate(l.rate)?, part(l.queue)),
+            Self::FixedWindow(w) => Self::fixed_window(part(w.limit), w.window),
+            Self::SlidingLog(l) => Self::sliding_log(part(l.limit), l.window),
+            Self::SlidingCounter(c) => Self::sliding_counter(part(c.limit), c.window),
+        }
+    }
+
     /// The algorithm.
     pub fn algorithm(&self) -> Algorithm {
         match self {
@@ -626,6 +665,52 @@ impl fmt::Display for Policy {
 mod tests {
     use super::*;
 
+    #[test]
+    fn scaled_policies_keep_their_share_of_the_limit() {
+        let scaled = |spec: &str, num, den| {
+            Policy::parse(spec)
+                .unwrap()
+                .scaled(num, den)
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(
+            scaled("token-bucket capacity=10 rate=2/s", 1, 4),
+            Policy::parse("token-bucket capacity=2 rate=1/2s")
+                .unwrap()
+                .to_string()
+        );
+        assert_eq!(
+            scaled("leaky-bucket rate=3/s queue=5", 1, 3),
+            Policy::parse("leaky-bucket rate=1/s queue=1")
+                .unwrap()
+                .to_string()
+        );
+        assert_eq!(
+            scaled("sliding-log limit=2 window=1s", 1, 4),
+            Policy::parse("sliding-log limit=1 window=1s")
+                .unwrap()
+                .to_string()
+        );
+        assert_eq!(
+            scaled("fixed-window limit=100 window=1m", 1, 1),
+            Policy::parse("fixed-window limit=100 window=1m")
+                .unwrap()
+                .to_string()
+        );
+        let quarter = Policy::parse("gcra burst=4 rate=1/h")
+            .unwrap()
+            .scaled(250_000, 1_000_000)
+            .unwrap();
+        let Policy::Gcra(b) = quarter else {
+            panic!("{quarter}")
+        };
+        assert_eq!(
+            (b.capacity(), b.rate().tokens(), b.rate().period()),
+            (1, 1, 4 * 3_600_000_000_000)
+        );
+    }
+
     fn err(algorithm: &str, params: &[(&str, &str)]) -> String {
         Policy::from_params(algorithm, params.iter().copied())
             .unwrap_err()
@@ -717,4 +802,11 @@ mod tests {
         assert!(p.check(&mut s, 0, 1).unwrap().allowed);
         assert!(matches!(s, State::FixedWindow(_)));
     }
+}
+
+fn gcd128(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a.max(1)
 }

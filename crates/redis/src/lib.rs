@@ -140,7 +140,16 @@ impl RedisStore {
                 let client = redis::cluster::ClusterClient::new(nodes)?;
                 Connection::Cluster(client.get_async_connection().await?)
             }
-            None => Connection::Single(redis::Client::open(url)?.get_connection_manager().await?),
+            None => {
+                // Reconnect quickly after a restart: short, capped backoff.
+                let config = redis::aio::ConnectionManagerConfig::new()
+                    .set_min_delay(std::time::Duration::from_millis(25))
+                    .set_max_delay(std::time::Duration::from_millis(200))
+                    .set_number_of_retries(3)
+                    .set_connection_timeout(Some(std::time::Duration::from_millis(500)));
+                let client = redis::Client::open(url)?;
+                Connection::Single(client.get_connection_manager_with_config(config).await?)
+            }
         };
         let timeout = std::time::Duration::from_millis(50);
         Ok(Self {

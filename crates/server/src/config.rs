@@ -22,14 +22,22 @@ listen = "127.0.0.1:8080"        # decision API, gateway routes, /metrics, /heal
 # admin_token = "change-me"      # admin endpoints are off without it (or set WEIR_ADMIN_TOKEN)
 
 [store]
-url = "memory"                   # the in-process store
-timeout = "50ms"
-max_keys = 1000000               # new identities are refused, never a limited key evicted
+url = "memory"                   # the in-process store; or "redis://127.0.0.1:6379",
+                                 # "redis-cluster://10.0.0.1:6379,10.0.0.2:6379"
+timeout = "50ms"                 # the longest any request waits on the store
+max_keys = 1000000               # in-process keys (also the local fallback's): new
+                                 # identities are refused, never a limited key evicted
+fallback_share = 1.0             # Redis down: each instance's local share of a limit
+                                 # (0.25 for four instances)
 
 [policies.api]
 algorithm = "token-bucket"
 capacity = 10
 rate = "2/s"
+# on_store_error = "local"       # Redis down: "local" (fallback_share of the limit,
+#                                # in process), "allow" or "deny"
+# on_state_loss = "full"         # Redis lost its keys: "full" (start afresh) or
+#                                # "empty" (as if used up when the loss was found)
 
 [policies.per-minute]
 algorithm = "sliding-log"
@@ -61,10 +69,37 @@ pub struct Config {
     pub timeout: Duration,
     /// The key budget of the in-process store.
     pub max_keys: usize,
+    /// `memory`, or a Redis URL.
+    pub store: String,
+    /// The local fallback's share of each limit, as parts per million.
+    pub fallback_share: u64,
     /// Named policies, in name order.
     pub policies: Vec<(String, Policy)>,
+    /// Per policy (by name): what happens when the store fails.
+    pub rules: BTreeMap<String, Rules>,
     /// Gateway routes, in file order (the first match wins).
     pub routes: Vec<Route>,
+}
+
+/// What a policy does when its store fails.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rules {
+    /// `on_store_error`; none set means `local` over HTTP and `UNAVAILABLE`
+    /// over gRPC (so that Envoy's `failure_mode_deny` decides).
+    pub on_store_error: Option<OnStoreError>,
+    /// `on_state_loss`.
+    pub on_state_loss: weir_redis::OnLoss,
+}
+
+/// `on_store_error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnStoreError {
+    /// Decide in process, with the policy scaled by `fallback_share`.
+    Local,
+    /// Admit without counting (fail open).
+    Allow,
+    /// Refuse (fail closed).
+    Deny,
 }
 
 /// A gateway route.
@@ -177,6 +212,7 @@ struct RawStore {
     url: Option<Spanned<String>>,
     timeout: Option<Spanned<String>>,
     max_keys: Option<Spanned<u64>>,
+    fallback_share: Option<Spanned<Value>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -235,16 +271,48 @@ pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, Conf
             "must be at least 16 characters".into(),
         );
     }
+    let store = raw
+        .store
+        .url
+        .as_ref()
+        .map_or("memory", |u| u.get_ref().as_str());
     if let Some(url) = &raw.store.url {
-        if url.get_ref() != "memory" {
-            let message = if url.get_ref().starts_with("redis") {
-                "weir serve does not use the Redis store yet (weir simulate and weir bench take --store redis://…); use \"memory\"".to_owned()
-            } else {
-                format!("`{}` is not a store (valid: \"memory\")", url.get_ref())
-            };
-            error(line_of(url.span().start), "[store] url", message);
+        let redis = ["redis://", "rediss://", "redis-cluster://"]
+            .iter()
+            .any(|scheme| url.get_ref().starts_with(scheme));
+        if url.get_ref() != "memory" && !redis {
+            error(
+                line_of(url.span().start),
+                "[store] url",
+                format!(
+                    "`{}` is not a store (valid: \"memory\", \"redis://HOST:PORT\", \"redis-cluster://HOST:PORT,HOST:PORT\")",
+                    url.get_ref()
+                ),
+            );
         }
     }
+    let fallback_share = match &raw.store.fallback_share {
+        None => 1_000_000,
+        Some(v) => {
+            let share = match v.get_ref() {
+                Value::Float(f) => Some(*f),
+                Value::Integer(i) => Some(*i as f64),
+                _ => None,
+            };
+            match share {
+                Some(f) if f > 0.0 && f <= 1.0 => ((f * 1e6).round() as u64).max(1),
+                _ => {
+                    error(
+                        line_of(v.span().start),
+                        "[store] fallback_share",
+                        "must be a number above 0 and at most 1, e.g. 0.25 for four instances"
+                            .into(),
+                    );
+                    1_000_000
+                }
+            }
+        }
+    };
     let timeout = match &raw.store.timeout {
         None => Duration::from_millis(50),
         Some(t) => match parse_duration(t.get_ref()) {
@@ -267,6 +335,7 @@ pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, Conf
         });
 
     let mut policies = Vec::new();
+    let mut rules = BTreeMap::new();
     for (name, table) in &raw.policies {
         let place = format!("[policies.{name}]");
         let first = table
@@ -284,6 +353,7 @@ pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, Conf
         }
         let mut params = Vec::new();
         let mut algorithm = None;
+        let mut policy_rules = Rules::default();
         for (key, value) in table {
             let text = match value.get_ref() {
                 Value::String(s) => s.clone(),
@@ -300,8 +370,34 @@ pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, Conf
                     continue;
                 }
             };
+            let mut bad_rule = |valid: &str| {
+                error(
+                    at(key),
+                    &format!("{place} {key}"),
+                    format!("`{text}` is not valid (valid: {valid})"),
+                );
+            };
             if key == "algorithm" {
                 algorithm = Some(text);
+            } else if key == "on_store_error" {
+                policy_rules.on_store_error = match text.as_str() {
+                    "local" => Some(OnStoreError::Local),
+                    "allow" => Some(OnStoreError::Allow),
+                    "deny" => Some(OnStoreError::Deny),
+                    _ => {
+                        bad_rule("\"local\", \"allow\", \"deny\"");
+                        None
+                    }
+                };
+            } else if key == "on_state_loss" {
+                policy_rules.on_state_loss = match text.as_str() {
+                    "full" => weir_redis::OnLoss::Full,
+                    "empty" => weir_redis::OnLoss::Empty,
+                    _ => {
+                        bad_rule("\"full\", \"empty\"");
+                        weir_redis::OnLoss::Full
+                    }
+                };
             } else {
                 params.push((key.clone(), text));
             }
@@ -314,7 +410,10 @@ pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, Conf
             &algorithm,
             params.iter().map(|(k, v)| (k.as_str(), v.as_str())),
         ) {
-            Ok(policy) => policies.push((name.clone(), policy)),
+            Ok(policy) => {
+                policies.push((name.clone(), policy));
+                rules.insert(name.clone(), policy_rules);
+            }
             Err(e) => error(
                 at(&e.field),
                 &format!("{place} {}", e.field),
@@ -468,7 +567,10 @@ pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, Conf
         admin_token,
         timeout,
         max_keys,
+        store: store.to_owned(),
+        fallback_share,
         policies,
+        rules,
         routes,
     })
 }
@@ -500,7 +602,7 @@ mod tests {
 listen = "everywhere"
 
 [store]
-url = "redis://127.0.0.1:6379"
+url = "mysql://127.0.0.1:6379"
 
 [policies.a]
 algorithm = "token-bucket"

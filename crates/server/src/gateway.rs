@@ -14,8 +14,9 @@ use serde_json::json;
 use weir_limiter::{Decision, Nanos};
 use weir_tower::retry_after_seconds;
 
-use crate::config::{Identity, Route, Segment};
-use crate::handlers::{decide, error, rate_limit_headers};
+use crate::config::{Identity, OnStoreError, Route, Segment};
+use crate::handlers::{error, rate_limit_headers, refusal};
+use crate::store::decide;
 use crate::state::{AppState, Shared};
 
 /// The longest identity accepted, in bytes.
@@ -123,11 +124,12 @@ pub(crate) async fn forward(State(state): State<Arc<AppState>>, request: Request
         .map(|p| (p.as_str(), key.as_str()))
         .collect();
     let max_wait = Nanos::try_from(route.max_wait.as_nanos()).unwrap_or(Nanos::MAX);
-    let (all, decided) = match decide(&shared, &pairs, 1, max_wait) {
-        Ok(decided) => decided,
-        Err(response) => return response,
+    let verdict = match decide(&shared, &pairs, 1, max_wait, Some(OnStoreError::Local)).await {
+        Ok(verdict) => verdict,
+        Err(r) => return refusal(r),
     };
-    if !all.allowed {
+    let decided = verdict.decided;
+    if !verdict.all.allowed {
         return rejection(&shared, &decided, max_wait);
     }
     let delay = decided.iter().map(|(_, d)| d.delay).max().unwrap_or(0);

@@ -1,7 +1,6 @@
 //! The decision API, admin, health and metrics endpoints.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::Json;
 use axum::body::{Body, to_bytes};
@@ -10,47 +9,31 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use weir_limiter::{AllDecision, Decision, Error, Nanos};
+use weir_limiter::{Decision, Error, Nanos};
+use weir_redis::{Check, Mode, StoreError};
 use weir_tower::rate_limit;
 
-use crate::state::{AppState, Outcome, Shared};
+use crate::config::OnStoreError;
+use crate::state::{AppState, Shared};
+use crate::store::{Refusal, Remote, decide};
 
-/// Decisions paired with their policies' names.
-pub(crate) type Decided<'a> = Vec<(&'a str, Decision)>;
-
-/// Checks `pairs` all-or-nothing (refusing waits over `max_delay`),
-/// counting each policy's outcome; the decisions paired with their policies,
-/// or the error response.
-pub(crate) fn decide<'a>(
-    shared: &Shared,
-    pairs: &[(&'a str, &str)],
-    cost: u64,
-    max_delay: Nanos,
-) -> Result<(AllDecision, Decided<'a>), Response> {
-    let started = Instant::now();
-    let checked = shared.limiter.check_all_within(pairs, cost, max_delay);
-    shared.meters.observe(started);
-    let all = checked.map_err(|e| {
-        pairs
-            .iter()
-            .for_each(|(p, _)| shared.meters.count(p, Outcome::Error));
-        limiter_error(&e)
-    })?;
-    let decided: Decided<'a> = pairs
-        .iter()
-        .map(|(p, _)| *p)
-        .zip(all.decisions.iter().copied())
-        .collect();
-    for (policy, d) in &decided {
-        let outcome = match (all.allowed, d.allowed) {
-            (true, _) => Outcome::Allowed,
-            (false, true) => Outcome::Uncharged,
-            (false, false) => Outcome::Rejected,
-        };
-        shared.meters.count(policy, outcome);
-        shared.meters.queue(policy, d.remaining);
+/// The answer to a request that could not be decided.
+pub(crate) fn refusal(refusal: Refusal) -> Response {
+    match refusal {
+        Refusal::Invalid(e) => limiter_error(&e),
+        Refusal::Unsupported(message) => {
+            error(StatusCode::UNPROCESSABLE_ENTITY, "UNSUPPORTED", message)
+        }
+        Refusal::Unavailable { .. } => {
+            let body = json!({ "allowed": false, "degraded": true, "error": "STORE_UNAVAILABLE",
+                               "detail": "the store is unavailable and a policy's on_store_error is \"deny\"" });
+            let mut response = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+            response
+                .headers_mut()
+                .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+        }
     }
-    Ok((all, decided))
 }
 
 /// The largest decision request body.
@@ -90,7 +73,7 @@ pub(crate) fn limiter_error(e: &Error) -> Response {
 }
 
 pub(crate) fn decision_json(shared: &Shared, policy: &str, d: &Decision) -> Value {
-    let limit = shared.fields.get(policy).map_or(0, |f| f.1);
+    let limit = shared.limit(policy);
     json!({
         "allowed": d.allowed,
         "policy": policy,
@@ -198,21 +181,24 @@ pub(crate) async fn check(State(state): State<Arc<AppState>>, body: Body) -> Res
         .zip(&keys)
         .map(|((p, _), k)| (p.as_str(), k.as_str()))
         .collect();
-    let (all, decided) = match decide(&shared, &pairs, cost, Nanos::MAX) {
-        Ok(decided) => decided,
-        Err(response) => return response,
+    let default = Some(OnStoreError::Local);
+    let verdict = match decide(&shared, &pairs, cost, Nanos::MAX, default).await {
+        Ok(verdict) => verdict,
+        Err(r) => return refusal(r),
     };
-    let body = if multi {
+    let decided = &verdict.decided;
+    let mut body = if multi {
         let decisions: Vec<Value> = decided
             .iter()
             .map(|(p, d)| decision_json(&shared, p, d))
             .collect();
-        json!({ "allowed": all.allowed, "retry_after_ms": ms(all.retry_after()), "decisions": decisions })
+        json!({ "allowed": verdict.all.allowed, "retry_after_ms": ms(verdict.all.retry_after()), "decisions": decisions })
     } else {
         decision_json(&shared, decided[0].0, &decided[0].1)
     };
+    body["degraded"] = Value::Bool(verdict.degraded);
     let mut response = Json(body).into_response();
-    rate_limit_headers(&shared, &decided, response.headers_mut());
+    rate_limit_headers(&shared, decided, response.headers_mut());
     response
 }
 
@@ -236,10 +222,21 @@ pub(crate) async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// `GET /readyz`: the store answers (the in-process store always does).
+/// `GET /readyz`: ready to decide. With Redis down the server still
+/// decides (by each policy's `on_store_error`), so it stays ready and says
+/// the store is down: taking every instance out of service at once would be
+/// the outage the fallback exists to prevent.
 pub(crate) async fn readyz(State(state): State<Arc<AppState>>) -> Response {
-    let keys = state.current().limiter.len();
-    Json(json!({ "ready": true, "store": "memory", "keys": keys })).into_response()
+    let shared = state.current();
+    let keys = shared.limiter.len();
+    match &shared.remote {
+        None => Json(json!({ "ready": true, "store": "memory", "keys": keys })),
+        Some(remote) => Json(json!({
+            "ready": true, "store": "redis", "store_up": remote.is_up(),
+            "degraded": !remote.is_up(), "local_keys": keys,
+        })),
+    }
+    .into_response()
 }
 
 /// `GET /metrics`, Prometheus text format.
@@ -302,9 +299,13 @@ pub(crate) async fn inspect_key(
         Ok(shared) => shared,
         Err(denied) => return denied,
     };
-    match shared.limiter.peek_policy(&policy, &key, 1) {
+    let peeked = match &shared.remote {
+        None => shared.limiter.peek_policy(&policy, &key, 1).map_err(Refusal::Invalid),
+        Some(remote) => peek_remote(&shared, remote, &policy, &key).await,
+    };
+    match peeked {
         Ok(d) => Json(json!({ "policy": policy, "key": key, "next_check": decision_json(&shared, &policy, &d) })).into_response(),
-        Err(e) => limiter_error(&e),
+        Err(r) => refusal(r),
     }
 }
 
@@ -319,7 +320,18 @@ pub(crate) async fn reset_key(
         Ok(shared) => shared,
         Err(denied) => return denied,
     };
-    match shared.limiter.reset(&policy, &key) {
+    let reset = match &shared.remote {
+        None => shared.limiter.reset(&policy, &key).map_err(Refusal::Invalid),
+        Some(remote) => match (remote.available(), shared.limiter.reset(&policy, &key)) {
+            (_, Err(e)) => Err(Refusal::Invalid(e)),
+            (None, _) => Err(Refusal::Unavailable { denied: true }),
+            (Some(store), Ok(_)) => store.reset(&policy, &key).await.map_err(|e| {
+                tracing::warn!(error = %e, "admin reset failed");
+                Refusal::Unavailable { denied: true }
+            }),
+        },
+    };
+    match reset {
         Ok(existed) => {
             tracing::info!(policy, key, existed, "admin reset a key");
             Json(
@@ -328,6 +340,28 @@ pub(crate) async fn reset_key(
             )
             .into_response()
         }
-        Err(e) => limiter_error(&e),
+        Err(r) => refusal(r),
+    }
+}
+
+/// What the shared store would decide for a check of cost 1 now.
+async fn peek_remote(
+    shared: &Shared,
+    remote: &Remote,
+    policy: &str,
+    key: &str,
+) -> Result<Decision, Refusal> {
+    let Some((name, found)) = shared.config.policies.iter().find(|(n, _)| n == policy) else {
+        return Err(Refusal::Invalid(Error::UnknownPolicy(policy.to_owned())));
+    };
+    let store = remote
+        .available()
+        .ok_or(Refusal::Unavailable { denied: true })?;
+    let on_loss = shared.config.rules.get(name).copied().unwrap_or_default().on_state_loss;
+    let check = [Check { name, policy: found, identity: key, on_loss }];
+    match store.decide(&check, 1, None, Mode::Peek).await {
+        Ok(checked) => checked.decisions.first().copied().ok_or(Refusal::Unavailable { denied: true }),
+        Err(StoreError::Invalid(m)) => Err(Refusal::Unsupported(m)),
+        Err(_) => Err(Refusal::Unavailable { denied: true }),
     }
 }

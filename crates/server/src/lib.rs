@@ -1,6 +1,6 @@
 //! `weir serve`: the HTTP decision API, the gateway that forwards admitted
 //! requests and answers the rest with `429`, Prometheus metrics, health, and
-//! admin endpoints — a shell over the in-process `Limiter`.
+//! admin endpoints — over the in-process `Limiter` or a shared Redis.
 //!
 //! The server is a function you can test: [`app`] builds the router from an
 //! [`AppState`], and [`run`] serves it on a listener the caller owns until the
@@ -14,6 +14,7 @@ pub mod config;
 mod gateway;
 mod handlers;
 mod state;
+pub mod store;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -49,6 +50,13 @@ pub async fn run(
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    if let Some(remote) = state.current().remote.clone() {
+        // Serve at once either way; a store still down is decided by the
+        // policies' on_store_error rules until the probe reaches it.
+        if !remote.wait_up(Duration::from_secs(2)).await {
+            tracing::warn!("the store is not reachable yet: serving by on_store_error");
+        }
+    }
     let sweeper = {
         let state = state.clone();
         tokio::spawn(async move {

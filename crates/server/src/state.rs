@@ -15,14 +15,18 @@ use weir_limiter::{Limiter, Policy};
 use weir_tower::{quota, rate_limit_policy};
 
 use crate::config::Config;
+use crate::store::Remote;
 
 /// One configuration, ready to serve.
 #[derive(Debug)]
 pub struct Shared {
     /// The validated config.
     pub config: Config,
-    /// The in-process store and its policies.
+    /// The in-process store and its policies; with Redis, the local
+    /// fallback (policies scaled by `fallback_share`).
     pub limiter: Arc<Limiter>,
+    /// The shared Redis store, when configured.
+    pub remote: Option<Arc<Remote>>,
     /// Per policy: its `RateLimit-Policy` item and limit.
     pub(crate) fields: HashMap<String, (String, u64)>,
     /// Pooled keep-alive connections to the upstreams.
@@ -47,6 +51,7 @@ pub(crate) struct Meters {
     decisions: HashMap<String, [Counter; 4]>,
     /// Per shaper: its gauge and its slots (queue + the one served).
     queues: HashMap<String, (Gauge, u64)>,
+    fallbacks: HashMap<String, Counter>,
     duration: Histogram,
 }
 
@@ -76,12 +81,40 @@ impl Meters {
                 _ => None,
             })
             .collect();
-        let duration = metrics::histogram!("weir_check_duration_seconds", "store" => "memory");
+        let fallbacks = config
+            .policies
+            .iter()
+            .map(|(name, _)| {
+                let counter = metrics::counter!("weir_fallback_decisions_total", "policy" => name.clone());
+                (name.clone(), counter)
+            })
+            .collect();
+        let store = if config.store == "memory" { "memory" } else { "redis" };
+        let duration = metrics::histogram!("weir_check_duration_seconds", "store" => store);
         Self {
             decisions,
             queues,
+            fallbacks,
             duration,
         }
+    }
+
+    /// One policy decided without the shared store.
+    pub(crate) fn fallback(&self, policy: &str) {
+        if let Some(counter) = self.fallbacks.get(policy) {
+            counter.increment(1);
+        }
+    }
+
+    /// One failed store call (`timeout`, `redis`, `reply`), or one not made
+    /// because the breaker is open (`circuit_open`).
+    pub(crate) fn store_error(&self, kind: &'static str) {
+        metrics::counter!("weir_store_errors_total", "kind" => kind).increment(1);
+    }
+
+    /// The store was found to have lost its state.
+    pub(crate) fn state_lost(&self) {
+        metrics::counter!("weir_store_state_losses_total").increment(1);
     }
 
     /// Counts one policy's outcome (unknown names are not counted: clients
@@ -110,17 +143,31 @@ impl Shared {
     /// key's state) when the policies and the key budget are unchanged.
     pub fn new(config: Config, previous: Option<&Shared>) -> Result<Self, weir_limiter::Error> {
         let same = previous.filter(|p| {
-            p.config.policies == config.policies && p.config.max_keys == config.max_keys
+            p.config.policies == config.policies
+                && p.config.max_keys == config.max_keys
+                && p.config.store == config.store
+                && p.config.fallback_share == config.fallback_share
+        });
+        let remote = (config.store != "memory").then(|| {
+            previous
+                .and_then(|p| p.remote.clone())
+                .filter(|r| r.serves(&config.store, config.timeout))
+                .unwrap_or_else(|| Remote::new(&config.store, config.timeout))
         });
         let limiter = match same {
             Some(previous) => previous.limiter.clone(),
             None => {
-                let builder = config
-                    .policies
-                    .iter()
-                    .fold(Limiter::builder(), |b, (name, policy)| {
-                        b.policy(name.clone(), *policy)
-                    });
+                let mut builder = Limiter::builder();
+                for (name, policy) in &config.policies {
+                    let local = match remote {
+                        None => *policy,
+                        Some(_) => policy.scaled(config.fallback_share, 1_000_000).unwrap_or_else(|e| {
+                            tracing::warn!(policy = %name, error = %e, "the local fallback keeps the whole limit");
+                            *policy
+                        }),
+                    };
+                    builder = builder.policy(name.clone(), local);
+                }
                 Arc::new(builder.max_keys(config.max_keys).max_key_len(512).build()?)
             }
         };
@@ -136,9 +183,15 @@ impl Shared {
             meters,
             config,
             limiter,
+            remote,
             fields,
             client,
         })
+    }
+
+    /// A policy's limit (its `RateLimit-Policy` quota).
+    pub(crate) fn limit(&self, policy: &str) -> u64 {
+        self.fields.get(policy).map_or(0, |f| f.1)
     }
 }
 
