@@ -7,19 +7,19 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-fn weir() -> Command {
+pub(crate) fn weir() -> Command {
     Command::new(env!("CARGO_BIN_EXE_weir"))
 }
 
 /// A running `weir serve`, its address, and its stderr lines.
-struct Server {
-    child: Child,
-    addr: String,
-    log: mpsc::Receiver<String>,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) addr: String,
+    log: std::sync::Mutex<mpsc::Receiver<String>>,
 }
 
 impl Server {
-    fn start(args: &[&str]) -> Self {
+    pub(crate) fn start(args: &[&str]) -> Self {
         let mut child = weir()
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(args)
@@ -41,11 +41,12 @@ impl Server {
                 break addr.to_owned();
             }
         };
+        let log = std::sync::Mutex::new(log);
         Self { child, addr, log }
     }
 
     /// One HTTP/1.1 request; the status and body.
-    fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+    pub(crate) fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
         let mut stream = TcpStream::connect(&self.addr).unwrap();
         let request = format!(
             "{method} {path} HTTP/1.1\r\nHost: weir\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -70,10 +71,12 @@ impl Server {
         assert!(status.success());
     }
 
-    fn wait_for_log(&self, needle: &str) -> String {
+    pub(crate) fn wait_for_log(&self, needle: &str) -> String {
         loop {
             let line = self
                 .log
+                .lock()
+                .unwrap()
                 .recv_timeout(Duration::from_secs(20))
                 .unwrap_or_else(|_| panic!("no log line with {needle}"));
             if line.contains(needle) {
@@ -90,7 +93,7 @@ impl Drop for Server {
     }
 }
 
-fn temp(name: &str, text: &str) -> std::path::PathBuf {
+pub(crate) fn temp(name: &str, text: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("weir-serve-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);

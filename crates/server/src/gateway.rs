@@ -16,8 +16,8 @@ use weir_tower::retry_after_seconds;
 
 use crate::config::{Identity, OnStoreError, Route, Segment};
 use crate::handlers::{error, rate_limit_headers, refusal};
-use crate::store::decide;
 use crate::state::{AppState, Shared};
+use crate::store::decide;
 
 /// The longest identity accepted, in bytes.
 const MAX_IDENTITY: usize = 256;

@@ -300,7 +300,10 @@ pub(crate) async fn inspect_key(
         Err(denied) => return denied,
     };
     let peeked = match &shared.remote {
-        None => shared.limiter.peek_policy(&policy, &key, 1).map_err(Refusal::Invalid),
+        None => shared
+            .limiter
+            .peek_policy(&policy, &key, 1)
+            .map_err(Refusal::Invalid),
         Some(remote) => peek_remote(&shared, remote, &policy, &key).await,
     };
     match peeked {
@@ -321,7 +324,10 @@ pub(crate) async fn reset_key(
         Err(denied) => return denied,
     };
     let reset = match &shared.remote {
-        None => shared.limiter.reset(&policy, &key).map_err(Refusal::Invalid),
+        None => shared
+            .limiter
+            .reset(&policy, &key)
+            .map_err(Refusal::Invalid),
         Some(remote) => match (remote.available(), shared.limiter.reset(&policy, &key)) {
             (_, Err(e)) => Err(Refusal::Invalid(e)),
             (None, _) => Err(Refusal::Unavailable { denied: true }),
@@ -357,10 +363,25 @@ async fn peek_remote(
     let store = remote
         .available()
         .ok_or(Refusal::Unavailable { denied: true })?;
-    let on_loss = shared.config.rules.get(name).copied().unwrap_or_default().on_state_loss;
-    let check = [Check { name, policy: found, identity: key, on_loss }];
+    let on_loss = shared
+        .config
+        .rules
+        .get(name)
+        .copied()
+        .unwrap_or_default()
+        .on_state_loss;
+    let check = [Check {
+        name,
+        policy: found,
+        identity: key,
+        on_loss,
+    }];
     match store.decide(&check, 1, None, Mode::Peek).await {
-        Ok(checked) => checked.decisions.first().copied().ok_or(Refusal::Unavailable { denied: true }),
+        Ok(checked) => checked
+            .decisions
+            .first()
+            .copied()
+            .ok_or(Refusal::Unavailable { denied: true }),
         Err(StoreError::Invalid(m)) => Err(Refusal::Unsupported(m)),
         Err(_) => Err(Refusal::Unavailable { denied: true }),
     }

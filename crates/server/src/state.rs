@@ -85,11 +85,16 @@ impl Meters {
             .policies
             .iter()
             .map(|(name, _)| {
-                let counter = metrics::counter!("weir_fallback_decisions_total", "policy" => name.clone());
+                let counter =
+                    metrics::counter!("weir_fallback_decisions_total", "policy" => name.clone());
                 (name.clone(), counter)
             })
             .collect();
-        let store = if config.store == "memory" { "memory" } else { "redis" };
+        let store = if config.store == "memory" {
+            "memory"
+        } else {
+            "redis"
+        };
         let duration = metrics::histogram!("weir_check_duration_seconds", "store" => store);
         Self {
             decisions,
@@ -148,6 +153,7 @@ impl Shared {
                 && p.config.store == config.store
                 && p.config.fallback_share == config.fallback_share
         });
+        metrics_handle(); // the recorder first, then the handles
         let remote = (config.store != "memory").then(|| {
             previous
                 .and_then(|p| p.remote.clone())
@@ -177,7 +183,6 @@ impl Shared {
             .map(|(name, policy)| (name.clone(), field(name, policy)))
             .collect();
         let client = Client::builder(TokioExecutor::new()).build_http();
-        metrics_handle(); // the recorder first, then the handles
         let meters = Meters::new(&config);
         Ok(Self {
             meters,

@@ -233,7 +233,9 @@ async fn decide_remote<'a>(
                     remote.succeeded();
                     if checked.state_lost {
                         shared.meters.state_lost();
-                        tracing::warn!("the store lost its state (restarted empty, flushed or evicted): on_state_loss applies");
+                        tracing::warn!(
+                            "the store lost its state (restarted empty, flushed or evicted): on_state_loss applies"
+                        );
                     }
                     let all = AllDecision {
                         allowed: checked.allowed,

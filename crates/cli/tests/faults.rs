@@ -1,0 +1,316 @@
+//! `weir serve` on a real Redis that is paused, killed, restarted empty and
+//! slowed under a steady load; several `weir serve` processes sharing one
+//! Redis; floods of identities. Everything is checked from outside.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::Redis;
+use crate::serve::{Server, temp};
+
+/// The store timeout of these tests.
+const TIMEOUT: Duration = Duration::from_millis(100);
+/// What a request may take beyond the timeout on a loaded two-core machine
+/// (the bound under test is "the timeout plus a small margin").
+const MARGIN: Duration = Duration::from_millis(400);
+
+fn check(server: &Server, policy: &str, key: &str) -> (u16, serde_json::Value, Duration) {
+    let started = Instant::now();
+    let body = format!(r#"{{"policy":"{policy}","key":"{key}"}}"#);
+    let (status, text) = server.request("POST", "/v1/check", &body);
+    let took = started.elapsed();
+    let json = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
+    (status, json, took)
+}
+
+/// The value of one Prometheus series (0 when absent).
+fn metric(server: &Server, series: &str) -> f64 {
+    let (_, text) = server.request("GET", "/metrics", "");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn degraded(json: &serde_json::Value) -> bool {
+    json["degraded"] == serde_json::Value::Bool(true)
+}
+
+/// Polls until a `local` check is decided by Redis again; how long it took.
+fn recovery(server: &Server) -> Duration {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(10) {
+        let (status, json, _) = check(server, "local", "probe");
+        if status == 200 && !degraded(&json) {
+            return started.elapsed();
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    panic!("weir did not go back to Redis");
+}
+
+/// While the store is unavailable, each policy follows its rule, within the
+/// timeout plus the margin.
+fn assert_rules_apply(server: &Server, phase: &str) {
+    let (status, json, took) = check(server, "local", "rules");
+    assert!(
+        status == 200 && degraded(&json) && json["allowed"] == true,
+        "{phase}: local {status} {json}"
+    );
+    assert!(took <= TIMEOUT + MARGIN, "{phase}: local took {took:?}");
+    let (status, json, took) = check(server, "open", "rules");
+    assert!(
+        status == 200 && degraded(&json) && json["allowed"] == true,
+        "{phase}: allow {status} {json}"
+    );
+    assert!(took <= TIMEOUT + MARGIN, "{phase}: allow took {took:?}");
+    let (status, json, took) = check(server, "closed", "rules");
+    assert!(
+        status == 503 && json["error"] == "STORE_UNAVAILABLE",
+        "{phase}: deny {status} {json}"
+    );
+    assert!(took <= TIMEOUT + MARGIN, "{phase}: deny took {took:?}");
+}
+
+#[test]
+fn redis_paused_killed_restarted_and_slowed_under_load() {
+    let mut redis = Redis::start();
+    // A generation marker from long ago: the store has not lost anything yet.
+    redis.cli(&["SET", "rl:v1:generation", "1 0"]);
+    let config = format!(
+        r#"[store]
+url = "{url}"
+timeout = "100ms"
+fallback_share = 0.5
+
+[policies.local]
+algorithm = "token-bucket"
+capacity = 100000
+rate = "100000/s"
+
+[policies.open]
+algorithm = "fixed-window"
+limit = 1000000
+window = "1s"
+on_store_error = "allow"
+
+[policies.closed]
+algorithm = "fixed-window"
+limit = 1000000
+window = "1s"
+on_store_error = "deny"
+
+[policies.lossy]
+algorithm = "token-bucket"
+capacity = 5
+rate = "1/m"
+on_state_loss = "empty"
+
+[policies.fresh]
+algorithm = "token-bucket"
+capacity = 5
+rate = "1/m"
+"#,
+        url = redis.url
+    );
+    let path = temp("faults.toml", &config);
+    let server = Arc::new(Server::start(&["--config", path.to_str().unwrap()]));
+
+    // A steady load on the `local` policy for the whole test.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load: Vec<_> = (0..3)
+        .map(|i| {
+            let (server, stop) = (server.clone(), stop.clone());
+            thread::spawn(move || {
+                let (mut answered, mut degraded_seen, mut slowest) = (0u64, 0u64, Duration::ZERO);
+                while !stop.load(Ordering::Relaxed) {
+                    let (status, json, took) = check(&server, "local", &format!("load-{i}"));
+                    assert_eq!(status, 200, "the load is never refused: {json}");
+                    answered += 1;
+                    degraded_seen += u64::from(degraded(&json));
+                    slowest = slowest.max(took);
+                }
+                (answered, degraded_seen, slowest)
+            })
+        })
+        .collect();
+
+    let (status, json, _) = check(&server, "closed", "before");
+    assert!(status == 200 && !degraded(&json), "{json}");
+
+    // Paused: calls time out, the breaker opens, every rule applies.
+    redis.signal("STOP");
+    thread::sleep(Duration::from_millis(400));
+    assert_rules_apply(&server, "paused");
+    let (_, ready) = server.request("GET", "/readyz", "");
+    assert!(ready.contains(r#""store_up":false"#), "{ready}");
+    assert_eq!(metric(&server, "weir_store_up"), 0.0);
+    redis.signal("CONT");
+    let back = recovery(&server);
+    assert!(
+        back < Duration::from_millis(1500),
+        "back on Redis after {back:?}"
+    );
+
+    // Killed, then restarted empty: detected as a loss; `empty` keys start used up.
+    redis.kill();
+    thread::sleep(Duration::from_millis(400));
+    assert_rules_apply(&server, "killed");
+    redis.restart();
+    let back = recovery(&server);
+    assert!(
+        back < Duration::from_millis(1500),
+        "back on Redis after a restart in {back:?}"
+    );
+    let (_, lossy, _) = check(&server, "lossy", "after-restart");
+    assert_eq!(lossy["allowed"], false, "on_state_loss = empty: {lossy}");
+    let (_, fresh, _) = check(&server, "fresh", "after-restart");
+    assert!(
+        fresh["allowed"] == true && fresh["remaining"] == 4,
+        "on_state_loss = full: {fresh}"
+    );
+    assert_eq!(metric(&server, "weir_store_state_losses_total"), 1.0);
+
+    // Slowed: a 600 ms stall of the server; requests still answer in time.
+    let stall = {
+        let port = redis.url.rsplit(':').next().unwrap().to_owned();
+        thread::spawn(move || {
+            std::process::Command::new("redis-cli")
+                .args(["-p", &port, "DEBUG", "SLEEP", "0.6"])
+                .output()
+                .unwrap()
+        })
+    };
+    thread::sleep(Duration::from_millis(250));
+    assert_rules_apply(&server, "slowed");
+    stall.join().unwrap();
+    recovery(&server);
+
+    stop.store(true, Ordering::Relaxed);
+    let mut total = (0, 0, Duration::ZERO);
+    for handle in load {
+        let (answered, degraded_seen, slowest) = handle.join().unwrap();
+        total = (
+            total.0 + answered,
+            total.1 + degraded_seen,
+            total.2.max(slowest),
+        );
+    }
+    println!(
+        "load: {} answered, {} degraded, slowest {:?}",
+        total.0, total.1, total.2
+    );
+    assert!(
+        total.1 > 0,
+        "the load was decided locally during the faults"
+    );
+    assert!(
+        total.2 <= TIMEOUT + MARGIN,
+        "a request waited {:?}",
+        total.2
+    );
+    assert!(metric(&server, "weir_fallback_decisions_total{policy=\"local\"}") > 0.0);
+    assert!(metric(&server, "weir_store_errors_total{kind=\"timeout\"}") > 0.0);
+    assert!(metric(&server, "weir_store_errors_total{kind=\"circuit_open\"}") > 0.0);
+    assert_eq!(metric(&server, "weir_store_up"), 1.0);
+}
+
+/// Three `weir serve` processes on one Redis, twelve clients on one identity
+/// for three seconds: never more admissions than the policies allow.
+#[test]
+fn three_servers_on_one_redis_never_exceed_the_bound() {
+    let redis = Redis::start();
+    let config = format!(
+        "[store]\nurl = \"{}\"\n\n[policies.bucket]\nalgorithm = \"token-bucket\"\ncapacity = 20\nrate = \"50/s\"\n\n[policies.window]\nalgorithm = \"fixed-window\"\nlimit = 40\nwindow = \"1s\"\n",
+        redis.url
+    );
+    let path = temp("three.toml", &config);
+    let servers: Vec<Arc<Server>> = (0..3)
+        .map(|_| Arc::new(Server::start(&["--config", path.to_str().unwrap()])))
+        .collect();
+    let run = Duration::from_secs(3);
+    let started = Instant::now();
+    let clients: Vec<_> = (0..12)
+        .map(|i| {
+            let server = servers[i % 3].clone();
+            thread::spawn(move || {
+                let (mut bucket, mut window) = (0u64, 0u64);
+                while started.elapsed() < run {
+                    let (_, json, _) = check(&server, "bucket", "shared");
+                    assert_eq!(json["degraded"], false, "{json}");
+                    bucket += u64::from(json["allowed"] == true);
+                    let (_, json, _) = check(&server, "window", "shared");
+                    window += u64::from(json["allowed"] == true);
+                }
+                (bucket, window)
+            })
+        })
+        .collect();
+    let (bucket, window) = clients
+        .into_iter()
+        .map(|c| c.join().unwrap())
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let elapsed = started.elapsed().as_secs_f64();
+    let bucket_bound = 20 + (50.0 * elapsed).ceil() as u64;
+    let window_bound = 40 * (elapsed.ceil() as u64 + 1);
+    println!(
+        "3 servers, {elapsed:.2} s: bucket {bucket} (bound {bucket_bound}), window {window} (bound {window_bound})"
+    );
+    assert!(bucket <= bucket_bound, "{bucket} > {bucket_bound}");
+    assert!(window <= window_bound, "{window} > {window_bound}");
+    assert!(
+        bucket >= 20 && window >= 40,
+        "the policies admitted something: {bucket}, {window}"
+    );
+}
+
+/// A flood of identities: the in-process store stays within its key budget
+/// and never forgets a limited key; on Redis every key has an expiry.
+#[test]
+fn floods_of_identities_are_bounded() {
+    let limited = "[policies.tight]\nalgorithm = \"token-bucket\"\ncapacity = 1\nrate = \"1/h\"\n";
+    let path = temp(
+        "flood.toml",
+        &format!("[store]\nmax_keys = 2000\n\n{limited}"),
+    );
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
+    assert_eq!(check(&server, "tight", "victim").1["allowed"], true);
+    let (mut full, mut admitted) = (0, 0);
+    for i in 0..5000 {
+        match check(&server, "tight", &format!("flood-{i}")) {
+            (200, json, _) if json["allowed"] == true => admitted += 1,
+            (503, json, _) if json["error"] == "LIMITER_FULL" => full += 1,
+            (status, json, _) => panic!("{status} {json}"),
+        }
+    }
+    assert_eq!(
+        check(&server, "tight", "victim").1["allowed"],
+        false,
+        "still limited"
+    );
+    assert!(
+        admitted <= 2000 && full >= 3000,
+        "{admitted} admitted, {full} refused as full"
+    );
+
+    let redis = Redis::start();
+    let path = temp(
+        "flood-redis.toml",
+        &format!("[store]\nurl = \"{}\"\n\n{limited}", redis.url),
+    );
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
+    for i in 0..2000 {
+        assert_eq!(check(&server, "tight", &format!("flood-{i}")).0, 200);
+    }
+    let without_expiry = redis.cli(&[
+        "EVAL",
+        "local n = 0 for _, k in ipairs(redis.call('KEYS', 'rl:v1:{*')) do if redis.call('PTTL', k) < 0 then n = n + 1 end end return {#redis.call('KEYS', 'rl:v1:{*'), n}",
+        "0",
+    ]);
+    assert_eq!(
+        without_expiry.split_whitespace().collect::<Vec<_>>(),
+        ["2000", "0"],
+        "keys, keys without expiry"
+    );
+}
