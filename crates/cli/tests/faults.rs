@@ -148,6 +148,7 @@ rate = "1/m"
     assert_eq!(metric(&server, "weir_store_up"), 0.0);
     redis.signal("CONT");
     let back = recovery(&server);
+    println!("paused: back on Redis {back:?} after SIGCONT");
     assert!(
         back < Duration::from_millis(1500),
         "back on Redis after {back:?}"
@@ -159,6 +160,7 @@ rate = "1/m"
     assert_rules_apply(&server, "killed");
     redis.restart();
     let back = recovery(&server);
+    println!("killed: back on Redis {back:?} after the restart");
     assert!(
         back < Duration::from_millis(1500),
         "back on Redis after a restart in {back:?}"
