@@ -287,7 +287,7 @@ impl<C: Clock> Limiter<C> {
     /// time: allowed only if every policy allows, and then every policy is
     /// charged; otherwise none is (SPEC.md, several policies).
     pub fn check_all(&self, checks: &[(&str, &str)], cost: u64) -> Result<AllDecision, Error> {
-        self.decide_all(checks, cost, None, Nanos::MAX)
+        self.decide_all(&with_cost(checks, cost), None, Nanos::MAX)
     }
 
     /// [`Limiter::check_all`] for a caller that will not wait longer than
@@ -299,7 +299,18 @@ impl<C: Clock> Limiter<C> {
         cost: u64,
         max_delay: Nanos,
     ) -> Result<AllDecision, Error> {
-        self.decide_all(checks, cost, None, max_delay)
+        self.decide_all(&with_cost(checks, cost), None, max_delay)
+    }
+
+    /// [`Limiter::check_all_within`] with a cost per `(policy, key, cost)`
+    /// check. A cost of 0 charges nothing and reports the key's standing
+    /// (`allowed: true`, `remaining`, `reset`) without refusing the request.
+    pub fn check_each_within(
+        &self,
+        checks: &[(&str, &str, u64)],
+        max_delay: Nanos,
+    ) -> Result<AllDecision, Error> {
+        self.decide_all(checks, None, max_delay)
     }
 
     /// [`Limiter::check_all`] at an explicit time.
@@ -309,7 +320,7 @@ impl<C: Clock> Limiter<C> {
         cost: u64,
         now: Nanos,
     ) -> Result<AllDecision, Error> {
-        self.decide_all(checks, cost, Some(now), Nanos::MAX)
+        self.decide_all(&with_cost(checks, cost), Some(now), Nanos::MAX)
     }
 
     /// The decision checking `key` under the named policy would make now,
@@ -451,19 +462,20 @@ impl<C: Clock> Limiter<C> {
 
     fn decide_all(
         &self,
-        checks: &[(&str, &str)],
-        cost: u64,
+        checks: &[(&str, &str, u64)],
         at: Option<Nanos>,
         max_delay: Nanos,
     ) -> Result<AllDecision, Error> {
         // Validate everything first: an invalid request charges nothing.
-        let mut targets: Vec<(usize, usize, store::Hashed<'_>)> = Vec::with_capacity(checks.len());
-        for &(policy, key) in checks {
+        let mut targets: Vec<(usize, usize, store::Hashed<'_>, u64)> =
+            Vec::with_capacity(checks.len());
+        for &(policy, key, cost) in checks {
             let index = self.find(policy)?;
-            let named = self.validate(index, key, cost)?;
+            // A cost of 0 asks for the standing: any cost is valid for that.
+            let named = self.validate(index, key, cost.max(1))?;
             if targets
                 .iter()
-                .any(|(i, _, k)| *i == index && k.key() == key)
+                .any(|(i, _, k, _)| *i == index && k.key() == key)
             {
                 return Err(Error::DuplicateCheck {
                     policy: policy.to_owned(),
@@ -471,11 +483,11 @@ impl<C: Clock> Limiter<C> {
                 });
             }
             let hashed = named.store.hashed(key);
-            targets.push((index, named.store.shard_of(hashed), hashed));
+            targets.push((index, named.store.shard_of(hashed), hashed, cost));
         }
         // Lock the shards involved in one global order (no deadlock), for
         // writing: no other check of these keys runs until we are done.
-        let mut order: Vec<(usize, usize)> = targets.iter().map(|&(p, s, _)| (p, s)).collect();
+        let mut order: Vec<(usize, usize)> = targets.iter().map(|&(p, s, _, _)| (p, s)).collect();
         order.sort_unstable();
         order.dedup();
         let mut guards: Vec<_> = order
@@ -492,18 +504,27 @@ impl<C: Clock> Limiter<C> {
         };
 
         let mut decisions = Vec::with_capacity(targets.len());
-        for &(p, s, key) in &targets {
+        for &(p, s, key, cost) in &targets {
             let store = &self.policies[p].store;
-            decisions.push(
+            let guard = &guards[guard_of(p, s)];
+            decisions.push(if cost == 0 {
+                let (remaining, reset) = store.status_locked(guard, key, now);
+                Decision {
+                    allowed: true,
+                    remaining,
+                    reset,
+                    ..Decision::default()
+                }
+            } else {
                 store
-                    .peek_locked(&guards[guard_of(p, s)], key, cost, now)
-                    .map_err(cost_error(p))?,
-            );
+                    .peek_locked(guard, key, cost, now)
+                    .map_err(cost_error(p))?
+            });
         }
         if !decisions.iter().all(|d| d.allowed && d.delay <= max_delay) {
             // Nothing is charged: the policies that would have allowed report
             // their standing as it is.
-            for (decision, &(p, s, key)) in decisions.iter_mut().zip(&targets) {
+            for (decision, &(p, s, key, _)) in decisions.iter_mut().zip(&targets) {
                 if decision.allowed {
                     let store = &self.policies[p].store;
                     (decision.remaining, decision.reset) =
@@ -515,7 +536,7 @@ impl<C: Clock> Limiter<C> {
                 decisions,
             });
         }
-        for &(p, s, key) in &targets {
+        for &(p, s, key, _) in targets.iter().filter(|t| t.3 > 0) {
             let store = &self.policies[p].store;
             if store
                 .insert_locked(&mut guards[guard_of(p, s)], key, now, &self.budget)
@@ -527,18 +548,21 @@ impl<C: Clock> Limiter<C> {
                 });
             }
         }
-        decisions.clear();
-        for &(p, s, key) in &targets {
-            let store = &self.policies[p].store;
-            decisions.push(
-                store
+        for (decision, &(p, s, key, cost)) in decisions.iter_mut().zip(&targets) {
+            if cost > 0 {
+                let store = &self.policies[p].store;
+                *decision = store
                     .check_locked(&guards[guard_of(p, s)], key, cost, now)
-                    .map_err(cost_error(p))?,
-            );
+                    .map_err(cost_error(p))?;
+            }
         }
         Ok(AllDecision {
             allowed: true,
             decisions,
         })
     }
+}
+
+fn with_cost<'a>(checks: &[(&'a str, &'a str)], cost: u64) -> Vec<(&'a str, &'a str, u64)> {
+    checks.iter().map(|&(p, k)| (p, k, cost)).collect()
 }

@@ -86,6 +86,9 @@ pub struct Check<'a> {
     pub identity: &'a str,
     /// What the key counts as when lost (needs [`RedisStore::with_marker`]).
     pub on_loss: OnLoss,
+    /// Its own cost instead of the request's; `Some(0)` reports the key's
+    /// standing, charging nothing and refusing nothing.
+    pub cost: Option<u64>,
 }
 
 /// What a call does with its decisions.
@@ -235,6 +238,7 @@ impl RedisStore {
                 policy,
                 identity,
                 on_loss: OnLoss::Full,
+                cost: None,
             })
             .collect();
         let mode = Mode::Charge {
@@ -266,9 +270,13 @@ impl RedisStore {
         };
         invocation.arg(if self.marker { "m" } else { "-" });
         for check in checks {
-            check.policy.validate_cost(cost).map_err(|e: CostError| {
-                StoreError::Invalid(format!("policy `{}`: {e}", check.name))
-            })?;
+            let own = check.cost.unwrap_or(cost);
+            check
+                .policy
+                .validate_cost(own.max(1))
+                .map_err(|e: CostError| {
+                    StoreError::Invalid(format!("policy `{}`: {e}", check.name))
+                })?;
             if check.identity.len() > MAX_IDENTITY {
                 return Err(StoreError::Invalid(format!(
                     "identity longer than {MAX_IDENTITY} bytes"
@@ -285,6 +293,9 @@ impl RedisStore {
             let mut spec = spec(check.policy);
             if check.on_loss == OnLoss::Empty {
                 spec.push_str(" e");
+            }
+            if let Some(own) = check.cost {
+                let _ = write!(spec, " c={own}");
             }
             invocation.arg(spec);
         }

@@ -2,12 +2,14 @@
 --
 -- KEYS[i]  the store key of check i (all in one hash slot on a cluster), then
 --          optionally the generation marker (ARGV[4] = "m")
--- ARGV[1]  cost
+-- ARGV[1]  cost (of every check without its own)
 -- ARGV[2]  "redis" to use Redis TIME, or "S NS" (explicit seconds, nanoseconds)
 -- ARGV[3]  "peek" (decide, write nothing), or the longest delay a shaper may
 --          impose (ns); a longer one refuses the request, charging nothing
 -- ARGV[4]  "m" when the last key is the generation marker, else "-"
--- ARGV[4+i] the policy of check i, then " e" when a lost key counts as empty:
+-- ARGV[4+i] the policy of check i, then " e" when a lost key counts as empty,
+--          and " c=K" for a cost of its own (0: report the standing, charge
+--          nothing, never refuse):
 --          "tb C n p"  token bucket / GCRA: capacity C, rate reduced to n/p ns
 --          "lb Q n p"  leaky bucket: queue Q, rate n/p
 --          "fw L W"    fixed window      "sc L W" sliding counter
@@ -93,7 +95,7 @@ local function read_varint(s, pos)
 end
 
 -- Evaluation time: now, clamped to the key's latest time.
-local cost = tonumber(ARGV[1])
+local base_cost = tonumber(ARGV[1])
 local now_s, now_ns
 local redis_time = ARGV[2] == 'redis'
 if redis_time then
@@ -128,13 +130,19 @@ for i = 1, count_keys do
   for w in string.gmatch(ARGV[4 + i], '%S+') do spec[#spec + 1] = w end
   local kind = spec[1]
   local a, b, c = tonumber(spec[2]), tonumber(spec[3]), tonumber(spec[4])
+  local cost, empty = base_cost, false
+  local flags = (kind == 'tb' or kind == 'lb') and 5 or 4
+  for k = flags, #spec do
+    if spec[k] == 'e' then empty = true
+    elseif string.sub(spec[k], 1, 2) == 'c=' then cost = tonumber(string.sub(spec[k], 3)) end
+  end
   local raw = redis.call('GET', KEYS[i])
   local st, blob = {}, ''
   if raw then
     local bar = string.find(raw, '|', 1, true)
     if bar then st, blob = words(string.sub(raw, 1, bar - 1)), string.sub(raw, bar + 1)
     else st = words(raw) end
-  elseif gen and spec[#spec] == 'e' then
+  elseif gen and empty then
     -- Lost: as if used up when the loss was found.
     local gs, gn = gen[1], gen[2]
     raw = true
@@ -276,6 +284,10 @@ for i = 1, count_keys do
       d.reset = W - diff(ts, tn, last[1], last[2])
     end
   end
+  if cost == 0 then -- the standing only
+    d = { allowed = 1, remaining = status[1], retry = 0, reset = status[2], delay = 0 }
+    new = nil
+  end
   checks[i] = { d = d, new = new, fresh = fresh, status = status }
 end
 
@@ -302,7 +314,7 @@ local out = { math.max(all, 0), lost }
 for i = 1, #checks do
   local c = checks[i]
   local d = c.d
-  if all == 1 then
+  if all == 1 and c.new then
     store(KEYS[i], c.new, d.reset)
   elseif all == 0 and #checks == 1 and d.allowed == 0 then
     store(KEYS[i], c.fresh, d.reset) -- a rejection refreshes accounting

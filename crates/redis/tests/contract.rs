@@ -206,7 +206,8 @@ fn the_packed_log_costs_a_third_of_a_sorted_set() {
     assert!(ours * 3 <= zset, "packed {ours} vs sorted set {zset}");
 }
 
-/// Requests over three policies at once, through Redis and the in-process
+/// Requests over up to three policies at once, each with its own cost
+/// (0 asks for the standing), through Redis and the in-process
 /// limiter: the same verdicts, the same standing reported for policies that
 /// were not charged, the same refusals of shaper waits over `max_delay`.
 /// Time only moves forward here, as a server's clock does: a refused request
@@ -229,7 +230,7 @@ fn several_policies_decide_as_the_in_process_limiter() {
         (
             gap().prop_map(|g| g.max(0)),
             prop::sample::subsequence(vec![0usize, 1, 2, 3], 1..=3),
-            1u64..=2,
+            prop::collection::vec(0u64..=2, 3),
             prop::sample::select(vec![0u64, 400, 2000]),
         ),
         1..60,
@@ -257,29 +258,33 @@ fn several_policies_decide_as_the_in_process_limiter() {
                 .map(|(_, s)| Policy::parse(s).unwrap())
                 .collect();
             let identity = format!("multi-{n}");
-            for (gap, chosen, cost, max_delay_ms) in trace {
+            for (gap, chosen, costs, max_delay_ms) in trace {
                 now = now.saturating_add_signed(gap * 1_000_000);
                 clock.set(now);
                 let max_delay = max_delay_ms * 1_000_000;
-                let pairs: Vec<(&str, &str)> = chosen
+                // Costs of their own, 0 (the standing only) among them.
+                let weighed: Vec<(&str, &str, u64)> = chosen
                     .iter()
-                    .map(|&i| (specs[i].0, identity.as_str()))
+                    .zip(&costs)
+                    .map(|(&i, &c)| (specs[i].0, identity.as_str(), c))
                     .collect();
                 let checks: Vec<Check<'_>> = chosen
                     .iter()
-                    .map(|&i| Check {
+                    .zip(&costs)
+                    .map(|(&i, &c)| Check {
                         name: specs[i].0,
                         policy: &policies[i],
                         identity: &identity,
                         on_loss: OnLoss::Full,
+                        cost: Some(c),
                     })
                     .collect();
-                let expected = limiter.check_all_within(&pairs, cost, max_delay).unwrap();
+                let expected = limiter.check_each_within(&weighed, max_delay).unwrap();
                 let got = shared
                     .runtime
                     .block_on(shared.store.decide(
                         &checks,
-                        cost,
+                        1,
                         Some(now),
                         Mode::Charge { max_delay },
                     ))
@@ -309,6 +314,7 @@ fn peek_charges_nothing() {
         policy: &policy,
         identity: "k",
         on_loss: OnLoss::Full,
+        cost: None,
     }];
     for _ in 0..3 {
         let d = shared
@@ -341,6 +347,7 @@ fn a_lost_state_is_detected_and_empty_keys_refill_from_then() {
             policy,
             identity,
             on_loss,
+            cost: None,
         }];
         runtime
             .block_on(store.decide(&check, 1, Some(at), Mode::Charge { max_delay: 0 }))

@@ -118,13 +118,13 @@ pub(crate) async fn forward(State(state): State<Arc<AppState>>, request: Request
         Ok(key) => key,
         Err(response) => return response,
     };
-    let pairs: Vec<(&str, &str)> = route
+    let pairs: Vec<(&str, &str, u64)> = route
         .policies
         .iter()
-        .map(|p| (p.as_str(), key.as_str()))
+        .map(|p| (p.as_str(), key.as_str(), 1))
         .collect();
     let max_wait = Nanos::try_from(route.max_wait.as_nanos()).unwrap_or(Nanos::MAX);
-    let verdict = match decide(&shared, &pairs, 1, max_wait, Some(OnStoreError::Local)).await {
+    let verdict = match decide(&shared, &pairs, max_wait, Some(OnStoreError::Local)).await {
         Ok(verdict) => verdict,
         Err(r) => return refusal(r),
     };

@@ -171,18 +171,25 @@ pub(crate) async fn check(State(state): State<Arc<AppState>>, body: Body) -> Res
         }
     };
     let cost = request.cost.unwrap_or(1);
+    if cost == 0 {
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "INVALID_COST",
+            "`cost` is at least 1",
+        );
+    }
     let shared = state.current();
     let keys: Vec<String> = checks
         .iter()
         .map(|(_, k)| format!("{API_PREFIX}{k}"))
         .collect();
-    let pairs: Vec<(&str, &str)> = checks
+    let pairs: Vec<(&str, &str, u64)> = checks
         .iter()
         .zip(&keys)
-        .map(|((p, _), k)| (p.as_str(), k.as_str()))
+        .map(|((p, _), k)| (p.as_str(), k.as_str(), cost))
         .collect();
     let default = Some(OnStoreError::Local);
-    let verdict = match decide(&shared, &pairs, cost, Nanos::MAX, default).await {
+    let verdict = match decide(&shared, &pairs, Nanos::MAX, default).await {
         Ok(verdict) => verdict,
         Err(r) => return refusal(r),
     };
@@ -375,6 +382,7 @@ async fn peek_remote(
         policy: found,
         identity: key,
         on_loss,
+        cost: None,
     }];
     match store.decide(&check, 1, None, Mode::Peek).await {
         Ok(checked) => checked

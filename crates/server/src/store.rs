@@ -164,13 +164,12 @@ pub(crate) struct Verdict<'a> {
     pub(crate) degraded: bool,
 }
 
-/// Decides `pairs` (policy, key) all-or-nothing, refusing shaper waits over
-/// `max_delay`. A policy without an `on_store_error` rule follows `default`;
+/// Decides `pairs` (policy, key, cost) all-or-nothing, refusing shaper
+/// waits over `max_delay`; a cost of 0 reports a key's standing. A policy without an `on_store_error` rule follows `default`;
 /// none means the request is [`Refusal::Unavailable`] when the store fails.
 pub(crate) async fn decide<'a>(
     shared: &Shared,
-    pairs: &[(&'a str, &str)],
-    cost: u64,
+    pairs: &[(&'a str, &str, u64)],
     max_delay: Nanos,
     default: Option<OnStoreError>,
 ) -> Result<Verdict<'a>, Refusal> {
@@ -178,10 +177,10 @@ pub(crate) async fn decide<'a>(
     let verdict = match &shared.remote {
         None => shared
             .limiter
-            .check_all_within(pairs, cost, max_delay)
+            .check_each_within(pairs, max_delay)
             .map(|all| verdict(pairs, all, false))
             .map_err(Refusal::Invalid),
-        Some(remote) => decide_remote(shared, remote, pairs, cost, max_delay, default).await,
+        Some(remote) => decide_remote(shared, remote, pairs, max_delay, default).await,
     };
     shared.meters.observe(started);
     match &verdict {
@@ -198,15 +197,15 @@ pub(crate) async fn decide<'a>(
         }
         Err(_) => pairs
             .iter()
-            .for_each(|(p, _)| shared.meters.count(p, Outcome::Error)),
+            .for_each(|(p, _, _)| shared.meters.count(p, Outcome::Error)),
     }
     verdict
 }
 
-fn verdict<'a>(pairs: &[(&'a str, &str)], all: AllDecision, degraded: bool) -> Verdict<'a> {
+fn verdict<'a>(pairs: &[(&'a str, &str, u64)], all: AllDecision, degraded: bool) -> Verdict<'a> {
     let decided = pairs
         .iter()
-        .map(|(p, _)| *p)
+        .map(|(p, _, _)| *p)
         .zip(all.decisions.iter().copied())
         .collect();
     Verdict {
@@ -219,16 +218,15 @@ fn verdict<'a>(pairs: &[(&'a str, &str)], all: AllDecision, degraded: bool) -> V
 async fn decide_remote<'a>(
     shared: &Shared,
     remote: &Remote,
-    pairs: &[(&'a str, &str)],
-    cost: u64,
+    pairs: &[(&'a str, &str, u64)],
     max_delay: Nanos,
     default: Option<OnStoreError>,
 ) -> Result<Verdict<'a>, Refusal> {
-    let checks = validate(shared, pairs, cost).map_err(Refusal::Invalid)?;
+    let checks = validate(shared, pairs).map_err(Refusal::Invalid)?;
     match remote.available() {
         Some(store) => {
             let mode = Mode::Charge { max_delay };
-            match store.decide(&checks, cost, None, mode).await {
+            match store.decide(&checks, 1, None, mode).await {
                 Ok(checked) => {
                     remote.succeeded();
                     if checked.state_lost {
@@ -257,22 +255,21 @@ async fn decide_remote<'a>(
         }
         None => shared.meters.store_error("circuit_open"),
     }
-    fall_back(shared, pairs, cost, max_delay, default)
+    fall_back(shared, pairs, max_delay, default)
 }
 
 /// Checks what the in-process limiter would refuse, so that both stores
 /// refuse the same requests with the same errors; the store's checks.
 fn validate<'s>(
     shared: &'s Shared,
-    pairs: &[(&'s str, &'s str)],
-    cost: u64,
+    pairs: &[(&'s str, &'s str, u64)],
 ) -> Result<Vec<Check<'s>>, Error> {
     let mut checks: Vec<Check<'s>> = Vec::with_capacity(pairs.len());
-    for &(name, key) in pairs {
+    for &(name, key, cost) in pairs {
         let Some((name, policy)) = shared.config.policies.iter().find(|(n, _)| n == name) else {
             return Err(Error::UnknownPolicy(name.to_owned()));
         };
-        policy.validate_cost(cost).map_err(|error| Error::Cost {
+        policy.validate_cost(cost.max(1)).map_err(|error| Error::Cost {
             policy: name.clone(),
             error,
         })?;
@@ -294,6 +291,7 @@ fn validate<'s>(
             policy,
             identity: key,
             on_loss: rules.on_state_loss,
+            cost: Some(cost),
         });
     }
     Ok(checks)
@@ -304,8 +302,7 @@ fn validate<'s>(
 /// without counting (reporting the full limit as remaining).
 fn fall_back<'a>(
     shared: &Shared,
-    pairs: &[(&'a str, &str)],
-    cost: u64,
+    pairs: &[(&'a str, &str, u64)],
     max_delay: Nanos,
     default: Option<OnStoreError>,
 ) -> Result<Verdict<'a>, Refusal> {
@@ -317,17 +314,17 @@ fn fall_back<'a>(
             .and_then(|r: &Rules| r.on_store_error)
             .or(default)
     };
-    for (policy, _) in pairs {
+    for (policy, _, _) in pairs {
         shared.meters.fallback(policy);
     }
-    let rules: Vec<Option<OnStoreError>> = pairs.iter().map(|(p, _)| rule(p)).collect();
+    let rules: Vec<Option<OnStoreError>> = pairs.iter().map(|(p, _, _)| rule(p)).collect();
     if rules.contains(&Some(OnStoreError::Deny)) {
         return Err(Refusal::Unavailable { denied: true });
     }
     if rules.contains(&None) {
         return Err(Refusal::Unavailable { denied: false });
     }
-    let local: Vec<(&str, &str)> = pairs
+    let local: Vec<(&str, &str, u64)> = pairs
         .iter()
         .zip(&rules)
         .filter(|(_, r)| **r == Some(OnStoreError::Local))
@@ -341,14 +338,14 @@ fn fall_back<'a>(
     } else {
         shared
             .limiter
-            .check_all_within(&local, cost, max_delay)
+            .check_each_within(&local, max_delay)
             .map_err(Refusal::Invalid)?
     };
     let mut local_decisions = checked.decisions.into_iter();
     let decisions = rules
         .iter()
         .zip(pairs)
-        .map(|(rule, (policy, _))| match rule {
+        .map(|(rule, (policy, _, _))| match rule {
             Some(OnStoreError::Local) => local_decisions.next().unwrap_or_default(),
             _ => Decision {
                 allowed: true,
