@@ -15,6 +15,10 @@ pub(crate) struct Args {
     /// Listen here instead of the config's `[server] listen`.
     #[arg(long, value_name = "ADDR")]
     listen: Option<std::net::SocketAddr>,
+    /// Serve the Envoy rate limit service (gRPC) here, instead of the
+    /// config's `[server] grpc`.
+    #[arg(long, value_name = "ADDR")]
+    grpc: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -81,6 +85,9 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
+    if let Some(grpc) = args.grpc {
+        config.grpc = Some(grpc);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -94,20 +101,40 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
+    let grpc = match config.grpc {
+        Some(at) => Some(
+            tokio::net::TcpListener::bind(at)
+                .await
+                .with_context(|| format!("cannot listen on {at} (gRPC)"))?,
+        ),
+        None => None,
+    };
     let state = AppState::new(Shared::new(config, None)?);
     tracing::info!(%addr, config = %path.as_ref().map_or("example".into(), |p| p.display().to_string()), "weir listening");
     eprintln!("weir listening on http://{addr}");
+    if let Some(grpc) = &grpc {
+        eprintln!("weir rate limit service (gRPC) on {}", grpc.local_addr()?);
+    }
 
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut hangup = signal(SignalKind::hangup())?;
-    let shutdown = async move {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
         tokio::select! {
             _ = terminate.recv() => {}
             _ = interrupt.recv() => {}
         }
         tracing::info!("shutting down: finishing requests in flight");
+        let _ = stop.send(true);
+    });
+    let shutdown = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|s| *s).await;
     };
+    let grpc = grpc.map(|listener| {
+        let (state, stopped) = (state.clone(), stopped.clone());
+        tokio::spawn(weir_server::run_grpc(listener, state, shutdown(stopped)))
+    });
     let reloader = {
         let state = state.clone();
         tokio::spawn(async move {
@@ -128,10 +155,17 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
             }
         })
     };
-    let served = weir_server::run(listener, state, shutdown).await;
+    let served = weir_server::run(listener, state, shutdown(stopped)).await;
     reloader.abort();
     if let Err(e) = served {
         bail!("server failed: {e}");
+    }
+    if let Some(grpc) = grpc {
+        match grpc.await {
+            Ok(Err(e)) => bail!("gRPC server failed: {e}"),
+            Err(e) => bail!("gRPC server failed: {e}"),
+            Ok(Ok(())) => {}
+        }
     }
     Ok(())
 }

@@ -19,6 +19,7 @@ pub const EXAMPLE: &str = r#"# weir serve configuration (TOML). `weir config che
 
 [server]
 listen = "127.0.0.1:8080"        # decision API, gateway routes, /metrics, /healthz, /readyz
+# grpc = "127.0.0.1:8081"        # the Envoy rate limit service (off without it)
 # admin_token = "change-me"      # admin endpoints are off without it (or set WEIR_ADMIN_TOKEN)
 
 [store]
@@ -56,6 +57,13 @@ queue = 5
 # policies = ["api", "per-minute"]  # several = all-or-nothing
 # upstream = "http://127.0.0.1:9000"
 # max_wait = "2s"                   # a shaper's delay beyond this is a 429
+
+# An Envoy descriptor rule (gRPC envoy.service.ratelimit.v3): the first rule
+# whose domain and entries match a descriptor decides it; none: unlimited.
+# [[descriptors]]
+# domain = "kartly"
+# entries = ["seller", "endpoint=stock-read"]  # "key": any value; "key=value": that one
+# policy = "api"
 "#;
 
 /// A validated configuration.
@@ -79,6 +87,22 @@ pub struct Config {
     pub rules: BTreeMap<String, Rules>,
     /// Gateway routes, in file order (the first match wins).
     pub routes: Vec<Route>,
+    /// Where the Envoy rate limit service listens; none: off.
+    pub grpc: Option<SocketAddr>,
+    /// Envoy descriptor rules, in file order (the first match wins).
+    pub descriptors: Vec<DescriptorRule>,
+}
+
+/// Maps an Envoy descriptor to a policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DescriptorRule {
+    /// The request's domain.
+    pub domain: String,
+    /// The descriptor's entries, in order: a key, and the one value it must
+    /// have (none: any value).
+    pub entries: Vec<(String, Option<String>)>,
+    /// The policy that decides it.
+    pub policy: String,
 }
 
 /// What a policy does when its store fails.
@@ -197,6 +221,16 @@ struct Raw {
     policies: BTreeMap<String, BTreeMap<String, Spanned<Value>>>,
     #[serde(default)]
     routes: Vec<RawRoute>,
+    #[serde(default)]
+    descriptors: Vec<RawDescriptor>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDescriptor {
+    domain: Spanned<String>,
+    entries: Spanned<Vec<String>>,
+    policy: Spanned<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -204,6 +238,7 @@ struct Raw {
 struct RawServer {
     listen: Option<Spanned<String>>,
     admin_token: Option<Spanned<String>>,
+    grpc: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -258,6 +293,21 @@ pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, Conf
             SocketAddr::from(([127, 0, 0, 1], 8080))
         }),
     };
+    let grpc = raw
+        .server
+        .grpc
+        .as_ref()
+        .and_then(|s| match s.get_ref().parse() {
+            Ok(addr) => Some(addr),
+            Err(_) => {
+                error(
+                    line_of(s.span().start),
+                    "[server] grpc",
+                    format!("`{}` is not an address such as 127.0.0.1:8081", s.get_ref()),
+                );
+                None
+            }
+        });
     let admin_token = raw
         .server
         .admin_token
@@ -551,6 +601,58 @@ pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, Conf
             });
         }
     }
+    let mut descriptors = Vec::new();
+    for (i, rule) in raw.descriptors.iter().enumerate() {
+        let place = |key: &str| format!("[[descriptors]] #{} {key}", i + 1);
+        let mut entries = Vec::new();
+        for entry in rule.entries.get_ref() {
+            let (key, value) = match entry.split_once('=') {
+                Some((k, v)) => (k, Some(v.to_owned())),
+                None => (entry.as_str(), None),
+            };
+            if key.is_empty() || value.as_deref() == Some("") {
+                error(
+                    line_of(rule.entries.span().start),
+                    &place("entries"),
+                    format!(
+                        "`{entry}` is not an entry (valid: \"key\" for any value, \"key=value\")"
+                    ),
+                );
+            }
+            entries.push((key.to_owned(), value));
+        }
+        if entries.is_empty() {
+            error(
+                line_of(rule.entries.span().start),
+                &place("entries"),
+                "name at least one entry, e.g. [\"seller\"]".into(),
+            );
+        }
+        if rule.domain.get_ref().is_empty() {
+            error(
+                line_of(rule.domain.span().start),
+                &place("domain"),
+                "must not be empty".into(),
+            );
+        }
+        if !raw.policies.contains_key(rule.policy.get_ref()) {
+            let known: Vec<&str> = raw.policies.keys().map(String::as_str).collect();
+            error(
+                line_of(rule.policy.span().start),
+                &place("policy"),
+                format!(
+                    "no policy `{}` (defined: {})",
+                    rule.policy.get_ref(),
+                    known.join(", ")
+                ),
+            );
+        }
+        descriptors.push(DescriptorRule {
+            domain: rule.domain.get_ref().clone(),
+            entries,
+            policy: rule.policy.get_ref().clone(),
+        });
+    }
     if policies.is_empty() && raw.policies.is_empty() {
         error(
             0,
@@ -572,6 +674,8 @@ pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, Conf
         policies,
         rules,
         routes,
+        grpc,
+        descriptors,
     })
 }
 

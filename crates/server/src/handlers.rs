@@ -91,6 +91,20 @@ pub(crate) fn rate_limit_headers(
     decisions: &[(&str, Decision)],
     headers: &mut HeaderMap,
 ) {
+    let (policies, states) = rate_limit_fields(shared, decisions);
+    if let Ok(v) = HeaderValue::try_from(policies) {
+        headers.insert("ratelimit-policy", v);
+    }
+    if let Ok(v) = HeaderValue::try_from(states) {
+        headers.insert("ratelimit", v);
+    }
+}
+
+/// The values of `RateLimit-Policy` and `RateLimit` for these decisions.
+pub(crate) fn rate_limit_fields(
+    shared: &Shared,
+    decisions: &[(&str, Decision)],
+) -> (String, String) {
     let policies: Vec<&str> = decisions
         .iter()
         .filter_map(|(p, _)| shared.fields.get(*p).map(|f| f.0.as_str()))
@@ -105,12 +119,7 @@ pub(crate) fn rate_limit_headers(
                 .to_owned()
         })
         .collect();
-    if let Ok(v) = HeaderValue::try_from(policies.join(", ")) {
-        headers.insert("ratelimit-policy", v);
-    }
-    if let Ok(v) = HeaderValue::try_from(states.join(", ")) {
-        headers.insert("ratelimit", v);
-    }
+    (policies.join(", "), states.join(", "))
 }
 
 #[derive(Debug, Deserialize)]
@@ -248,7 +257,7 @@ pub(crate) async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 
 /// `GET /metrics`, Prometheus text format.
 pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let mut response = state.metrics.render().into_response();
+    let mut response = state.render_metrics().into_response();
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4"),

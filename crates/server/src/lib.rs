@@ -11,6 +11,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod config;
+pub mod envoy;
 mod gateway;
 mod handlers;
 mod state;
@@ -73,4 +74,25 @@ pub async fn run(
         .await;
     sweeper.abort();
     served
+}
+
+/// Serves the Envoy rate limit service and the standard gRPC health service
+/// on `listener` until `shutdown` completes.
+pub async fn run_grpc(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<envoy::RateLimiter>>()
+        .await;
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(envoy::RateLimiter::service(state))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
+        .await
 }

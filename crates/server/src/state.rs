@@ -53,6 +53,7 @@ pub(crate) struct Meters {
     queues: HashMap<String, (Gauge, u64)>,
     fallbacks: HashMap<String, Counter>,
     duration: Histogram,
+    grpc: Histogram,
 }
 
 impl Meters {
@@ -101,6 +102,7 @@ impl Meters {
             queues,
             fallbacks,
             duration,
+            grpc: metrics::histogram!("weir_grpc_duration_seconds"),
         }
     }
 
@@ -115,6 +117,12 @@ impl Meters {
     /// because the breaker is open (`circuit_open`).
     pub(crate) fn store_error(&self, kind: &'static str) {
         metrics::counter!("weir_store_errors_total", "kind" => kind).increment(1);
+    }
+
+    /// One gRPC call's outcome and latency.
+    pub(crate) fn grpc(&self, code: &'static str, started: std::time::Instant) {
+        metrics::counter!("weir_grpc_requests_total", "code" => code).increment(1);
+        self.grpc.record(started.elapsed().as_secs_f64());
     }
 
     /// The store was found to have lost its state.
@@ -243,6 +251,11 @@ impl AppState {
             current: ArcSwap::from_pointee(shared),
             metrics: metrics_handle(),
         })
+    }
+
+    /// The metrics, in the Prometheus text format.
+    pub fn render_metrics(&self) -> String {
+        self.metrics.render()
     }
 
     /// The configuration being served.

@@ -269,10 +269,12 @@ fn validate<'s>(
         let Some((name, policy)) = shared.config.policies.iter().find(|(n, _)| n == name) else {
             return Err(Error::UnknownPolicy(name.to_owned()));
         };
-        policy.validate_cost(cost.max(1)).map_err(|error| Error::Cost {
-            policy: name.clone(),
-            error,
-        })?;
+        policy
+            .validate_cost(cost.max(1))
+            .map_err(|error| Error::Cost {
+                policy: name.clone(),
+                error,
+            })?;
         if key.len() > weir_redis::MAX_IDENTITY {
             return Err(Error::KeyTooLong {
                 len: key.len(),

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod api;
+mod envoy;
 mod fuzz;
 mod gateway;
 

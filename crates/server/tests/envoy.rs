@@ -1,0 +1,386 @@
+//! The Envoy rate limit service over real gRPC on loopback, with the client
+//! generated from Envoy's `rls.proto` (the `envoy-types` crate).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use tonic::transport::Channel;
+use weir_server::{AppState, Shared, config};
+
+const CONFIG: &str = r#"
+[policies.seller]
+algorithm = "token-bucket"
+capacity = 3
+rate = "1/h"
+
+[policies.stock-read]
+algorithm = "fixed-window"
+limit = 1
+window = "1h"
+
+[policies.shaper]
+algorithm = "leaky-bucket"
+rate = "1/m"
+queue = 3
+
+[[descriptors]]
+domain = "kartly"
+entries = ["seller"]
+policy = "seller"
+
+[[descriptors]]
+domain = "kartly"
+entries = ["seller", "endpoint=stock-read"]
+policy = "stock-read"
+
+[[descriptors]]
+domain = "kartly"
+entries = ["crawler"]
+policy = "shaper"
+"#;
+
+async fn start(config_text: &str) -> (RateLimitServiceClient<Channel>, SocketAddr, Arc<AppState>) {
+    let config = config::parse(config_text, None).unwrap();
+    let state = AppState::new(Shared::new(config, None).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(weir_server::run_grpc(
+        listener,
+        state.clone(),
+        std::future::pending(),
+    ));
+    let client = RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    (client, addr, state)
+}
+
+fn descriptor(entries: &[(&str, &str)], hits: Option<u64>) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        hits_addend: hits.map(|value| UInt64Value { value }),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+async fn ask(
+    client: &mut RateLimitServiceClient<Channel>,
+    descriptors: Vec<RateLimitDescriptor>,
+    hits_addend: u32,
+) -> Result<RateLimitResponse, tonic::Status> {
+    let request = RateLimitRequest {
+        domain: "kartly".into(),
+        descriptors,
+        hits_addend,
+    };
+    client
+        .should_rate_limit(request)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+fn header<'a>(response: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    response
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key == name)
+        .map(|h| h.value.as_str())
+}
+
+const HOUR: i64 = 3600;
+
+#[tokio::test]
+async fn ok_then_over_limit_with_full_statuses() {
+    let (mut client, _, _) = start(CONFIG).await;
+    let seller = || vec![descriptor(&[("seller", "7")], None)];
+    for remaining in [2, 1, 0] {
+        let r = ask(&mut client, seller(), 0).await.unwrap();
+        assert_eq!(r.overall_code, i32::from(Code::Ok));
+        let status = &r.statuses[0];
+        assert_eq!(status.limit_remaining, remaining);
+        let limit = status.current_limit.as_ref().unwrap();
+        assert_eq!(
+            (limit.name.as_str(), limit.requests_per_unit, limit.unit),
+            ("seller", 1, i32::from(Unit::Hour))
+        );
+        // The time until the bucket is full again: exactly an hour per token
+        // spent, less the (real) time since the first was.
+        let reset = status.duration_until_reset.unwrap();
+        let ns = i128::from(reset.seconds) * 1_000_000_000 + i128::from(reset.nanos);
+        let full = i128::from(3 - i64::from(remaining)) * i128::from(HOUR) * 1_000_000_000;
+        if remaining == 2 {
+            assert_eq!(ns, full);
+        }
+        assert!(ns <= full && ns > full - 1_000_000_000, "{reset:?}");
+        assert_eq!(
+            header(&r, "ratelimit-policy"),
+            Some("\"seller\";q=3;w=10800")
+        );
+        assert!(header(&r, "retry-after").is_none() && r.raw_body.is_empty());
+    }
+    let r = ask(&mut client, seller(), 0).await.unwrap();
+    assert_eq!(r.overall_code, i32::from(Code::OverLimit));
+    assert_eq!(r.statuses[0].code, i32::from(Code::OverLimit));
+    assert_eq!(header(&r, "retry-after"), Some("3600"));
+    assert_eq!(header(&r, "ratelimit"), Some("\"seller\";r=0;t=10800"));
+    let body: serde_json::Value = serde_json::from_slice(&r.raw_body).unwrap();
+    assert_eq!(body["error"], "RATE_LIMITED");
+    assert_eq!(body["policy"], "seller");
+}
+
+#[tokio::test]
+async fn hits_addend_sets_the_cost_and_zero_charges_nothing() {
+    let (mut client, _, _) = start(CONFIG).await;
+    let r = ask(&mut client, vec![descriptor(&[("seller", "h")], None)], 2)
+        .await
+        .unwrap();
+    assert_eq!(
+        r.statuses[0].limit_remaining, 1,
+        "the request's hits_addend"
+    );
+    let r = ask(
+        &mut client,
+        vec![descriptor(&[("seller", "h")], Some(0))],
+        5,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (i32::from(Code::Ok), 1),
+        "0 only reports"
+    );
+    let r = ask(
+        &mut client,
+        vec![descriptor(&[("seller", "h")], Some(2))],
+        0,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        r.overall_code,
+        i32::from(Code::OverLimit),
+        "the descriptor's own hits_addend"
+    );
+    let r = ask(
+        &mut client,
+        vec![descriptor(&[("seller", "h")], Some(1))],
+        9,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (i32::from(Code::Ok), 0)
+    );
+}
+
+#[tokio::test]
+async fn descriptors_are_decided_all_or_nothing_and_unmatched_ones_are_unlimited() {
+    let (mut client, _, _) = start(CONFIG).await;
+    let both = || {
+        vec![
+            descriptor(&[("seller", "9")], None),
+            descriptor(&[("remote_address", "10.0.0.1")], None),
+            descriptor(&[("seller", "9"), ("endpoint", "stock-read")], None),
+        ]
+    };
+    let r = ask(&mut client, both(), 0).await.unwrap();
+    assert_eq!(r.overall_code, i32::from(Code::Ok));
+    assert_eq!(r.statuses.len(), 3);
+    assert!(r.statuses[1].current_limit.is_none() && r.statuses[1].code == i32::from(Code::Ok));
+    assert_eq!(
+        (r.statuses[0].limit_remaining, r.statuses[2].limit_remaining),
+        (2, 0)
+    );
+
+    let r = ask(&mut client, both(), 0).await.unwrap();
+    assert_eq!(r.overall_code, i32::from(Code::OverLimit));
+    let codes: Vec<i32> = r.statuses.iter().map(|s| s.code).collect();
+    assert_eq!(codes, [Code::Ok, Code::Ok, Code::OverLimit].map(i32::from));
+    assert_eq!(
+        r.statuses[0].limit_remaining, 2,
+        "the seller was not charged"
+    );
+    let r = ask(&mut client, vec![descriptor(&[("seller", "9")], None)], 0)
+        .await
+        .unwrap();
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+
+    // A value the rule does not name: no rule, unlimited.
+    let other = descriptor(&[("seller", "9"), ("endpoint", "stock-write")], None);
+    let r = ask(&mut client, vec![other], 0).await.unwrap();
+    assert_eq!(r.overall_code, i32::from(Code::Ok));
+    assert!(r.statuses[0].current_limit.is_none());
+}
+
+#[tokio::test]
+async fn a_shaper_admits_only_what_it_would_release_at_once() {
+    let (mut client, _, _) = start(CONFIG).await;
+    let crawler = || vec![descriptor(&[("crawler", "c")], None)];
+    assert_eq!(
+        ask(&mut client, crawler(), 0).await.unwrap().overall_code,
+        i32::from(Code::Ok)
+    );
+    let r = ask(&mut client, crawler(), 0).await.unwrap();
+    assert_eq!(
+        r.overall_code,
+        i32::from(Code::OverLimit),
+        "Envoy cannot hold it for a minute"
+    );
+    assert_eq!(header(&r, "retry-after"), Some("60"));
+}
+
+#[tokio::test]
+async fn malformed_requests_are_invalid_arguments() {
+    let (mut client, _, _) = start(CONFIG).await;
+    let cases = [
+        (
+            RateLimitRequest {
+                domain: String::new(),
+                descriptors: vec![descriptor(&[("seller", "1")], None)],
+                hits_addend: 0,
+            },
+            "`domain` is empty",
+        ),
+        (
+            RateLimitRequest {
+                domain: "kartly".into(),
+                descriptors: vec![],
+                hits_addend: 0,
+            },
+            "no descriptors",
+        ),
+        (
+            RateLimitRequest {
+                domain: "kartly".into(),
+                descriptors: vec![descriptor(&[], None)],
+                hits_addend: 0,
+            },
+            "has no entries",
+        ),
+        (
+            RateLimitRequest {
+                domain: "other".into(),
+                descriptors: vec![descriptor(&[("seller", "1")], None)],
+                hits_addend: 0,
+            },
+            "unknown domain `other`",
+        ),
+        (
+            RateLimitRequest {
+                domain: "kartly".into(),
+                descriptors: vec![descriptor(&[("seller", &"x".repeat(300))], None)],
+                hits_addend: 0,
+            },
+            "above the limit",
+        ),
+        (
+            RateLimitRequest {
+                domain: "kartly".into(),
+                descriptors: vec![descriptor(&[("seller", "1")], Some(4))],
+                hits_addend: 0,
+            },
+            "never",
+        ),
+    ];
+    for (request, message) in cases {
+        let status = client.should_rate_limit(request).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(message), "{status:?}");
+    }
+    // Still serving.
+    assert!(
+        ask(&mut client, vec![descriptor(&[("seller", "ok")], None)], 0)
+            .await
+            .is_ok()
+    );
+}
+
+#[tokio::test]
+async fn a_store_failure_follows_the_rule_or_is_unavailable() {
+    // Nothing listens on this port: every store call fails.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = format!(
+        "[store]\nurl = \"redis://127.0.0.1:{closed}\"\n\n[policies.unset]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1s\"\n\n[policies.open]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1s\"\non_store_error = \"allow\"\n\n[policies.closed]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1s\"\non_store_error = \"deny\"\n\n[policies.local]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1s\"\non_store_error = \"local\"\n\n[[descriptors]]\ndomain = \"kartly\"\nentries = [\"unset\"]\npolicy = \"unset\"\n\n[[descriptors]]\ndomain = \"kartly\"\nentries = [\"open\"]\npolicy = \"open\"\n\n[[descriptors]]\ndomain = \"kartly\"\nentries = [\"closed\"]\npolicy = \"closed\"\n\n[[descriptors]]\ndomain = \"kartly\"\nentries = [\"local\"]\npolicy = \"local\"\n"
+    );
+    let (mut client, _, state) = start(&config).await;
+    let status = ask(&mut client, vec![descriptor(&[("unset", "a")], None)], 0)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    let r = ask(&mut client, vec![descriptor(&[("open", "a")], None)], 0)
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, i32::from(Code::Ok));
+    let r = ask(&mut client, vec![descriptor(&[("closed", "a")], None)], 0)
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, i32::from(Code::OverLimit));
+    for _ in 0..5 {
+        let r = ask(&mut client, vec![descriptor(&[("local", "a")], None)], 0)
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, i32::from(Code::Ok));
+    }
+    let r = ask(&mut client, vec![descriptor(&[("local", "a")], None)], 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        r.overall_code,
+        i32::from(Code::OverLimit),
+        "the local fallback still limits"
+    );
+
+    // gRPC calls join the HTTP metrics.
+    let metrics = state.render_metrics();
+    assert!(
+        metrics.contains("weir_fallback_decisions_total{policy=\"local\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("weir_grpc_requests_total{code=\"unavailable\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("weir_grpc_duration_seconds_count"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn the_grpc_health_service_reports_serving() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let (_, addr, _) = start(CONFIG).await;
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let service = "envoy.service.ratelimit.v3.RateLimitService".to_owned();
+    let reply = health
+        .check(HealthCheckRequest { service })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.status, 1, "SERVING");
+}
