@@ -661,6 +661,13 @@ impl fmt::Display for Policy {
     }
 }
 
+fn gcd128(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a.max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -802,11 +809,4 @@ mod tests {
         assert!(p.check(&mut s, 0, 1).unwrap().allowed);
         assert!(matches!(s, State::FixedWindow(_)));
     }
-}
-
-fn gcd128(mut a: u128, mut b: u128) -> u128 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a.max(1)
 }
