@@ -700,6 +700,41 @@ mod tests {
     }
 
     #[test]
+    fn the_documented_configs_are_valid() {
+        let envoy = parse(include_str!("../../../docs/envoy/weir.toml"), None).unwrap();
+        assert_eq!(
+            (envoy.descriptors.len(), envoy.fallback_share),
+            (3, 250_000)
+        );
+        assert_eq!(
+            envoy.rules["seller-stock-read"].on_store_error,
+            Some(OnStoreError::Deny)
+        );
+        assert_eq!(envoy.rules["per-ip"].on_store_error, None);
+        parse(include_str!("../../../docs/bench/weir.toml"), None).unwrap();
+    }
+
+    #[test]
+    fn store_rules_and_descriptors_are_checked() {
+        let text = "[store]\nfallback_share = 2\n\n[policies.a]\nalgorithm = \"gcra\"\nburst = 2\nrate = \"1/s\"\non_store_error = \"maybe\"\non_state_loss = \"half\"\n\n[[descriptors]]\ndomain = \"d\"\nentries = [\"k=\"]\npolicy = \"b\"\n";
+        let errors = parse(text, None).unwrap_err().0;
+        let places: Vec<(usize, &str)> =
+            errors.iter().map(|e| (e.line, e.place.as_str())).collect();
+        assert_eq!(
+            places,
+            [
+                (2, "[store] fallback_share"),
+                (8, "[policies.a] on_store_error"),
+                (9, "[policies.a] on_state_loss"),
+                (13, "[[descriptors]] #1 entries"),
+                (14, "[[descriptors]] #1 policy"),
+            ],
+            "{errors:?}"
+        );
+        assert!(errors[1].message.contains("\"local\", \"allow\", \"deny\""));
+    }
+
+    #[test]
     fn every_error_is_reported_with_its_line() {
         let text = r#"
 [server]

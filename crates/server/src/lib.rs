@@ -41,7 +41,31 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/readyz", get(handlers::readyz))
         .route("/metrics", get(handlers::metrics))
         .fallback(gateway::forward)
+        .layer(axum::middleware::from_fn(limit_headers))
         .with_state(state)
+}
+
+/// The most header bytes (names and values) a request may carry.
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+
+/// Refuses requests whose headers exceed [`MAX_HEADER_BYTES`] with `431`.
+async fn limit_headers(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let size: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if size > MAX_HEADER_BYTES {
+        return handlers::error(
+            http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "HEADERS_TOO_LARGE",
+            format!("{size} bytes of headers; at most {MAX_HEADER_BYTES}"),
+        );
+    }
+    next.run(request).await
 }
 
 /// Serves `state` on `listener` until `shutdown` completes, then finishes the

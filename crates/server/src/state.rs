@@ -182,7 +182,12 @@ impl Shared {
                     };
                     builder = builder.policy(name.clone(), local);
                 }
-                Arc::new(builder.max_keys(config.max_keys).max_key_len(512).build()?)
+                Arc::new(
+                    builder
+                        .max_keys(config.max_keys)
+                        .max_key_len(weir_redis::MAX_IDENTITY)
+                        .build()?,
+                )
             }
         };
         let fields = config

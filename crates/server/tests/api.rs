@@ -138,6 +138,18 @@ async fn bad_input_gets_its_own_4xx_and_charges_nothing() {
     );
     let huge = format!(r#"{{"policy":"api","key":"{}"}}"#, "k".repeat(100_000));
     assert_eq!(send("POST", &url, &[], &huge).await.status, 413);
+    let big_header = "h".repeat(40_000);
+    let reply = send(
+        "POST",
+        &url,
+        &[("x-big", &big_header)],
+        r#"{"policy":"api","key":"x"}"#,
+    )
+    .await;
+    assert_eq!(
+        (reply.status, reply.json()["error"].as_str()),
+        (431, Some("HEADERS_TOO_LARGE"))
+    );
     // None of that charged x.
     assert_eq!(
         send("POST", &url, &[], r#"{"policy":"api","key":"x","cost":2}"#)

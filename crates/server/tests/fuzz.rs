@@ -15,8 +15,9 @@ fn config_text() -> impl Strategy<Value = String> {
         Just("[server]".to_owned()),
         Just("[store]".to_owned()),
         Just("[[routes]]".to_owned()),
+        Just("[[descriptors]]".to_owned()),
         "\\[policies\\.[a-z-]{0,6}\\]",
-        "(listen|admin_token|url|timeout|max_keys|algorithm|capacity|rate|limit|window|queue|burst|match|identity|policies|upstream|max_wait) = (\"[ -~]{0,12}\"|-?[0-9]{1,20}|\\[\"[a-z]{0,4}\"\\]|true|1\\.5)",
+        "(listen|grpc|admin_token|url|timeout|max_keys|fallback_share|algorithm|capacity|rate|limit|window|queue|burst|on_store_error|on_state_loss|match|identity|policies|upstream|max_wait|domain|entries|policy) = (\"[ -~]{0,12}\"|-?[0-9]{1,20}|\\[\"[a-z=]{0,6}\"\\]|true|1\\.5|0\\.25)",
         "[ -~]{0,20}",
     ];
     prop::collection::vec(line, 0..20).prop_map(|lines| lines.join("\n"))

@@ -270,6 +270,22 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Arbitrary bytes (invalid UTF-8, NULs, stray quotes): no panic,
+        /// and every error names a line.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            let header = b"time,cost,key\n".to_vec();
+            for input in [bytes.clone(), [header, bytes].concat()] {
+                for row in TraceReader::new(input.as_slice()) {
+                    if let Err(e) = row {
+                        proptest::prop_assert!(!e.message.is_empty());
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn quoted_keys() {
         let rows = read("time,key\n0,\"a,b\"\n");
