@@ -61,11 +61,16 @@ pub(crate) fn config(command: &ConfigCommand) -> anyhow::Result<()> {
         }
         ConfigCommand::Check { file } => {
             let config = load(Some(file))?;
+            let grpc = config
+                .grpc
+                .map_or(String::new(), |g| format!(", gRPC on {g}"));
             println!(
-                "{}: ok ({} policies, {} routes, listening on {})",
+                "{}: ok ({} policies, {} routes, {} descriptor rules, store {}, listening on {}{grpc})",
                 file.display(),
                 config.policies.len(),
                 config.routes.len(),
+                config.descriptors.len(),
+                config.store,
                 config.listen
             );
             Ok(())

@@ -226,8 +226,20 @@ pub(crate) async fn policies(State(state): State<Arc<AppState>>) -> Response {
         .policies
         .iter()
         .map(|(name, policy)| {
+            let rules = shared.config.rules.get(name).copied().unwrap_or_default();
+            let on_store_error = match rules.on_store_error {
+                None => "unset (HTTP: local; gRPC: UNAVAILABLE)",
+                Some(OnStoreError::Local) => "local",
+                Some(OnStoreError::Allow) => "allow",
+                Some(OnStoreError::Deny) => "deny",
+            };
+            let on_state_loss = match rules.on_state_loss {
+                weir_redis::OnLoss::Full => "full",
+                weir_redis::OnLoss::Empty => "empty",
+            };
             json!({ "name": name, "algorithm": policy.algorithm().name(), "spec": policy.to_string(),
-                    "ratelimit_policy": shared.fields.get(name).map(|f| f.0.clone()) })
+                    "ratelimit_policy": shared.fields.get(name).map(|f| f.0.clone()),
+                    "on_store_error": on_store_error, "on_state_loss": on_state_loss })
         })
         .collect();
     Json(json!({ "policies": list })).into_response()

@@ -82,13 +82,18 @@ pub async fn run(
             tracing::warn!("the store is not reachable yet: serving by on_store_error");
         }
     }
+    // Housekeeping: histogram samples are folded into their buckets every
+    // second (unscraped, they would pile up), idle keys swept every five.
     let sweeper = {
         let state = state.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
-            loop {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            for second in 0u64.. {
                 tick.tick().await;
-                state.current().limiter.sweep();
+                state.metrics.run_upkeep();
+                if second % 5 == 4 {
+                    state.current().limiter.sweep();
+                }
             }
         })
     };

@@ -153,7 +153,10 @@ impl Meters {
 
 impl Shared {
     /// Builds what `config` needs, keeping `previous`'s limiter (and so every
-    /// key's state) when the policies and the key budget are unchanged.
+    /// key's state) when the policies and the key budget are unchanged, and
+    /// its Redis connection when the URL and timeout are. With Redis, call it
+    /// within a tokio runtime: the connection is made (and probed when down)
+    /// by a task of that runtime.
     pub fn new(config: Config, previous: Option<&Shared>) -> Result<Self, weir_limiter::Error> {
         let same = previous.filter(|p| {
             p.config.policies == config.policies

@@ -165,8 +165,9 @@ pub(crate) struct Verdict<'a> {
 }
 
 /// Decides `pairs` (policy, key, cost) all-or-nothing, refusing shaper
-/// waits over `max_delay`; a cost of 0 reports a key's standing. A policy without an `on_store_error` rule follows `default`;
-/// none means the request is [`Refusal::Unavailable`] when the store fails.
+/// waits over `max_delay`; a cost of 0 reports a key's standing. A policy
+/// without an `on_store_error` rule follows `default`; with none, a store
+/// failure makes the request [`Refusal::Unavailable`].
 pub(crate) async fn decide<'a>(
     shared: &Shared,
     pairs: &[(&'a str, &str, u64)],
