@@ -218,6 +218,52 @@ rate = "1/m"
     assert_eq!(metric(&server, "weir_store_up"), 1.0);
 }
 
+/// Twelve clients spread over `servers` check `policies` for one identity
+/// until `run` has passed: admissions per policy, degraded answers, and the
+/// time from the first request to the end of the last.
+fn hammer(
+    servers: &[Arc<Server>],
+    policies: &'static [&'static str],
+    run: Duration,
+) -> (Vec<u64>, u64, f64) {
+    let started = Instant::now();
+    let clients: Vec<_> = (0..12)
+        .map(|i| {
+            let server = servers[i % servers.len()].clone();
+            thread::spawn(move || {
+                let (mut admitted, mut degraded_seen) = (vec![0u64; policies.len()], 0u64);
+                while started.elapsed() < run {
+                    for (policy, count) in policies.iter().zip(&mut admitted) {
+                        let (status, json, _) = check(&server, policy, "shared");
+                        assert_eq!(status, 200, "{json}");
+                        *count += u64::from(json["allowed"] == true);
+                        degraded_seen += u64::from(degraded(&json));
+                    }
+                }
+                (admitted, degraded_seen)
+            })
+        })
+        .collect();
+    let (mut admitted, mut degraded_seen) = (vec![0u64; policies.len()], 0);
+    for client in clients {
+        let (a, d) = client.join().unwrap();
+        admitted
+            .iter_mut()
+            .zip(a)
+            .for_each(|(total, n)| *total += n);
+        degraded_seen += d;
+    }
+    (admitted, degraded_seen, started.elapsed().as_secs_f64())
+}
+
+/// `count` servers of the config `name`.
+fn servers(name: &str, count: usize, config: &str) -> Vec<Arc<Server>> {
+    let path = temp(name, config);
+    (0..count)
+        .map(|_| Arc::new(Server::start(&["--config", path.to_str().unwrap()])))
+        .collect()
+}
+
 /// Three `weir serve` processes on one Redis, twelve clients on one identity
 /// for three seconds: never more admissions than the policies allow.
 #[test]
@@ -227,44 +273,59 @@ fn three_servers_on_one_redis_never_exceed_the_bound() {
         "[store]\nurl = \"{}\"\n\n[policies.bucket]\nalgorithm = \"token-bucket\"\ncapacity = 20\nrate = \"50/s\"\n\n[policies.window]\nalgorithm = \"fixed-window\"\nlimit = 40\nwindow = \"1s\"\n",
         redis.url
     );
-    let path = temp("three.toml", &config);
-    let servers: Vec<Arc<Server>> = (0..3)
-        .map(|_| Arc::new(Server::start(&["--config", path.to_str().unwrap()])))
-        .collect();
-    let run = Duration::from_secs(3);
-    let started = Instant::now();
-    let clients: Vec<_> = (0..12)
-        .map(|i| {
-            let server = servers[i % 3].clone();
-            thread::spawn(move || {
-                let (mut bucket, mut window) = (0u64, 0u64);
-                while started.elapsed() < run {
-                    let (_, json, _) = check(&server, "bucket", "shared");
-                    assert_eq!(json["degraded"], false, "{json}");
-                    bucket += u64::from(json["allowed"] == true);
-                    let (_, json, _) = check(&server, "window", "shared");
-                    window += u64::from(json["allowed"] == true);
-                }
-                (bucket, window)
-            })
-        })
-        .collect();
-    let (bucket, window) = clients
-        .into_iter()
-        .map(|c| c.join().unwrap())
-        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-    let elapsed = started.elapsed().as_secs_f64();
+    let servers = servers("three.toml", 3, &config);
+    let (admitted, degraded_seen, elapsed) =
+        hammer(&servers, &["bucket", "window"], Duration::from_secs(3));
+    let (bucket, window) = (admitted[0], admitted[1]);
     let bucket_bound = 20 + (50.0 * elapsed).ceil() as u64;
     let window_bound = 40 * (elapsed.ceil() as u64 + 1);
     println!(
         "3 servers, {elapsed:.2} s: bucket {bucket} (bound {bucket_bound}), window {window} (bound {window_bound})"
     );
+    assert_eq!(degraded_seen, 0);
     assert!(bucket <= bucket_bound, "{bucket} > {bucket_bound}");
     assert!(window <= window_bound, "{window} > {window_bound}");
     assert!(
         bucket >= 20 && window >= 40,
         "the policies admitted something: {bucket}, {window}"
     );
+}
+
+/// Three servers while Redis is paused for a second in the middle: each
+/// decides locally with a third of the limit (`fallback_share`), so that
+/// together they admit at most the policy's bound once more over the outage —
+/// degraded, never unbounded.
+#[test]
+fn three_servers_through_a_redis_pause_stay_within_the_degraded_bound() {
+    let redis = Redis::start();
+    let config = format!(
+        "[store]\nurl = \"{}\"\ntimeout = \"50ms\"\nfallback_share = 0.333333\n\n[policies.bucket]\nalgorithm = \"token-bucket\"\ncapacity = 30\nrate = \"60/s\"\n",
+        redis.url
+    );
+    let servers = servers("three-paused.toml", 3, &config);
+    let fault = {
+        let pid = redis.pid();
+        thread::spawn(move || {
+            thread::sleep(Duration::from_secs(1));
+            crate::signal(pid, "STOP");
+            thread::sleep(Duration::from_secs(1));
+            crate::signal(pid, "CONT");
+        })
+    };
+    let (admitted, degraded_seen, elapsed) = hammer(&servers, &["bucket"], Duration::from_secs(3));
+    fault.join().unwrap();
+    // Redis's bucket over the whole run (its clock runs on while paused),
+    // plus each instance's local bucket (capacity 9 = ⌊30 × 0.333333⌋,
+    // refilling at a third of 60/s) while degraded: the pause, and up to half
+    // a second around it (timeouts before the breaker opens, the probe after).
+    let degraded_for = 1.5;
+    let bound = 30 + (60.0 * elapsed).ceil() as u64 + 3 * 9 + (60.0 * degraded_for) as u64;
+    println!(
+        "3 servers, Redis paused 1 s of {elapsed:.2} s: {} admitted (bound {bound}), {degraded_seen} degraded",
+        admitted[0]
+    );
+    assert!(degraded_seen > 0, "the pause was decided locally");
+    assert!(admitted[0] <= bound, "{} > {bound}", admitted[0]);
 }
 
 /// A flood of identities: the in-process store stays within its key budget

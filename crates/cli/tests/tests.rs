@@ -54,12 +54,13 @@ impl Redis {
     }
 
     /// Sends `signal` (`STOP`, `CONT`) to the server.
-    pub(crate) fn signal(&self, signal: &str) {
-        let status = std::process::Command::new("kill")
-            .args([&format!("-{signal}"), &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+    pub(crate) fn signal(&self, name: &str) {
+        signal(self.pid(), name);
+    }
+
+    /// The server's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Kills the server; its data is gone.
@@ -98,4 +99,13 @@ impl Redis {
             .args(["-CONT", &self.child.id().to_string()])
             .status();
     }
+}
+
+/// Sends the signal `name` (`STOP`, `CONT`, …) to `pid`.
+pub(crate) fn signal(pid: u32, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
 }
