@@ -187,11 +187,25 @@ fn duration(ns: Nanos) -> ProtoDuration {
 /// Decides `request` (errors as gRPC statuses).
 async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
     let translated = translate(&shared.config, request).map_err(Status::invalid_argument)?;
-    let pairs: Vec<(&str, &str, u64)> = translated
-        .iter()
-        .flatten()
-        .map(|(p, k, c)| (*p, k.as_str(), *c))
-        .collect();
+    // Descriptors that name the same (policy, key) — two rate limit actions
+    // producing the same entries — are one check of their summed cost, and
+    // report the same status.
+    let mut pairs: Vec<(&str, &str, u64)> = Vec::with_capacity(translated.len());
+    let mut slot = Vec::with_capacity(translated.len());
+    for t in &translated {
+        slot.push(t.as_ref().map(|(policy, key, cost)| {
+            match pairs.iter().position(|(p, k, _)| p == policy && k == key) {
+                Some(i) => {
+                    pairs[i].2 = pairs[i].2.saturating_add(*cost);
+                    i
+                }
+                None => {
+                    pairs.push((policy, key.as_str(), *cost));
+                    pairs.len() - 1
+                }
+            }
+        }));
+    }
     let mut response = RateLimitResponse {
         overall_code: Code::Ok.into(),
         ..RateLimitResponse::default()
@@ -239,17 +253,15 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
         }
     };
     let refused = |d: &Decision| !d.allowed || d.delay > 0;
-    let mut decisions = decided.iter();
-    response.statuses = translated
+    response.statuses = slot
         .iter()
-        .map(|t| {
-            let Some((policy, _, _)) = t else {
+        .map(|s| {
+            let Some((policy, d)) = s.and_then(|i| decided.get(i).copied()) else {
                 return DescriptorStatus {
                     code: Code::Ok.into(),
                     ..DescriptorStatus::default()
                 };
             };
-            let d = decisions.next().map(|(_, d)| *d).unwrap_or_default();
             let (requests_per_unit, unit) = shared
                 .config
                 .policies

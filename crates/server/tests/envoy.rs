@@ -220,6 +220,24 @@ async fn descriptors_are_decided_all_or_nothing_and_unmatched_ones_are_unlimited
         .unwrap();
     assert_eq!(r.statuses[0].limit_remaining, 1);
 
+    // The same descriptor twice (two actions producing it): one check of
+    // both costs, one status for both.
+    let twice = vec![
+        descriptor(&[("seller", "9")], None),
+        descriptor(&[("seller", "9")], None),
+    ];
+    let r = ask(&mut client, twice.clone(), 0).await.unwrap();
+    assert_eq!(
+        r.overall_code,
+        i32::from(Code::OverLimit),
+        "2 asked, 1 left: {r:?}"
+    );
+    let r = ask(&mut client, twice[..1].to_vec(), 0).await.unwrap();
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (i32::from(Code::Ok), 0)
+    );
+
     // A value the rule does not name: no rule, unlimited.
     let other = descriptor(&[("seller", "9"), ("endpoint", "stock-write")], None);
     let r = ask(&mut client, vec![other], 0).await.unwrap();
