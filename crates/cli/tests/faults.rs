@@ -377,3 +377,46 @@ fn floods_of_identities_are_bounded() {
         "keys, keys without expiry"
     );
 }
+
+/// The admin endpoints on Redis: inspecting charges nothing, a reset grants
+/// the full allowance again; with the store down they say so (503).
+#[test]
+fn admin_endpoints_read_and_reset_redis() {
+    let redis = Redis::start();
+    let config = format!(
+        "[server]\nadmin_token = \"a-long-enough-admin-token\"\n\n[store]\nurl = \"{}\"\n\n[policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 3\nrate = \"1/h\"\n",
+        redis.url
+    );
+    let server = Server::start(&["--config", temp("admin.toml", &config).to_str().unwrap()]);
+    let auth = "Authorization: Bearer a-long-enough-admin-token\r\n";
+    check(&server, "api", "k");
+    check(&server, "api", "k");
+    for _ in 0..2 {
+        let (status, body) = server.request_with("GET", "/v1/keys/api/api:k", auth, "");
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            (status, &json["next_check"]["remaining"]),
+            (200, &serde_json::json!(0)),
+            "{body}"
+        );
+    }
+    let (status, body) = server.request_with("DELETE", "/v1/keys/api/api:k", auth, "");
+    assert!(
+        status == 200 && body.contains(r#""existed":true"#),
+        "{body}"
+    );
+    assert_eq!(
+        check(&server, "api", "k").1["remaining"],
+        2,
+        "a fresh allowance"
+    );
+    assert_eq!(server.request("GET", "/v1/keys/api/api:k", "").0, 401);
+
+    redis.signal("STOP");
+    for _ in 0..4 {
+        check(&server, "api", "other"); // opens the breaker
+    }
+    let (status, body) = server.request_with("GET", "/v1/keys/api/api:k", auth, "");
+    assert_eq!(status, 503, "{body}");
+    redis.signal("CONT");
+}

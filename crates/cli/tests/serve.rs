@@ -47,9 +47,20 @@ impl Server {
 
     /// One HTTP/1.1 request; the status and body.
     pub(crate) fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        self.request_with(method, path, "", body)
+    }
+
+    /// [`Server::request`] with extra header lines (`"Name: value\r\n"…`).
+    pub(crate) fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &str,
+        body: &str,
+    ) -> (u16, String) {
         let mut stream = TcpStream::connect(&self.addr).unwrap();
         let request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: weir\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nHost: weir\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
         stream.write_all(request.as_bytes()).unwrap();
@@ -64,11 +75,7 @@ impl Server {
     }
 
     fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{name}"), &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        crate::signal(self.child.id(), name);
     }
 
     pub(crate) fn wait_for_log(&self, needle: &str) -> String {
