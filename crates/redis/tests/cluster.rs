@@ -39,4 +39,13 @@ fn a_cluster_decides_as_the_core() {
             .unwrap()
             .allowed
     );
+    // Two identities may live on two nodes: refused, not decided by halves.
+    let across = [("a", &a, "tenant-9"), ("b", &b, "tenant-10")];
+    let refused = runtime
+        .block_on(store.check_all(&across, 1, at))
+        .unwrap_err();
+    assert!(
+        matches!(&refused, weir_redis::StoreError::Invalid(m) if m.contains("share one identity")),
+        "{refused}"
+    );
 }
