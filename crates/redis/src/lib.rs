@@ -134,6 +134,19 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// Checks, without connecting, that `url` is one [`RedisStore::connect`]
+/// accepts; what is wrong otherwise.
+pub fn check_url(url: &str) -> Result<(), String> {
+    let nodes: Vec<String> = match url.strip_prefix("redis-cluster://") {
+        Some(nodes) => nodes.split(',').map(|n| format!("redis://{n}")).collect(),
+        None => vec![url.to_owned()],
+    };
+    for node in &nodes {
+        redis::Client::open(node.as_str()).map_err(|e| format!("`{node}`: {e}"))?;
+    }
+    Ok(())
+}
+
 impl RedisStore {
     /// Connects to `redis://host:port` or `redis-cluster://host:port[,host:port…]`.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {

@@ -330,6 +330,13 @@ pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, Conf
         let redis = ["redis://", "rediss://", "redis-cluster://"]
             .iter()
             .any(|scheme| url.get_ref().starts_with(scheme));
+        if let Some(Err(e)) = redis.then(|| weir_redis::check_url(url.get_ref())) {
+            error(
+                line_of(url.span().start),
+                "[store] url",
+                format!("not a Redis URL: {e}"),
+            );
+        }
         if url.get_ref() != "memory" && !redis {
             error(
                 line_of(url.span().start),
@@ -716,22 +723,27 @@ mod tests {
 
     #[test]
     fn store_rules_and_descriptors_are_checked() {
-        let text = "[store]\nfallback_share = 2\n\n[policies.a]\nalgorithm = \"gcra\"\nburst = 2\nrate = \"1/s\"\non_store_error = \"maybe\"\non_state_loss = \"half\"\n\n[[descriptors]]\ndomain = \"d\"\nentries = [\"k=\"]\npolicy = \"b\"\n";
+        let text = "[store]\nurl = \"redis://:x:y/\"\nfallback_share = 2\n\n[policies.a]\nalgorithm = \"gcra\"\nburst = 2\nrate = \"1/s\"\non_store_error = \"maybe\"\non_state_loss = \"half\"\n\n[[descriptors]]\ndomain = \"d\"\nentries = [\"k=\"]\npolicy = \"b\"\n";
         let errors = parse(text, None).unwrap_err().0;
         let places: Vec<(usize, &str)> =
             errors.iter().map(|e| (e.line, e.place.as_str())).collect();
         assert_eq!(
             places,
             [
-                (2, "[store] fallback_share"),
-                (8, "[policies.a] on_store_error"),
-                (9, "[policies.a] on_state_loss"),
-                (13, "[[descriptors]] #1 entries"),
-                (14, "[[descriptors]] #1 policy"),
+                (2, "[store] url"),
+                (3, "[store] fallback_share"),
+                (9, "[policies.a] on_store_error"),
+                (10, "[policies.a] on_state_loss"),
+                (14, "[[descriptors]] #1 entries"),
+                (15, "[[descriptors]] #1 policy"),
             ],
             "{errors:?}"
         );
-        assert!(errors[1].message.contains("\"local\", \"allow\", \"deny\""));
+        assert!(
+            errors[0].message.starts_with("not a Redis URL"),
+            "{errors:?}"
+        );
+        assert!(errors[2].message.contains("\"local\", \"allow\", \"deny\""));
     }
 
     #[test]

@@ -105,6 +105,7 @@ impl Remote {
 async fn supervise(remote: Weak<Remote>) {
     let mut tick = tokio::time::interval(PROBE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_error = String::new();
     loop {
         tick.tick().await;
         let Some(remote) = remote.upgrade() else {
@@ -124,7 +125,12 @@ async fn supervise(remote: Weak<Remote>) {
                         store
                     }
                     Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "store not reachable yet");
+                        // Said once per new reason, not every probe.
+                        let error = e.to_string();
+                        if error != last_error {
+                            tracing::warn!(url = %remote.url, %error, "cannot connect to the store; policies decide by on_store_error");
+                            last_error = error;
+                        }
                         continue;
                     }
                     Err(_) => continue,
