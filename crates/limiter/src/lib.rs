@@ -287,7 +287,7 @@ impl<C: Clock> Limiter<C> {
     /// time: allowed only if every policy allows, and then every policy is
     /// charged; otherwise none is (SPEC.md, several policies).
     pub fn check_all(&self, checks: &[(&str, &str)], cost: u64) -> Result<AllDecision, Error> {
-        self.decide_all(&with_cost(checks, cost), None, Nanos::MAX)
+        self.decide_all(checks.iter().map(|&(p, k)| (p, k, cost)), None, Nanos::MAX)
     }
 
     /// [`Limiter::check_all`] for a caller that will not wait longer than
@@ -299,7 +299,7 @@ impl<C: Clock> Limiter<C> {
         cost: u64,
         max_delay: Nanos,
     ) -> Result<AllDecision, Error> {
-        self.decide_all(&with_cost(checks, cost), None, max_delay)
+        self.decide_all(checks.iter().map(|&(p, k)| (p, k, cost)), None, max_delay)
     }
 
     /// [`Limiter::check_all_within`] with a cost per `(policy, key, cost)`
@@ -310,7 +310,7 @@ impl<C: Clock> Limiter<C> {
         checks: &[(&str, &str, u64)],
         max_delay: Nanos,
     ) -> Result<AllDecision, Error> {
-        self.decide_all(checks, None, max_delay)
+        self.decide_all(checks.iter().copied(), None, max_delay)
     }
 
     /// [`Limiter::check_all`] at an explicit time.
@@ -320,7 +320,11 @@ impl<C: Clock> Limiter<C> {
         cost: u64,
         now: Nanos,
     ) -> Result<AllDecision, Error> {
-        self.decide_all(&with_cost(checks, cost), Some(now), Nanos::MAX)
+        self.decide_all(
+            checks.iter().map(|&(p, k)| (p, k, cost)),
+            Some(now),
+            Nanos::MAX,
+        )
     }
 
     /// The decision checking `key` under the named policy would make now,
@@ -460,16 +464,16 @@ impl<C: Clock> Limiter<C> {
         })
     }
 
-    fn decide_all(
+    fn decide_all<'k>(
         &self,
-        checks: &[(&str, &str, u64)],
+        checks: impl ExactSizeIterator<Item = (&'k str, &'k str, u64)>,
         at: Option<Nanos>,
         max_delay: Nanos,
     ) -> Result<AllDecision, Error> {
         // Validate everything first: an invalid request charges nothing.
         let mut targets: Vec<(usize, usize, store::Hashed<'_>, u64)> =
             Vec::with_capacity(checks.len());
-        for &(policy, key, cost) in checks {
+        for (policy, key, cost) in checks {
             let index = self.find(policy)?;
             // A cost of 0 asks for the standing: any cost is valid for that.
             let named = self.validate(index, key, cost.max(1))?;
@@ -561,8 +565,4 @@ impl<C: Clock> Limiter<C> {
             decisions,
         })
     }
-}
-
-fn with_cost<'a>(checks: &[(&'a str, &'a str)], cost: u64) -> Vec<(&'a str, &'a str, u64)> {
-    checks.iter().map(|&(p, k)| (p, k, cost)).collect()
 }

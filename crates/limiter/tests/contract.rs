@@ -199,3 +199,45 @@ fn peek_charges_nothing_and_reset_grants_afresh() {
     assert_eq!(limiter.reset("p", "k"), Ok(false));
     assert!(limiter.check_policy("p", "k", 2).unwrap().allowed);
 }
+
+#[test]
+fn a_cost_of_zero_reports_the_standing_and_charges_nothing() {
+    let clock = FakeClock::at(1_000_000_000);
+    let limiter = Limiter::builder()
+        .policy(
+            "bucket",
+            Policy::parse("token-bucket capacity=3 rate=1/s").unwrap(),
+        )
+        .policy(
+            "window",
+            Policy::parse("fixed-window limit=1 window=1s").unwrap(),
+        )
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    limiter.check_policy("window", "k", 1).unwrap();
+    // The window is spent, but a 0-cost look does not refuse the request.
+    let all = limiter
+        .check_each_within(&[("bucket", "k", 2), ("window", "k", 0)], Nanos::MAX)
+        .unwrap();
+    assert!(all.allowed);
+    assert_eq!(
+        (all.decisions[0].remaining, all.decisions[1].remaining),
+        (1, 0)
+    );
+    assert_eq!(
+        all.decisions[1].reset, 1_000_000_000,
+        "the window's standing"
+    );
+    let bucket = limiter.peek_policy("bucket", "k", 1).unwrap();
+    assert_eq!(
+        bucket.remaining, 0,
+        "the bucket was charged 2, and only that"
+    );
+    // A standing on a key never seen does not create it.
+    let before = limiter.len();
+    limiter
+        .check_each_within(&[("bucket", "new", 0)], Nanos::MAX)
+        .unwrap();
+    assert_eq!(limiter.len(), before);
+}
