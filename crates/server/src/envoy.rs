@@ -245,7 +245,10 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
                     ..DescriptorStatus::default()
                 })
                 .collect();
-            response.response_headers_to_add = vec![header("retry-after", "1".into())];
+            response.response_headers_to_add = vec![
+                header("retry-after", "1".into()),
+                header("content-type", "application/json".into()),
+            ];
             response.raw_body = json!({ "error": "STORE_UNAVAILABLE" })
                 .to_string()
                 .into_bytes();
