@@ -185,3 +185,15 @@ fn sighup_reloads_and_a_bad_config_keeps_the_old_one() {
         "a changed policy starts fresh"
     );
 }
+
+#[test]
+fn serves_grpc_beside_http_and_stops_both_on_sigterm() {
+    let mut server = Server::start(&["--grpc", "127.0.0.1:0"]);
+    let line = server.wait_for_log("rate limit service (gRPC) on ");
+    let grpc = line.rsplit(' ').next().unwrap().to_owned();
+    assert!(TcpStream::connect(&grpc).is_ok(), "gRPC listens on {grpc}");
+    assert_eq!(server.request("GET", "/healthz", "").0, 200);
+    server.signal("TERM");
+    let exit = server.child.wait().unwrap();
+    assert!(exit.success(), "{exit:?}");
+}
