@@ -10,12 +10,11 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use weir_limiter::{Decision, Error, Nanos};
-use weir_redis::{Check, Mode, StoreError};
 use weir_tower::rate_limit;
 
 use crate::config::OnStoreError;
 use crate::state::{AppState, Shared};
-use crate::store::{Refusal, Remote, decide};
+use crate::store::{Refusal, decide};
 
 /// The answer to a request that could not be decided.
 pub(crate) fn refusal(refusal: Refusal) -> Response {
@@ -26,7 +25,7 @@ pub(crate) fn refusal(refusal: Refusal) -> Response {
         }
         Refusal::Unavailable { .. } => {
             let body = json!({ "allowed": false, "degraded": true, "error": "STORE_UNAVAILABLE",
-                               "detail": "the store is unavailable and a policy's on_store_error is \"deny\"" });
+                               "detail": "the store is unavailable: a policy's on_store_error is \"deny\", or the operation needs the store" });
             let mut response = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
             response
                 .headers_mut()
@@ -327,13 +326,7 @@ pub(crate) async fn inspect_key(
         Ok(shared) => shared,
         Err(denied) => return denied,
     };
-    let peeked = match &shared.remote {
-        None => shared
-            .limiter
-            .peek_policy(&policy, &key, 1)
-            .map_err(Refusal::Invalid),
-        Some(remote) => peek_remote(&shared, remote, &policy, &key).await,
-    };
+    let peeked = crate::store::peek(&shared, &policy, &key).await;
     match peeked {
         Ok(d) => Json(json!({ "policy": policy, "key": key, "next_check": decision_json(&shared, &policy, &d) })).into_response(),
         Err(r) => refusal(r),
@@ -351,20 +344,7 @@ pub(crate) async fn reset_key(
         Ok(shared) => shared,
         Err(denied) => return denied,
     };
-    let reset = match &shared.remote {
-        None => shared
-            .limiter
-            .reset(&policy, &key)
-            .map_err(Refusal::Invalid),
-        Some(remote) => match (remote.available(), shared.limiter.reset(&policy, &key)) {
-            (_, Err(e)) => Err(Refusal::Invalid(e)),
-            (None, _) => Err(Refusal::Unavailable { denied: true }),
-            (Some(store), Ok(_)) => store.reset(&policy, &key).await.map_err(|e| {
-                tracing::warn!(error = %e, "admin reset failed");
-                Refusal::Unavailable { denied: true }
-            }),
-        },
-    };
+    let reset = crate::store::reset(&shared, &policy, &key).await;
     match reset {
         Ok(existed) => {
             tracing::info!(policy, key, existed, "admin reset a key");
@@ -375,43 +355,5 @@ pub(crate) async fn reset_key(
             .into_response()
         }
         Err(r) => refusal(r),
-    }
-}
-
-/// What the shared store would decide for a check of cost 1 now.
-async fn peek_remote(
-    shared: &Shared,
-    remote: &Remote,
-    policy: &str,
-    key: &str,
-) -> Result<Decision, Refusal> {
-    let Some((name, found)) = shared.config.policies.iter().find(|(n, _)| n == policy) else {
-        return Err(Refusal::Invalid(Error::UnknownPolicy(policy.to_owned())));
-    };
-    let store = remote
-        .available()
-        .ok_or(Refusal::Unavailable { denied: true })?;
-    let on_loss = shared
-        .config
-        .rules
-        .get(name)
-        .copied()
-        .unwrap_or_default()
-        .on_state_loss;
-    let check = [Check {
-        name,
-        policy: found,
-        identity: key,
-        on_loss,
-        cost: None,
-    }];
-    match store.decide(&check, 1, None, Mode::Peek).await {
-        Ok(checked) => checked
-            .decisions
-            .first()
-            .copied()
-            .ok_or(Refusal::Unavailable { denied: true }),
-        Err(StoreError::Invalid(m)) => Err(Refusal::Unsupported(m)),
-        Err(_) => Err(Refusal::Unavailable { denied: true }),
     }
 }

@@ -369,3 +369,46 @@ fn fall_back<'a>(
     };
     Ok(verdict(pairs, all, true))
 }
+
+/// What a check of cost 1 of `key` would decide now, charging nothing (the
+/// admin `GET`): the shared store's answer, never a fallback's.
+pub(crate) async fn peek(shared: &Shared, policy: &str, key: &str) -> Result<Decision, Refusal> {
+    let Some(remote) = &shared.remote else {
+        return shared
+            .limiter
+            .peek_policy(policy, key, 1)
+            .map_err(Refusal::Invalid);
+    };
+    let checks = validate(shared, &[(policy, key, 1)]).map_err(Refusal::Invalid)?;
+    let store = remote
+        .available()
+        .ok_or(Refusal::Unavailable { denied: true })?;
+    match store.decide(&checks, 1, None, Mode::Peek).await {
+        Ok(checked) => checked
+            .decisions
+            .first()
+            .copied()
+            .ok_or(Refusal::Unavailable { denied: true }),
+        Err(StoreError::Invalid(m)) => Err(Refusal::Unsupported(m)),
+        Err(_) => Err(Refusal::Unavailable { denied: true }),
+    }
+}
+
+/// Forgets `key` under `policy` (the admin `DELETE`), in the shared store
+/// and in the local fallback; whether the store held it.
+pub(crate) async fn reset(shared: &Shared, policy: &str, key: &str) -> Result<bool, Refusal> {
+    let local = shared
+        .limiter
+        .reset(policy, key)
+        .map_err(Refusal::Invalid)?;
+    let Some(remote) = &shared.remote else {
+        return Ok(local);
+    };
+    let store = remote
+        .available()
+        .ok_or(Refusal::Unavailable { denied: true })?;
+    store.reset(policy, key).await.map_err(|e| {
+        tracing::warn!(error = %e, "admin reset failed");
+        Refusal::Unavailable { denied: true }
+    })
+}
