@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::Redis;
+use weir_testkit::RedisServer as Redis;
 use crate::serve::{Server, temp};
 
 /// The store timeout of these tests.
@@ -75,7 +75,7 @@ fn assert_rules_apply(server: &Server, phase: &str) {
 
 #[test]
 fn redis_paused_killed_restarted_and_slowed_under_load() {
-    let mut redis = Redis::start();
+    let mut redis = Redis::start(&[]);
     // A generation marker from long ago: the store has not lost anything yet.
     redis.cli(&["SET", "rl:v1:generation", "1 0"]);
     let config = format!(
@@ -112,7 +112,7 @@ algorithm = "token-bucket"
 capacity = 5
 rate = "1/m"
 "#,
-        url = redis.url
+        url = redis.url()
     );
     let path = temp("faults.toml", &config);
     let server = Arc::new(Server::start(&["--config", path.to_str().unwrap()]));
@@ -176,7 +176,7 @@ rate = "1/m"
 
     // Slowed: a 600 ms stall of the server; requests still answer in time.
     let stall = {
-        let port = redis.url.rsplit(':').next().unwrap().to_owned();
+        let port = redis.port.to_string();
         thread::spawn(move || {
             std::process::Command::new("redis-cli")
                 .args(["-p", &port, "DEBUG", "SLEEP", "0.6"])
@@ -268,10 +268,10 @@ fn servers(name: &str, count: usize, config: &str) -> Vec<Arc<Server>> {
 /// for three seconds: never more admissions than the policies allow.
 #[test]
 fn three_servers_on_one_redis_never_exceed_the_bound() {
-    let redis = Redis::start();
+    let redis = Redis::start(&[]);
     let config = format!(
         "[store]\nurl = \"{}\"\n\n[policies.bucket]\nalgorithm = \"token-bucket\"\ncapacity = 20\nrate = \"50/s\"\n\n[policies.window]\nalgorithm = \"fixed-window\"\nlimit = 40\nwindow = \"1s\"\n",
-        redis.url
+        redis.url()
     );
     let servers = servers("three.toml", 3, &config);
     let (admitted, degraded_seen, elapsed) =
@@ -297,10 +297,10 @@ fn three_servers_on_one_redis_never_exceed_the_bound() {
 /// degraded, never unbounded.
 #[test]
 fn three_servers_through_a_redis_pause_stay_within_the_degraded_bound() {
-    let redis = Redis::start();
+    let redis = Redis::start(&[]);
     let config = format!(
         "[store]\nurl = \"{}\"\ntimeout = \"50ms\"\nfallback_share = 0.333333\n\n[policies.bucket]\nalgorithm = \"token-bucket\"\ncapacity = 30\nrate = \"60/s\"\n",
-        redis.url
+        redis.url()
     );
     let servers = servers("three-paused.toml", 3, &config);
     let fault = {
@@ -357,10 +357,10 @@ fn floods_of_identities_are_bounded() {
         "{admitted} admitted, {full} refused as full"
     );
 
-    let redis = Redis::start();
+    let redis = Redis::start(&[]);
     let path = temp(
         "flood-redis.toml",
-        &format!("[store]\nurl = \"{}\"\n\n{limited}", redis.url),
+        &format!("[store]\nurl = \"{}\"\n\n{limited}", redis.url()),
     );
     let server = Server::start(&["--config", path.to_str().unwrap()]);
     for i in 0..2000 {
@@ -382,10 +382,10 @@ fn floods_of_identities_are_bounded() {
 /// the full allowance again; with the store down they say so (503).
 #[test]
 fn admin_endpoints_read_and_reset_redis() {
-    let redis = Redis::start();
+    let redis = Redis::start(&[]);
     let config = format!(
         "[server]\nadmin_token = \"a-long-enough-admin-token\"\n\n[store]\nurl = \"{}\"\n\n[policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 3\nrate = \"1/h\"\n",
-        redis.url
+        redis.url()
     );
     let server = Server::start(&["--config", temp("admin.toml", &config).to_str().unwrap()]);
     let auth = "Authorization: Bearer a-long-enough-admin-token\r\n";

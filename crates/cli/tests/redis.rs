@@ -6,8 +6,8 @@ use std::time::Instant;
 
 #[test]
 fn two_processes_share_one_balance() {
-    let redis = crate::Redis::start();
-    let url = redis.url.clone();
+    let redis = weir_testkit::RedisServer::start(&[]);
+    let url = redis.url();
     let started = Instant::now();
     let runs: Vec<_> = (0..2)
         .map(|_| {

@@ -88,8 +88,8 @@ fn every_shared_vector_matches() {
 /// `redis-server` (started here on a free port).
 #[test]
 fn every_shared_vector_matches_on_redis() {
-    let redis = crate::Redis::start();
-    let url = redis.url.clone();
+    let redis = weir_testkit::RedisServer::start(&[]);
+    let url = redis.url();
     for (expected, trace, flags) in VECTORS {
         let trace = vectors().join(trace);
         let mut args: Vec<&str> = vec!["simulate", "--store", &url];

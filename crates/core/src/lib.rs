@@ -25,11 +25,13 @@
 //! See [`policy`] for the bounds within which decisions are exact.
 
 pub mod algo;
+pub mod check;
 pub mod clock;
 mod decision;
 pub mod policy;
 pub mod units;
 
+pub use check::{AllDecision, Check, CheckError, MAX_IDENTITY};
 pub use clock::{Clock, FakeClock, SystemClock};
 pub use decision::Decision;
 pub use policy::{Algorithm, CostError, Policy, PolicyError, State};

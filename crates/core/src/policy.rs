@@ -196,8 +196,10 @@ pub enum CostError {
 }
 
 /// A validated policy: an algorithm with its parameters.
+///
+/// Not `#[non_exhaustive]` on purpose: every crate matches it exhaustively,
+/// so a seventh algorithm fails to compile wherever it is not handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum Policy {
     /// Token bucket.
     TokenBucket(TokenBucket),
@@ -483,6 +485,59 @@ impl Policy {
             Self::SlidingLog(_) => Algorithm::SlidingLog,
             Self::SlidingCounter(_) => Algorithm::SlidingCounter,
             Self::LeakyBucket(_) => Algorithm::LeakyBucket,
+        }
+    }
+
+    /// The quota `q` per window `w` (ns) that `RateLimit-Policy` shows: a
+    /// token bucket's capacity over the time to refill it from empty; a
+    /// window's limit per window; a shaper's queue and the slot being served
+    /// over the time to drain them. `w` is rounded down to the nanosecond.
+    pub fn quota(&self) -> (u64, Nanos) {
+        let level = |size: u64, rate: Rate| {
+            let window = u128::from(size) * u128::from(rate.period()) / u128::from(rate.tokens());
+            (size, Nanos::try_from(window).unwrap_or(Nanos::MAX))
+        };
+        match self {
+            Self::TokenBucket(b) | Self::Gcra(b) => level(b.capacity(), b.rate()),
+            Self::FixedWindow(w) => (w.limit(), w.window()),
+            Self::SlidingLog(l) => (l.limit(), l.window()),
+            Self::SlidingCounter(c) => (c.limit(), c.window()),
+            Self::LeakyBucket(l) => level(l.queue() + 1, l.rate()),
+        }
+    }
+
+    /// The sustained rate: `count` per `period` ns (a bucket's or shaper's
+    /// rate, a window's limit per window), as Envoy's `requests_per_unit`.
+    pub fn sustained(&self) -> (u64, Nanos) {
+        match self {
+            Self::TokenBucket(b) | Self::Gcra(b) => (b.rate().tokens(), b.rate().period()),
+            Self::LeakyBucket(l) => (l.rate().tokens(), l.rate().period()),
+            Self::FixedWindow(w) => (w.limit(), w.window()),
+            Self::SlidingLog(l) => (l.limit(), l.window()),
+            Self::SlidingCounter(c) => (c.limit(), c.window()),
+        }
+    }
+
+    /// The policy as the Redis script reads it (`weir-redis`'s `weir.lua`:
+    /// `tb CAPACITY TOKENS PERIOD`, `lb QUEUE TOKENS PERIOD`, `fw|sc|sl
+    /// LIMIT WINDOW`). GCRA is the token bucket.
+    pub fn script_spec(&self) -> String {
+        match self {
+            Self::TokenBucket(b) | Self::Gcra(b) => format!(
+                "tb {} {} {}",
+                b.capacity(),
+                b.rate().tokens(),
+                b.rate().period()
+            ),
+            Self::LeakyBucket(l) => format!(
+                "lb {} {} {}",
+                l.queue(),
+                l.rate().tokens(),
+                l.rate().period()
+            ),
+            Self::FixedWindow(w) => format!("fw {} {}", w.limit(), w.window()),
+            Self::SlidingCounter(c) => format!("sc {} {}", c.limit(), c.window()),
+            Self::SlidingLog(l) => format!("sl {} {}", l.limit(), l.window()),
         }
     }
 

@@ -2,7 +2,7 @@
 //! bounded store, making exactly the decisions of `weir-core` (SPEC.md).
 //!
 //! ```
-//! use weir_limiter::{Limiter, Policy};
+//! use weir_limiter::{Check, Limiter, Policy};
 //!
 //! let limiter = Limiter::builder()
 //!     .policy("per-seller", Policy::parse("token-bucket capacity=10 rate=2/s")?)
@@ -10,16 +10,26 @@
 //!     .max_keys(1_000_000)
 //!     .build()?;
 //!
-//! // One policy, the real clock.
-//! let d = limiter.check_policy("per-seller", "seller-842", 1)?;
+//! // Resolve each policy once; checks carry the handle, not the name.
+//! let seller = limiter.policy("per-seller")?;
+//! let endpoint = limiter.policy("per-endpoint")?;
+//!
+//! let d = limiter.check_one(Check::new(seller, "seller-842"))?;
 //! assert!(d.allowed);
 //! assert_eq!(d.remaining, 9);
 //!
 //! // Several policies at once: all are charged, or none.
-//! let all = limiter.check_all(&[("per-seller", "seller-842"), ("per-endpoint", "stock-read")], 1)?;
+//! let all = limiter.check_all(&[
+//!     Check::new(seller, "seller-842").cost(2),
+//!     Check::new(endpoint, "stock-read"),
+//! ])?;
 //! assert!(all.allowed);
+//! assert_eq!(all.decisions[0].remaining, 7);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! Tests drive time by hand with a [`FakeClock`] (`Limiter::builder()
+//! .clock(FakeClock::at(0))`): there are no explicit-time variants.
 //!
 //! **Concurrency.** Every decision equals the decision of some serial order
 //! of the same checks: a check's time is read after it has the key's state,
@@ -40,7 +50,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use thiserror::Error;
-pub use weir_core::{Clock, CostError, Decision, FakeClock, Nanos, Policy, SystemClock};
+pub use weir_core::{
+    AllDecision, CheckError, Clock, CostError, Decision, FakeClock, Nanos, Policy, SystemClock,
+};
 
 use store::{Budget, Full, Store};
 
@@ -48,7 +60,7 @@ use store::{Budget, Full, Store};
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
 /// The default bound on a key's length, in bytes.
-pub const DEFAULT_MAX_KEY_LEN: usize = 256;
+pub const DEFAULT_MAX_KEY_LEN: usize = weir_core::MAX_IDENTITY;
 
 /// After a full sweep that freed nothing, the next waits this long (so a
 /// flood of new identities at the cap costs a rejection, not a sweep, each).
@@ -59,25 +71,10 @@ const FULL_SWEEP_INTERVAL: Nanos = 100_000_000;
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// No policy has this name.
-    #[error("unknown policy `{0}`")]
-    UnknownPolicy(String),
-    /// The cost can never be admitted under the policy.
-    #[error("policy `{policy}`: {error}")]
-    Cost {
-        /// The policy's name.
-        policy: String,
-        /// What is wrong with the cost.
-        error: CostError,
-    },
-    /// The key is longer than the limiter accepts.
-    #[error("key of {len} bytes is longer than the limit of {max}")]
-    KeyTooLong {
-        /// The key's length.
-        len: usize,
-        /// The limit.
-        max: usize,
-    },
+    /// The request can never be decided as given (unknown policy, cost,
+    /// key length, a pair named twice): nothing was charged.
+    #[error(transparent)]
+    Invalid(#[from] CheckError),
     /// The key budget is spent and no key is idle: new keys are refused
     /// (known keys are still decided). Never a reason to let a request in.
     #[error(
@@ -87,40 +84,48 @@ pub enum Error {
         /// The configured maximum.
         max: usize,
     },
-    /// The same (policy, key) pair appears twice in one `check_all`.
-    #[error("policy `{policy}` and key `{key}` appear twice in one check")]
-    DuplicateCheck {
-        /// The policy's name.
-        policy: String,
-        /// The key.
-        key: String,
-    },
     /// Two policies with one name, or none at all.
     #[error("{0}")]
     Config(String),
 }
 
-/// The outcome of a check over several policies.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AllDecision {
-    /// True when every policy allowed, and so every policy was charged.
-    pub allowed: bool,
-    /// One decision per `(policy, key)` pair, in order. When the request was
-    /// rejected, nothing was charged: the policies that refused report their
-    /// rejection, and the others `allowed: true` with their `remaining` and
-    /// `reset` as they stand (and the `delay` they would have imposed).
-    pub decisions: Vec<Decision>,
+/// A policy of one [`Limiter`], resolved once by [`Limiter::policy`]: no
+/// name is looked up on the request path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PolicyId(usize);
+
+impl PolicyId {
+    /// The policy's position among the limiter's, in the order added.
+    pub fn index(self) -> usize {
+        self.0
+    }
 }
 
-impl AllDecision {
-    /// The largest `retry_after` among the rejecting policies (0 if allowed).
-    pub fn retry_after(&self) -> Nanos {
-        self.decisions
-            .iter()
-            .filter(|d| !d.allowed)
-            .map(|d| d.retry_after)
-            .max()
-            .unwrap_or(0)
+/// One check: a policy, a key and a cost (a cost of 0 reports the key's
+/// standing, charging and refusing nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Check<'a> {
+    /// The policy.
+    pub policy: PolicyId,
+    /// Whose allowance.
+    pub key: &'a str,
+    /// The charge.
+    pub cost: u64,
+}
+
+impl<'a> Check<'a> {
+    /// A check of cost 1.
+    pub fn new(policy: PolicyId, key: &'a str) -> Self {
+        Self {
+            policy,
+            key,
+            cost: 1,
+        }
+    }
+
+    /// This check with another cost.
+    pub fn cost(self, cost: u64) -> Self {
+        Self { cost, ..self }
     }
 }
 
@@ -255,39 +260,53 @@ impl Limiter<SystemClock> {
 }
 
 impl<C: Clock> Limiter<C> {
-    /// Checks `key` against the first policy, at the clock's time.
+    /// The handle of the named policy, to build [`Check`]s with.
+    pub fn policy(&self, name: &str) -> Result<PolicyId, Error> {
+        self.index
+            .get(name)
+            .map(|&i| PolicyId(i))
+            .ok_or_else(|| CheckError::UnknownPolicy(name.to_owned()).into())
+    }
+
+    /// Checks `key` against the first policy added, at the clock's time.
     pub fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.decide(0, key, cost, &|| self.clock.now())
+        self.check_one(Check {
+            policy: PolicyId(0),
+            key,
+            cost,
+        })
     }
 
-    /// Checks `key` against the first policy at an explicit time `now` (for
-    /// tests and replay; idle keys are still swept at the times given, so keep
-    /// them roughly in order).
-    pub fn check_at(&self, key: &str, cost: u64, now: Nanos) -> Result<Decision, Error> {
-        self.decide(0, key, cost, &|| now)
+    /// Decides one check at the clock's time.
+    pub fn check_one(&self, check: Check<'_>) -> Result<Decision, Error> {
+        let named = self.validate(check)?;
+        let now = || self.clock.now();
+        let cost_error = |error| {
+            Error::from(CheckError::Cost {
+                policy: named.name.clone(),
+                error,
+            })
+        };
+        match named.store.check(check.key, check.cost, &now, &self.budget) {
+            Ok(result) => result.map_err(cost_error),
+            Err(Full) => {
+                self.sweep_when_full(now())?;
+                match named.store.check(check.key, check.cost, &now, &self.budget) {
+                    Ok(result) => result.map_err(cost_error),
+                    Err(Full) => Err(Error::TooManyKeys {
+                        max: self.budget.max(),
+                    }),
+                }
+            }
+        }
     }
 
-    /// Checks `key` against the named policy, at the clock's time.
-    pub fn check_policy(&self, policy: &str, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.decide(self.find(policy)?, key, cost, &|| self.clock.now())
-    }
-
-    /// Checks `key` against the named policy at an explicit time.
-    pub fn check_policy_at(
-        &self,
-        policy: &str,
-        key: &str,
-        cost: u64,
-        now: Nanos,
-    ) -> Result<Decision, Error> {
-        self.decide(self.find(policy)?, key, cost, &|| now)
-    }
-
-    /// Checks several `(policy, key)` pairs as one request, at the clock's
-    /// time: allowed only if every policy allows, and then every policy is
-    /// charged; otherwise none is (SPEC.md, several policies).
-    pub fn check_all(&self, checks: &[(&str, &str)], cost: u64) -> Result<AllDecision, Error> {
-        self.decide_all(checks.iter().map(|&(p, k)| (p, k, cost)), None, Nanos::MAX)
+    /// Decides several checks as one request, at the clock's time: allowed
+    /// only if every policy allows, and then every policy is charged;
+    /// otherwise none is (SPEC.md, several policies). A check of cost 0
+    /// reports its key's standing without refusing the request.
+    pub fn check_all(&self, checks: &[Check<'_>]) -> Result<AllDecision, Error> {
+        self.check_all_within(checks, Nanos::MAX)
     }
 
     /// [`Limiter::check_all`] for a caller that will not wait longer than
@@ -295,56 +314,37 @@ impl<C: Clock> Limiter<C> {
     /// other (nothing charged; its decisions show the delays it would have).
     pub fn check_all_within(
         &self,
-        checks: &[(&str, &str)],
-        cost: u64,
+        checks: &[Check<'_>],
         max_delay: Nanos,
     ) -> Result<AllDecision, Error> {
-        self.decide_all(checks.iter().map(|&(p, k)| (p, k, cost)), None, max_delay)
+        self.decide_all(checks, max_delay)
     }
 
-    /// [`Limiter::check_all_within`] with a cost per `(policy, key, cost)`
-    /// check. A cost of 0 charges nothing and reports the key's standing
-    /// (`allowed: true`, `remaining`, `reset`) without refusing the request.
-    pub fn check_each_within(
-        &self,
-        checks: &[(&str, &str, u64)],
-        max_delay: Nanos,
-    ) -> Result<AllDecision, Error> {
-        self.decide_all(checks.iter().copied(), None, max_delay)
-    }
-
-    /// [`Limiter::check_all`] at an explicit time.
-    pub fn check_all_at(
-        &self,
-        checks: &[(&str, &str)],
-        cost: u64,
-        now: Nanos,
-    ) -> Result<AllDecision, Error> {
-        self.decide_all(
-            checks.iter().map(|&(p, k)| (p, k, cost)),
-            Some(now),
-            Nanos::MAX,
-        )
-    }
-
-    /// The decision checking `key` under the named policy would make now,
-    /// charging nothing (for inspection).
-    pub fn peek_policy(&self, policy: &str, key: &str, cost: u64) -> Result<Decision, Error> {
-        let named = self.validate(self.find(policy)?, key, cost)?;
+    /// The decision the check would make now, charging nothing (for
+    /// inspection); `None` when the key is not stored (it would be decided
+    /// as a new key: its full allowance).
+    pub fn peek(&self, check: Check<'_>) -> Result<(Decision, bool), Error> {
+        let named = self.validate(Check {
+            cost: check.cost.max(1),
+            ..check
+        })?;
         let now = self.clock.now();
-        named
+        let cost = check.cost.max(1);
+        let stored = named.store.contains(check.key);
+        let decision = named
             .store
-            .peek(key, cost, now)
-            .map_err(|error| Error::Cost {
+            .peek(check.key, cost, now)
+            .map_err(|error| CheckError::Cost {
                 policy: named.name.clone(),
                 error,
-            })
+            })?;
+        Ok((decision, stored))
     }
 
-    /// Forgets `key` under the named policy, which **grants it a fresh
-    /// allowance**; returns whether it was stored.
-    pub fn reset(&self, policy: &str, key: &str) -> Result<bool, Error> {
-        let named = &self.policies[self.find(policy)?];
+    /// Forgets `key` under `policy`, which **grants it a fresh allowance**;
+    /// returns whether it was stored.
+    pub fn reset(&self, policy: PolicyId, key: &str) -> Result<bool, Error> {
+        let named = self.named(policy)?;
         Ok(named.store.remove(key, &self.budget))
     }
 
@@ -380,56 +380,36 @@ impl<C: Clock> Limiter<C> {
         &self.clock
     }
 
-    fn find(&self, policy: &str) -> Result<usize, Error> {
-        self.index
-            .get(policy)
-            .copied()
-            .ok_or_else(|| Error::UnknownPolicy(policy.to_owned()))
+    fn named(&self, policy: PolicyId) -> Result<&Named, Error> {
+        self.policies
+            .get(policy.0)
+            .ok_or_else(|| CheckError::UnknownPolicy(format!("#{}", policy.0)).into())
     }
 
-    fn validate(&self, index: usize, key: &str, cost: u64) -> Result<&Named, Error> {
-        let named = &self.policies[index];
-        if key.len() > self.max_key_len {
-            return Err(Error::KeyTooLong {
-                len: key.len(),
-                max: self.max_key_len,
-            });
-        }
-        named
-            .store
-            .policy()
-            .validate_cost(cost)
-            .map_err(|error| Error::Cost {
-                policy: named.name.clone(),
-                error,
-            })?;
-        Ok(named)
+    /// The check as `weir-core` validates it, with its policy's name.
+    fn resolve<'a>(&'a self, check: &Check<'a>) -> Result<weir_core::Check<'a>, Error> {
+        let named = self.named(check.policy)?;
+        Ok(weir_core::Check {
+            name: &named.name,
+            policy: named.store.policy(),
+            key: check.key,
+            cost: check.cost,
+        })
     }
 
-    fn decide(
-        &self,
-        index: usize,
-        key: &str,
-        cost: u64,
-        now: &impl Fn() -> Nanos,
-    ) -> Result<Decision, Error> {
-        let named = self.validate(index, key, cost)?;
-        let cost_error = |error| Error::Cost {
-            policy: named.name.clone(),
-            error,
-        };
-        match named.store.check(key, cost, now, &self.budget) {
-            Ok(result) => result.map_err(cost_error),
-            Err(Full) => {
-                self.sweep_when_full(now())?;
-                match named.store.check(key, cost, now, &self.budget) {
-                    Ok(result) => result.map_err(cost_error),
-                    Err(Full) => Err(Error::TooManyKeys {
-                        max: self.budget.max(),
-                    }),
-                }
-            }
+    /// A single check, validated as `weir-core` does; a standing report
+    /// (cost 0) is only for [`Limiter::check_all`].
+    fn validate(&self, check: Check<'_>) -> Result<&Named, Error> {
+        let resolved = self.resolve(&check)?;
+        let cost = check.cost.max(1);
+        weir_core::check::validate(&[weir_core::Check { cost, ..resolved }], self.max_key_len)?;
+        if check.cost == 0 {
+            return Err(Error::from(CheckError::Cost {
+                policy: resolved.name.to_owned(),
+                error: CostError::Zero,
+            }));
         }
+        self.named(check.policy)
     }
 
     /// With the budget spent: sweep everything, unless a sweep ran very
@@ -464,31 +444,21 @@ impl<C: Clock> Limiter<C> {
         })
     }
 
-    fn decide_all<'k>(
-        &self,
-        checks: impl ExactSizeIterator<Item = (&'k str, &'k str, u64)>,
-        at: Option<Nanos>,
-        max_delay: Nanos,
-    ) -> Result<AllDecision, Error> {
+    fn decide_all(&self, checks: &[Check<'_>], max_delay: Nanos) -> Result<AllDecision, Error> {
         // Validate everything first: an invalid request charges nothing.
-        let mut targets: Vec<(usize, usize, store::Hashed<'_>, u64)> =
-            Vec::with_capacity(checks.len());
-        for (policy, key, cost) in checks {
-            let index = self.find(policy)?;
-            // A cost of 0 asks for the standing: any cost is valid for that.
-            let named = self.validate(index, key, cost.max(1))?;
-            if targets
-                .iter()
-                .any(|(i, _, k, _)| *i == index && k.key() == key)
-            {
-                return Err(Error::DuplicateCheck {
-                    policy: policy.to_owned(),
-                    key: key.to_owned(),
-                });
-            }
-            let hashed = named.store.hashed(key);
-            targets.push((index, named.store.shard_of(hashed), hashed, cost));
-        }
+        let resolved = checks
+            .iter()
+            .map(|c| self.resolve(c))
+            .collect::<Result<Vec<_>, _>>()?;
+        weir_core::check::validate(&resolved, self.max_key_len)?;
+        let targets: Vec<(usize, usize, store::Hashed<'_>, u64)> = checks
+            .iter()
+            .map(|c| {
+                let store = &self.policies[c.policy.0].store;
+                let hashed = store.hashed(c.key);
+                (c.policy.0, store.shard_of(hashed), hashed, c.cost)
+            })
+            .collect();
         // Lock the shards involved in one global order (no deadlock), for
         // writing: no other check of these keys runs until we are done.
         let mut order: Vec<(usize, usize)> = targets.iter().map(|&(p, s, _, _)| (p, s)).collect();
@@ -498,12 +468,14 @@ impl<C: Clock> Limiter<C> {
             .iter()
             .map(|&(p, s)| self.policies[p].store.lock(s))
             .collect();
-        let now = at.unwrap_or_else(|| self.clock.now());
+        let now = self.clock.now();
         let guard_of = |p: usize, s: usize| order.binary_search(&(p, s)).unwrap_or(0);
         let cost_error = |p: usize| {
-            move |error| Error::Cost {
-                policy: self.policies[p].name.clone(),
-                error,
+            move |error| {
+                Error::from(CheckError::Cost {
+                    policy: self.policies[p].name.clone(),
+                    error,
+                })
             }
         };
 

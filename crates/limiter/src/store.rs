@@ -235,12 +235,6 @@ pub(crate) struct Hashed<'a> {
     hash: u64,
 }
 
-impl<'a> Hashed<'a> {
-    pub(crate) fn key(&self) -> &'a str {
-        self.key
-    }
-}
-
 impl<S: Slot> ShardMap<S> {
     fn get(&self, key: Hashed<'_>) -> Option<&S> {
         self.table
@@ -389,6 +383,13 @@ impl<S: Slot> Shards<S> {
     fn len(&self) -> usize {
         self.shards.iter().map(|shard| read(shard).len()).sum()
     }
+
+    fn contains(&self, index: usize, key: Hashed<'_>) -> bool {
+        read(&self.shards[index])
+            .table
+            .find(key.hash, |(k, _)| k == key.key)
+            .is_some()
+    }
 }
 
 /// Runs `$body` with `$s` bound to the shards (or the locked shard) of
@@ -431,7 +432,7 @@ impl Store {
                 Some((Leveled::Bucket(b), b.rate().tokens()))
             }
             Policy::LeakyBucket(l) => Some((Leveled::Shaper(l), l.rate().tokens())),
-            _ => None,
+            Policy::FixedWindow(_) | Policy::SlidingLog(_) | Policy::SlidingCounter(_) => None,
         };
         let word = leveled.filter(|&(_, n)| monotonic && n <= 2);
         let count = shards.max(1).next_power_of_two();
@@ -554,6 +555,13 @@ impl Store {
             budget.give_back(1);
         }
         removed
+    }
+
+    /// Whether `key` is stored.
+    pub(crate) fn contains(&self, key: &str) -> bool {
+        let key = self.hashed(key);
+        let index = self.shard_of(key);
+        each_kind!(&self.table, Table, shards => shards.contains(index, key))
     }
 
     /// Keys stored now.

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
 use weir_core::{Nanos, State};
-use weir_limiter::{Clock, Error, FakeClock, Limiter, Policy};
+use weir_limiter::{Check, CheckError, Clock, Decision, Error, FakeClock, Limiter, Policy};
 
 fn policies() -> impl Strategy<Value = Policy> {
     prop::sample::select(vec![
@@ -125,11 +125,15 @@ fn check_all_charges_every_policy_or_none() {
         .clock(FakeClock::at(0))
         .build()
         .unwrap();
-    let pair = [("seller", "842"), ("endpoint", "stock")];
-    assert!(limiter.check_all(&pair, 1).unwrap().allowed);
-    assert!(limiter.check_all(&pair, 1).unwrap().allowed);
+    let (seller, endpoint) = (
+        limiter.policy("seller").unwrap(),
+        limiter.policy("endpoint").unwrap(),
+    );
+    let pair = [Check::new(seller, "842"), Check::new(endpoint, "stock")];
+    assert!(limiter.check_all(&pair).unwrap().allowed);
+    assert!(limiter.check_all(&pair).unwrap().allowed);
     // The endpoint window is full: rejected, and the seller is not charged.
-    let third = limiter.check_all(&pair, 1).unwrap();
+    let third = limiter.check_all(&pair).unwrap();
     assert!(!third.allowed);
     assert_eq!(
         third.decisions[0].remaining, 1,
@@ -138,25 +142,26 @@ fn check_all_charges_every_policy_or_none() {
     assert!(third.decisions[0].allowed && !third.decisions[1].allowed);
     assert_eq!(third.retry_after(), 3_600_000_000_000);
     assert_eq!(
-        limiter.check_policy("seller", "842", 1).unwrap().remaining,
+        limiter.check_one(Check::new(seller, "842")).unwrap().remaining,
         0,
         "one token left, uncharged by the rejection"
     );
     // Invalid requests charge nothing either.
     assert_eq!(
-        limiter.check_all(&[("seller", "9"), ("nope", "x")], 1),
-        Err(Error::UnknownPolicy("nope".into()))
+        limiter.policy("nope"),
+        Err(Error::Invalid(CheckError::UnknownPolicy("nope".into())))
     );
+    let nine = Check::new(seller, "9");
     assert!(matches!(
-        limiter.check_all(&[("seller", "9"), ("seller", "9")], 1),
-        Err(Error::DuplicateCheck { .. })
+        limiter.check_all(&[nine, nine]),
+        Err(Error::Invalid(CheckError::DuplicateCheck { .. }))
     ));
     assert!(matches!(
-        limiter.check_all(&[("seller", "9"), ("endpoint", "y")], 3),
-        Err(Error::Cost { .. })
+        limiter.check_all(&[nine.cost(3), Check::new(endpoint, "y").cost(3)]),
+        Err(Error::Invalid(CheckError::Cost { .. }))
     ));
     assert_eq!(
-        limiter.check_policy("seller", "9", 3).unwrap().remaining,
+        limiter.check_one(nine.cost(3)).unwrap().remaining,
         0,
         "seller 9 was never charged"
     );
@@ -165,16 +170,18 @@ fn check_all_charges_every_policy_or_none() {
 #[test]
 fn bad_input_is_an_error_not_a_decision() {
     let limiter = Limiter::new(Policy::parse("gcra burst=2 rate=1/s").unwrap());
-    assert!(matches!(limiter.check("k", 0), Err(Error::Cost { .. })));
-    assert!(matches!(limiter.check("k", 3), Err(Error::Cost { .. })));
+    let invalid = |e: Result<Decision, Error>| match e {
+        Err(Error::Invalid(e)) => e,
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(invalid(limiter.check("k", 0)), CheckError::Cost { .. }));
+    assert!(matches!(invalid(limiter.check("k", 3)), CheckError::Cost { .. }));
     assert_eq!(
-        limiter.check(&"x".repeat(257), 1),
-        Err(Error::KeyTooLong { len: 257, max: 256 })
+        invalid(limiter.check(&"x".repeat(257), 1)),
+        CheckError::KeyTooLong { len: 257, max: 256 }
     );
-    assert_eq!(
-        limiter.check_policy("other", "k", 1),
-        Err(Error::UnknownPolicy("other".into()))
-    );
+    assert!(limiter.check(&"x".repeat(256), 1).unwrap().allowed);
+    limiter.reset(limiter.policy("default").unwrap(), &"x".repeat(256)).unwrap();
     assert!(limiter.is_empty(), "nothing stored for invalid requests");
     let twice = Limiter::builder().policy("a", Policy::parse("gcra burst=2 rate=1/s").unwrap());
     let twice = twice.policy("a", Policy::parse("gcra burst=2 rate=1/s").unwrap());
@@ -191,13 +198,16 @@ fn peek_charges_nothing_and_reset_grants_afresh() {
         .clock(FakeClock::at(5))
         .build()
         .unwrap();
-    assert_eq!(limiter.peek_policy("p", "k", 1).unwrap().remaining, 1);
+    let p = limiter.policy("p").unwrap();
+    let (fresh, stored) = limiter.peek(Check::new(p, "k")).unwrap();
+    assert_eq!((fresh.remaining, stored), (1, false));
     assert!(limiter.is_empty(), "peeking stores nothing");
-    limiter.check_policy("p", "k", 2).unwrap();
-    assert!(!limiter.peek_policy("p", "k", 1).unwrap().allowed);
-    assert_eq!(limiter.reset("p", "k"), Ok(true));
-    assert_eq!(limiter.reset("p", "k"), Ok(false));
-    assert!(limiter.check_policy("p", "k", 2).unwrap().allowed);
+    limiter.check_one(Check::new(p, "k").cost(2)).unwrap();
+    let (spent, stored) = limiter.peek(Check::new(p, "k")).unwrap();
+    assert!(!spent.allowed && stored);
+    assert_eq!(limiter.reset(p, "k"), Ok(true));
+    assert_eq!(limiter.reset(p, "k"), Ok(false));
+    assert!(limiter.check_one(Check::new(p, "k").cost(2)).unwrap().allowed);
 }
 
 #[test]
@@ -215,10 +225,14 @@ fn a_cost_of_zero_reports_the_standing_and_charges_nothing() {
         .clock(clock.clone())
         .build()
         .unwrap();
-    limiter.check_policy("window", "k", 1).unwrap();
+    let (bucket, window) = (
+        limiter.policy("bucket").unwrap(),
+        limiter.policy("window").unwrap(),
+    );
+    limiter.check_one(Check::new(window, "k")).unwrap();
     // The window is spent, but a 0-cost look does not refuse the request.
     let all = limiter
-        .check_each_within(&[("bucket", "k", 2), ("window", "k", 0)], Nanos::MAX)
+        .check_all(&[Check::new(bucket, "k").cost(2), Check::new(window, "k").cost(0)])
         .unwrap();
     assert!(all.allowed);
     assert_eq!(
@@ -229,15 +243,15 @@ fn a_cost_of_zero_reports_the_standing_and_charges_nothing() {
         all.decisions[1].reset, 1_000_000_000,
         "the window's standing"
     );
-    let bucket = limiter.peek_policy("bucket", "k", 1).unwrap();
+    let (standing, _) = limiter.peek(Check::new(bucket, "k")).unwrap();
     assert_eq!(
-        bucket.remaining, 0,
+        standing.remaining, 0,
         "the bucket was charged 2, and only that"
     );
     // A standing on a key never seen does not create it.
     let before = limiter.len();
     limiter
-        .check_each_within(&[("bucket", "new", 0)], Nanos::MAX)
+        .check_all(&[Check::new(bucket, "new").cost(0)])
         .unwrap();
     assert_eq!(limiter.len(), before);
 }

@@ -19,13 +19,14 @@ use redis::Script;
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use thiserror::Error;
-use weir_core::{CostError, Decision, NANOS_PER_SEC, Nanos, Policy};
+use weir_core::{AllDecision, CheckError, Decision, NANOS_PER_SEC, Nanos, Policy};
 
 /// The script: see its header for the KEYS/ARGV contract.
 pub const SCRIPT: &str = include_str!("weir.lua");
 
-/// The longest identity stored, in bytes (before escaping).
-pub const MAX_IDENTITY: usize = 256;
+/// The longest key accepted by default, in bytes (before escaping): the
+/// same bound as the in-process limiter's.
+pub const DEFAULT_MAX_KEY_LEN: usize = weir_core::MAX_IDENTITY;
 
 /// Why a check could not be decided by Redis.
 #[derive(Debug, Error)]
@@ -40,9 +41,14 @@ pub enum StoreError {
     /// The script answered something else than a decision.
     #[error("unexpected reply from the weir script")]
     Reply,
-    /// The request can never be decided (cost, identity).
+    /// The request can never be decided (cost, key, a pair named twice),
+    /// exactly as the in-process limiter refuses it.
+    #[error(transparent)]
+    Invalid(#[from] CheckError),
+    /// The store cannot decide this request as one atomic call (on a
+    /// cluster, checks of several identities live on several nodes).
     #[error("{0}")]
-    Invalid(String),
+    Unsupported(&'static str),
 }
 
 impl StoreError {
@@ -52,13 +58,12 @@ impl StoreError {
     }
 }
 
-/// A checked request over several policies.
+/// A decided request: the all-or-nothing decision every store gives, and
+/// what this store noticed while making it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checked {
-    /// Every policy allowed, and so every one was charged.
-    pub allowed: bool,
-    /// One decision per check, in order (see the in-process `AllDecision`).
-    pub decisions: Vec<Decision>,
+    /// The decision.
+    pub all: AllDecision,
     /// This call found the generation marker missing: the store lost its
     /// state (restarted empty, flushed, evicted) since the marker was set —
     /// or it was never set (a new store).
@@ -75,20 +80,23 @@ pub enum OnLoss {
     Empty,
 }
 
-/// One check of a request.
+/// One check of a request: `weir-core`'s check (policy, key, cost; a cost
+/// of 0 reports the key's standing) and what its key counts as when lost.
 #[derive(Debug, Clone, Copy)]
 pub struct Check<'a> {
-    /// The policy's name (part of the key).
-    pub name: &'a str,
-    /// The policy.
-    pub policy: &'a Policy,
-    /// Whose allowance.
-    pub identity: &'a str,
+    /// The policy, key and cost.
+    pub check: weir_core::Check<'a>,
     /// What the key counts as when lost (needs [`RedisStore::with_marker`]).
     pub on_loss: OnLoss,
-    /// Its own cost instead of the request's; `Some(0)` reports the key's
-    /// standing, charging nothing and refusing nothing.
-    pub cost: Option<u64>,
+}
+
+impl<'a> From<weir_core::Check<'a>> for Check<'a> {
+    fn from(check: weir_core::Check<'a>) -> Self {
+        Self {
+            check,
+            on_loss: OnLoss::Full,
+        }
+    }
 }
 
 /// What a call does with its decisions.
@@ -120,6 +128,7 @@ pub struct RedisStore {
     script: Script,
     timeout: std::time::Duration,
     marker: bool,
+    max_key_len: usize,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -173,6 +182,7 @@ impl RedisStore {
             script: Script::new(SCRIPT),
             timeout,
             marker: false,
+            max_key_len: DEFAULT_MAX_KEY_LEN,
         })
     }
 
@@ -182,6 +192,12 @@ impl RedisStore {
     /// say nothing of the others (`false` is kept there).
     pub fn with_marker(mut self, on: bool) -> Self {
         self.marker = on && matches!(self.connection, Connection::Single(_));
+        self
+    }
+
+    /// The longest key accepted, in bytes (default [`DEFAULT_MAX_KEY_LEN`]).
+    pub fn with_max_key_len(mut self, max: usize) -> Self {
+        self.max_key_len = max;
         self
     }
 
@@ -235,9 +251,9 @@ impl RedisStore {
         self
     }
 
-    /// Checks `(policy name, policy, identity)` triples as one request, at
-    /// the Redis clock or at `at`. The identity's policies must be checked
-    /// together with one identity (one hash slot).
+    /// Checks `(policy name, policy, identity)` triples of one cost as one
+    /// request, at the Redis clock or at `at`. On a cluster the identity's
+    /// policies must be checked with one identity (one hash slot).
     pub async fn check_all(
         &self,
         checks: &[(&str, &Policy, &str)],
@@ -246,32 +262,43 @@ impl RedisStore {
     ) -> Result<Checked, StoreError> {
         let checks: Vec<Check<'_>> = checks
             .iter()
-            .map(|&(name, policy, identity)| Check {
-                name,
-                policy,
-                identity,
-                on_loss: OnLoss::Full,
-                cost: None,
+            .map(|&(name, policy, key)| {
+                Check::from(weir_core::Check {
+                    name,
+                    policy,
+                    key,
+                    cost,
+                })
             })
             .collect();
         let mode = Mode::Charge {
             max_delay: Nanos::MAX,
         };
-        self.decide(&checks, cost, at, mode).await
+        self.decide(&checks, at, mode).await
     }
 
     /// Decides `checks` as one request: all-or-nothing, at the Redis clock
-    /// or at `at`. On a cluster every check must have the same identity
-    /// (one hash slot); a request across identities is refused as invalid.
+    /// or at `at`, after the validation every store shares
+    /// ([`weir_core::check::validate`]). On a cluster every check must have
+    /// the same identity (one hash slot).
     pub async fn decide(
         &self,
         checks: &[Check<'_>],
-        cost: u64,
         at: Option<Nanos>,
         mode: Mode,
     ) -> Result<Checked, StoreError> {
+        let core: Vec<weir_core::Check<'_>> = checks.iter().map(|c| c.check).collect();
+        weir_core::check::validate(&core, self.max_key_len)?;
+        if matches!(self.connection, Connection::Cluster(_))
+            && core.iter().any(|c| c.key != core[0].key)
+        {
+            return Err(StoreError::Unsupported(
+                "on a Redis Cluster, the checks of one request share one identity",
+            ));
+        }
         let mut invocation = self.script.prepare_invoke();
-        invocation.arg(cost);
+        // Each check carries its own cost (`c=`); the request's is unused.
+        invocation.arg(1);
         match at {
             None => invocation.arg("redis"),
             Some(t) => invocation.arg(format!("{} {}", t / NANOS_PER_SEC, t % NANOS_PER_SEC)),
@@ -282,34 +309,13 @@ impl RedisStore {
             Mode::Peek => invocation.arg("peek"),
         };
         invocation.arg(if self.marker { "m" } else { "-" });
-        for check in checks {
-            let own = check.cost.unwrap_or(cost);
-            check
-                .policy
-                .validate_cost(own.max(1))
-                .map_err(|e: CostError| {
-                    StoreError::Invalid(format!("policy `{}`: {e}", check.name))
-                })?;
-            if check.identity.len() > MAX_IDENTITY {
-                return Err(StoreError::Invalid(format!(
-                    "identity longer than {MAX_IDENTITY} bytes"
-                )));
-            }
-            if matches!(self.connection, Connection::Cluster(_))
-                && check.identity != checks[0].identity
-            {
-                return Err(StoreError::Invalid(
-                    "on a Redis Cluster, the checks of one request share one identity".into(),
-                ));
-            }
-            invocation.key(key(check.name, check.identity));
-            let mut spec = spec(check.policy);
-            if check.on_loss == OnLoss::Empty {
+        for Check { check, on_loss } in checks {
+            invocation.key(key(check.name, check.key));
+            let mut spec = check.policy.script_spec();
+            if *on_loss == OnLoss::Empty {
                 spec.push_str(" e");
             }
-            if let Some(own) = check.cost {
-                let _ = write!(spec, " c={own}");
-            }
+            let _ = write!(spec, " c={}", check.cost);
             invocation.arg(spec);
         }
         if self.marker {
@@ -345,6 +351,7 @@ impl RedisStore {
             .check_all(&[(name, policy, identity)], cost, at)
             .await?;
         checked
+            .all
             .decisions
             .into_iter()
             .next()
@@ -370,51 +377,24 @@ fn parse(reply: &[i64], count: usize) -> Result<Checked, StoreError> {
         })
         .collect::<Result<_, StoreError>>()?;
     Ok(Checked {
-        allowed: reply[0] == 1,
-        decisions,
+        all: AllDecision {
+            allowed: reply[0] == 1,
+            decisions,
+        },
         state_lost: reply[1] == 1,
     })
-}
-
-/// The script's policy argument.
-pub fn spec(policy: &Policy) -> String {
-    match policy {
-        Policy::TokenBucket(b) | Policy::Gcra(b) => format!(
-            "tb {} {} {}",
-            b.capacity(),
-            b.rate().tokens(),
-            b.rate().period()
-        ),
-        Policy::LeakyBucket(l) => format!(
-            "lb {} {} {}",
-            l.queue(),
-            l.rate().tokens(),
-            l.rate().period()
-        ),
-        Policy::FixedWindow(w) => format!("fw {} {}", w.limit(), w.window()),
-        Policy::SlidingCounter(c) => format!("sc {} {}", c.limit(), c.window()),
-        Policy::SlidingLog(l) => format!("sl {} {}", l.limit(), l.window()),
-        _ => String::new(),
-    }
 }
 
 /// `rl:v1:{IDENTITY}:POLICY`, both escaped: every byte outside
 /// `[A-Za-z0-9._-]` becomes `%XX`, so no two (policy, identity) pairs share
 /// a key whatever they hold, and `{`/`}` can never end the hash tag early.
 pub fn key(policy: &str, identity: &str) -> String {
-    format!("rl:v1:{{{}}}:{}", escape(identity), escape(policy))
-}
-
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-') {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
+    let mut key = String::with_capacity(identity.len() + policy.len() + 9);
+    key.push_str("rl:v1:{");
+    weir_core::check::escape(&mut key, identity);
+    key.push_str("}:");
+    weir_core::check::escape(&mut key, policy);
+    key
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use weir_core::{NANOS_PER_SEC, Policy};
 
 use crate::contract::{POLICIES, connect, replay};
-use crate::harness::Cluster;
+use weir_testkit::Cluster;
 
 #[test]
 fn a_cluster_decides_as_the_core() {
@@ -31,12 +31,14 @@ fn a_cluster_decides_as_the_core() {
         runtime
             .block_on(store.check_all(&checks, 1, at))
             .unwrap()
+            .all
             .allowed
     );
     assert!(
         !runtime
             .block_on(store.check_all(&checks, 1, at))
             .unwrap()
+            .all
             .allowed
     );
     // Two identities may live on two nodes: refused, not decided by halves.
@@ -45,7 +47,7 @@ fn a_cluster_decides_as_the_core() {
         .block_on(store.check_all(&across, 1, at))
         .unwrap_err();
     assert!(
-        matches!(&refused, weir_redis::StoreError::Invalid(m) if m.contains("share one identity")),
+        matches!(&refused, weir_redis::StoreError::Unsupported(m) if m.contains("share one identity")),
         "{refused}"
     );
 }

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use weir_core::{NANOS_PER_SEC, Nanos, Policy, State};
 use weir_redis::RedisStore;
 
-use crate::harness::RedisServer;
+use weir_testkit::RedisServer;
 
 pub(crate) const POLICIES: [&str; 9] = [
     "token-bucket capacity=5 rate=2/s",
@@ -124,9 +124,9 @@ fn several_policies_are_charged_all_or_none() {
             .block_on(shared.store.check_all(&checks, cost, at))
             .unwrap()
     };
-    assert!(run(1).allowed);
-    assert!(run(1).allowed);
-    let third = run(1);
+    assert!(run(1).all.allowed);
+    assert!(run(1).all.allowed);
+    let third = run(1).all;
     assert!(!third.allowed && third.decisions[0].allowed && !third.decisions[1].allowed);
     let seller_now = shared
         .runtime
@@ -217,7 +217,7 @@ fn the_packed_log_costs_a_third_of_a_sorted_set() {
 fn several_policies_decide_as_the_in_process_limiter() {
     use weir_core::FakeClock;
     use weir_limiter::Limiter;
-    use weir_redis::{Check, Mode, OnLoss};
+    use weir_redis::{Check, Mode};
 
     let shared = shared();
     let specs = [
@@ -263,32 +263,32 @@ fn several_policies_decide_as_the_in_process_limiter() {
                 clock.set(now);
                 let max_delay = max_delay_ms * 1_000_000;
                 // Costs of their own, 0 (the standing only) among them.
-                let weighed: Vec<(&str, &str, u64)> = chosen
+                let weighed: Vec<weir_limiter::Check<'_>> = chosen
                     .iter()
                     .zip(&costs)
-                    .map(|(&i, &c)| (specs[i].0, identity.as_str(), c))
+                    .map(|(&i, &c)| {
+                        let policy = limiter.policy(specs[i].0).unwrap();
+                        weir_limiter::Check::new(policy, &identity).cost(c)
+                    })
                     .collect();
                 let checks: Vec<Check<'_>> = chosen
                     .iter()
                     .zip(&costs)
-                    .map(|(&i, &c)| Check {
-                        name: specs[i].0,
-                        policy: &policies[i],
-                        identity: &identity,
-                        on_loss: OnLoss::Full,
-                        cost: Some(c),
+                    .map(|(&i, &c)| {
+                        Check::from(weir_core::Check {
+                            name: specs[i].0,
+                            policy: &policies[i],
+                            key: &identity,
+                            cost: c,
+                        })
                     })
                     .collect();
-                let expected = limiter.check_each_within(&weighed, max_delay).unwrap();
+                let expected = limiter.check_all_within(&weighed, max_delay).unwrap();
                 let got = shared
                     .runtime
-                    .block_on(shared.store.decide(
-                        &checks,
-                        1,
-                        Some(now),
-                        Mode::Charge { max_delay },
-                    ))
-                    .unwrap();
+                    .block_on(shared.store.decide(&checks, Some(now), Mode::Charge { max_delay }))
+                    .unwrap()
+                    .all;
                 prop_assert_eq!(got.allowed, expected.allowed);
                 prop_assert_eq!(
                     &got.decisions,
@@ -305,23 +305,22 @@ fn several_policies_decide_as_the_in_process_limiter() {
 
 #[test]
 fn peek_charges_nothing() {
-    use weir_redis::{Check, Mode, OnLoss};
+    use weir_redis::{Check, Mode};
     let shared = shared();
     let policy = Policy::parse("fixed-window limit=2 window=1h").unwrap();
     let at = Some(1_796_000_000 * NANOS_PER_SEC);
-    let check = [Check {
+    let check = [Check::from(weir_core::Check {
         name: "peek",
         policy: &policy,
-        identity: "k",
-        on_loss: OnLoss::Full,
-        cost: None,
-    }];
+        key: "k",
+        cost: 1,
+    })];
     for _ in 0..3 {
         let d = shared
             .runtime
-            .block_on(shared.store.decide(&check, 1, at, Mode::Peek))
+            .block_on(shared.store.decide(&check, at, Mode::Peek))
             .unwrap();
-        assert!(d.decisions[0].allowed && d.decisions[0].remaining == 1);
+        assert!(d.all.decisions[0].allowed && d.all.decisions[0].remaining == 1);
     }
     let charged = shared
         .runtime
@@ -343,28 +342,31 @@ fn a_lost_state_is_detected_and_empty_keys_refill_from_then() {
     let t0 = 1_796_000_000 * NANOS_PER_SEC;
     let run = |identity: &str, policy: &Policy, on_loss, at: Nanos| {
         let check = [Check {
-            name: "loss",
-            policy,
-            identity,
+            check: weir_core::Check {
+                name: "loss",
+                policy,
+                key: identity,
+                cost: 1,
+            },
             on_loss,
-            cost: None,
         }];
-        runtime
-            .block_on(store.decide(&check, 1, Some(at), Mode::Charge { max_delay: 0 }))
-            .unwrap()
+        let checked = runtime
+            .block_on(store.decide(&check, Some(at), Mode::Charge { max_delay: 0 }))
+            .unwrap();
+        (checked.all, checked.state_lost)
     };
     // A new store: the marker is missing, so this is (conservatively) a loss.
-    let first = run("a", &bucket, OnLoss::Empty, t0);
-    assert!(first.state_lost && !first.allowed);
+    let (first, lost) = run("a", &bucket, OnLoss::Empty, t0);
+    assert!(lost && !first.allowed);
     assert_eq!(first.decisions[0].retry_after, NANOS_PER_SEC);
-    let later = run("b", &bucket, OnLoss::Empty, t0 + 2 * NANOS_PER_SEC);
-    assert!(!later.state_lost && later.allowed);
+    let (later, lost) = run("b", &bucket, OnLoss::Empty, t0 + 2 * NANOS_PER_SEC);
+    assert!(!lost && later.allowed);
     assert_eq!(
         later.decisions[0].remaining, 1,
         "two tokens back since the loss, one spent"
     );
     assert_eq!(
-        run("c", &bucket, OnLoss::Full, t0 + 2 * NANOS_PER_SEC).decisions[0].remaining,
+        run("c", &bucket, OnLoss::Full, t0 + 2 * NANOS_PER_SEC).0.decisions[0].remaining,
         3
     );
     // The store restarts empty.
@@ -377,9 +379,9 @@ fn a_lost_state_is_detected_and_empty_keys_refill_from_then() {
             .unwrap();
     });
     let t1 = t0 + 100 * NANOS_PER_SEC;
-    let after = run("a", &window, OnLoss::Empty, t1);
-    assert!(after.state_lost && !after.allowed);
+    let (after, lost) = run("a", &window, OnLoss::Empty, t1);
+    assert!(lost && !after.allowed);
     assert_eq!(after.decisions[0].retry_after, 10 * NANOS_PER_SEC);
-    assert!(run("a", &window, OnLoss::Empty, t1 + 10 * NANOS_PER_SEC).allowed);
-    assert!(!run("z", &window, OnLoss::Full, t1 + NANOS_PER_SEC).state_lost);
+    assert!(run("a", &window, OnLoss::Empty, t1 + 10 * NANOS_PER_SEC).0.allowed);
+    assert!(!run("z", &window, OnLoss::Full, t1 + NANOS_PER_SEC).1);
 }

@@ -5,4 +5,3 @@
 
 mod cluster;
 mod contract;
-mod harness;

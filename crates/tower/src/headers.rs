@@ -1,9 +1,12 @@
-//! The HTTP fields: `Retry-After` and the IETF draft `RateLimit-Policy` /
-//! `RateLimit` structured fields (draft-ietf-httpapi-ratelimit-headers),
-//! e.g. `"api";q=10;w=5` and `"api";r=0;t=1`.
+//! The HTTP answer of a rate limiter, built in one place for every face (the
+//! tower layer, the gateway, the Envoy service): `Retry-After` and the IETF
+//! draft `RateLimit-Policy` / `RateLimit` structured fields
+//! (draft-ietf-httpapi-ratelimit-headers), e.g. `"api";q=10;w=5` and
+//! `"api";r=0;t=1`, and the `429` with its JSON body.
 
-use http::HeaderValue;
-use weir_limiter::{Nanos, Policy};
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderName, HeaderValue, Response, StatusCode};
+use weir_limiter::{Decision, Nanos, Policy};
 
 const SECOND: Nanos = 1_000_000_000;
 
@@ -17,36 +20,16 @@ pub fn retry_after_seconds(retry_after: Nanos) -> u64 {
     ceil_seconds(retry_after).max(1)
 }
 
-/// A policy's quota for `RateLimit-Policy`: `q` units per `w` seconds. For a
-/// token bucket, its capacity over the time to refill it from empty; for the
-/// windows, the limit per window; for the shaper, its queue and the slot being
-/// served over the time to drain them.
+/// A policy's quota for `RateLimit-Policy`: `q` units per `w` whole
+/// seconds (rounded up, at least 1), from [`Policy::quota`].
 pub fn quota(policy: &Policy) -> (u64, u64) {
-    let level = |size: u64, rate: weir_limiter::Nanos, tokens: u64| {
-        let window = u128::from(size) * u128::from(rate) / u128::from(tokens);
-        u64::try_from(window).unwrap_or(u64::MAX)
-    };
-    let (q, w) = match policy {
-        Policy::TokenBucket(b) | Policy::Gcra(b) => (
-            b.capacity(),
-            level(b.capacity(), b.rate().period(), b.rate().tokens()),
-        ),
-        Policy::FixedWindow(w) => (w.limit(), w.window()),
-        Policy::SlidingLog(l) => (l.limit(), l.window()),
-        Policy::SlidingCounter(c) => (c.limit(), c.window()),
-        Policy::LeakyBucket(l) => (
-            l.queue() + 1,
-            level(l.queue() + 1, l.rate().period(), l.rate().tokens()),
-        ),
-        _ => (0, 0),
-    };
+    let (q, w) = policy.quota();
     (q, ceil_seconds(w).max(1))
 }
 
 /// A structured-field string: `"` and `\` escaped, anything outside
 /// printable ASCII replaced by `?` (sf-string cannot carry it).
-fn sf_string(name: &str) -> String {
-    let mut out = String::with_capacity(name.len() + 2);
+fn sf_string(out: &mut String, name: &str) {
     out.push('"');
     for c in name.chars() {
         match c {
@@ -59,7 +42,6 @@ fn sf_string(name: &str) -> String {
         }
     }
     out.push('"');
-    out
 }
 
 fn value(text: String) -> HeaderValue {
@@ -67,18 +49,101 @@ fn value(text: String) -> HeaderValue {
     HeaderValue::try_from(text).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
-/// `RateLimit-Policy: "name";q=Q;w=W`.
-pub fn rate_limit_policy(name: &str, q: u64, w: u64) -> HeaderValue {
-    value(format!("{};q={q};w={w}", sf_string(name)))
+/// `RateLimit-Policy: "name";q=Q;w=W` for `policy`.
+pub fn rate_limit_policy(name: &str, policy: &Policy) -> HeaderValue {
+    let (q, w) = quota(policy);
+    let mut out = String::new();
+    sf_string(&mut out, name);
+    value(format!("{out};q={q};w={w}"))
 }
 
-/// `RateLimit: "name";r=R;t=T` with `t` the reset in whole seconds, rounded up.
-pub fn rate_limit(name: &str, remaining: u64, reset: Nanos) -> HeaderValue {
-    value(format!(
-        "{};r={remaining};t={}",
-        sf_string(name),
-        ceil_seconds(reset)
-    ))
+/// One policy's part in an answer.
+#[derive(Debug, Clone, Copy)]
+pub struct Part<'a> {
+    /// The policy's name.
+    pub name: &'a str,
+    /// Its `RateLimit-Policy` item (made once by [`rate_limit_policy`]).
+    pub field: &'a HeaderValue,
+    /// Its limit (`q`): `remaining` is never reported above it.
+    pub limit: u64,
+    /// What it decided.
+    pub decision: Decision,
+}
+
+/// The `RateLimit-Policy` and `RateLimit` fields of these parts, as one
+/// list item per policy: `"api";r=R;t=T` with `t` the reset in whole
+/// seconds, rounded up.
+pub fn fields(parts: &[Part<'_>]) -> [(HeaderName, HeaderValue); 2] {
+    let mut policies = Vec::with_capacity(parts.len() * 24);
+    let mut states = String::with_capacity(parts.len() * 24);
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            policies.extend_from_slice(b", ");
+            states.push_str(", ");
+        }
+        policies.extend_from_slice(part.field.as_bytes());
+        sf_string(&mut states, part.name);
+        let remaining = part.decision.remaining.min(part.limit);
+        let reset = ceil_seconds(part.decision.reset);
+        states.push_str(&format!(";r={remaining};t={reset}"));
+    }
+    [
+        (
+            HeaderName::from_static("ratelimit-policy"),
+            HeaderValue::from_bytes(&policies).unwrap_or_else(|_| HeaderValue::from_static("")),
+        ),
+        (HeaderName::from_static("ratelimit"), value(states)),
+    ]
+}
+
+/// A refused request's answer: `429`, `Retry-After`, `Cache-Control:
+/// no-store`, the `RateLimit` fields and `{"error":"RATE_LIMITED","policy":…}`.
+#[derive(Debug, Clone, Copy)]
+pub struct Limited<'a> {
+    /// The policy named in the body: the first that refused.
+    pub policy: &'a str,
+    /// The earliest wait after which the request could be admitted: the
+    /// largest among the refusing policies.
+    pub retry_after: Nanos,
+    /// Every policy of the request.
+    pub parts: &'a [Part<'a>],
+}
+
+impl Limited<'_> {
+    /// The header fields of the answer, in order.
+    pub fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
+        let mut headers = vec![
+            (CONTENT_TYPE, HeaderValue::from_static("application/json")),
+            (CACHE_CONTROL, HeaderValue::from_static("no-store")),
+            (
+                RETRY_AFTER,
+                HeaderValue::from(retry_after_seconds(self.retry_after)),
+            ),
+        ];
+        headers.extend(fields(self.parts));
+        headers
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> String {
+        error_body("RATE_LIMITED", self.policy)
+    }
+
+    /// The whole `429` response.
+    pub fn response<B: From<String>>(&self) -> Response<B> {
+        let mut response = Response::new(B::from(self.body()));
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        response.headers_mut().extend(self.headers());
+        response
+    }
+}
+
+/// `{"error":CODE,"policy":NAME}`.
+pub fn error_body(code: &str, policy: &str) -> String {
+    format!(
+        r#"{{"error":"{code}","policy":{}}}"#,
+        serde_json::Value::from(policy)
+    )
 }
 
 #[cfg(test)]
@@ -86,21 +151,56 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fields() {
+    fn fields_and_the_answer() {
         assert_eq!(retry_after_seconds(1), 1);
         assert_eq!(retry_after_seconds(0), 1);
         assert_eq!(retry_after_seconds(SECOND), 1);
         assert_eq!(retry_after_seconds(SECOND + 1), 2);
-        assert_eq!(rate_limit("api", 0, 500_000_000), "\"api\";r=0;t=1");
-        assert_eq!(
-            rate_limit_policy("a\"b\\c\u{e9}", 10, 5),
-            "\"a\\\"b\\\\c?\";q=10;w=5"
-        );
         let p = |s| quota(&Policy::parse(s).unwrap());
         assert_eq!(p("token-bucket capacity=10 rate=2/s"), (10, 5));
         assert_eq!(p("fixed-window limit=120 window=1m"), (120, 60));
         assert_eq!(p("sliding-log limit=5 window=1500ms"), (5, 2));
         assert_eq!(p("leaky-bucket rate=2/s queue=9"), (10, 5));
         assert_eq!(p("gcra burst=1 rate=1/ms"), (1, 1));
+        let policy = Policy::parse("token-bucket capacity=10 rate=2/s").unwrap();
+        let field = rate_limit_policy("a\"b\\c\u{e9}", &policy);
+        assert_eq!(field, "\"a\\\"b\\\\c?\";q=10;w=5");
+        let api = rate_limit_policy("api", &policy);
+        let parts = [
+            Part {
+                name: "api",
+                field: &api,
+                limit: 10,
+                decision: Decision {
+                    remaining: 0,
+                    reset: SECOND / 2,
+                    ..Decision::default()
+                },
+            },
+            Part {
+                name: "b",
+                field: &api,
+                limit: 3,
+                decision: Decision {
+                    allowed: true,
+                    remaining: 7,
+                    reset: 3 * SECOND + 1,
+                    ..Decision::default()
+                },
+            },
+        ];
+        let [(_, policies), (_, states)] = fields(&parts);
+        assert_eq!(policies, "\"api\";q=10;w=5, \"api\";q=10;w=5");
+        assert_eq!(states, "\"api\";r=0;t=1, \"b\";r=3;t=4");
+        let limited = Limited {
+            policy: "api",
+            retry_after: 1_500_000_000,
+            parts: &parts,
+        };
+        let response: Response<String> = limited.response();
+        assert_eq!(response.status(), 429);
+        assert_eq!(response.headers()["retry-after"], "2");
+        assert_eq!(response.headers()["cache-control"], "no-store");
+        assert_eq!(response.body(), r#"{"error":"RATE_LIMITED","policy":"api"}"#);
     }
 }

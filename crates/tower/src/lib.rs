@@ -25,7 +25,8 @@
 //! ```
 //!
 //! Identities are untrusted input: a key longer than the limiter's bound or
-//! not valid UTF-8 is refused with `400`, never truncated into another key.
+//! not valid UTF-8 is refused (`422 KEY_TOO_LONG`, `400 MISSING_IDENTITY`),
+//! never truncated into another key.
 
 mod headers;
 
@@ -40,9 +41,11 @@ use std::time::Duration;
 use http::{HeaderName, Request, Response, StatusCode};
 use tower_layer::Layer;
 use tower_service::Service;
-use weir_limiter::{Clock, Decision, Error, Limiter, Policy, SystemClock};
+use weir_limiter::{Check, CheckError, Clock, Decision, Error, Limiter, PolicyId, SystemClock};
 
-pub use headers::{quota, rate_limit, rate_limit_policy, retry_after_seconds};
+pub use headers::{
+    Limited, Part, error_body, fields, quota, rate_limit_policy, retry_after_seconds,
+};
 
 /// Where a request's identity comes from.
 pub trait KeyExtractor<B>: Clone + Send + Sync + 'static {
@@ -121,28 +124,40 @@ impl<K: Clone, C> Clone for RateLimitLayer<K, C> {
 #[derive(Debug)]
 struct Shared<C> {
     limiter: Arc<Limiter<C>>,
+    id: PolicyId,
     policy: String,
     /// `RateLimit-Policy`, the same for every response.
-    policy_field: http::HeaderValue,
+    field: http::HeaderValue,
     limit: u64,
+}
+
+impl<C> Shared<C> {
+    fn part(&self, decision: Decision) -> Part<'_> {
+        Part {
+            name: &self.policy,
+            field: &self.field,
+            limit: self.limit,
+            decision,
+        }
+    }
 }
 
 impl<K, C: Clock> RateLimitLayer<K, C> {
     /// Limits requests under the limiter's policy `policy`, each costing 1.
     pub fn new(limiter: Arc<Limiter<C>>, policy: &str, extractor: K) -> Result<Self, Error> {
-        let found: Option<Policy> = limiter
+        let id = limiter.policy(policy)?;
+        let found = limiter
             .policies()
-            .find(|(name, _)| *name == policy)
-            .map(|(_, p)| *p);
-        let found = found.ok_or_else(|| Error::UnknownPolicy(policy.to_owned()))?;
-        let (limit, window) = quota(&found);
-        let policy_field = rate_limit_policy(policy, limit, window);
+            .nth(id.index())
+            .map(|(_, p)| *p)
+            .ok_or_else(|| CheckError::UnknownPolicy(policy.to_owned()))?;
         Ok(Self {
             shared: Arc::new(Shared {
                 limiter,
+                id,
                 policy: policy.to_owned(),
-                policy_field,
-                limit,
+                field: rate_limit_policy(policy, &found),
+                limit: quota(&found).0,
             }),
             extractor,
         })
@@ -208,10 +223,10 @@ where
             )),
             Some(key) => shared
                 .limiter
-                .check_policy(&shared.policy, &key, 1)
+                .check_one(Check::new(shared.id, &key))
                 .map_err(|e| match e {
-                    Error::KeyTooLong { .. } => {
-                        refusal(StatusCode::BAD_REQUEST, "IDENTITY_TOO_LONG", &shared.policy)
+                    Error::Invalid(CheckError::KeyTooLong { .. }) => {
+                        refusal(StatusCode::UNPROCESSABLE_ENTITY, "KEY_TOO_LONG", &shared.policy)
                     }
                     // The key table is full of limited keys: refuse, never admit.
                     _ => refusal(
@@ -226,7 +241,13 @@ where
             Err(response) => return Box::pin(async move { Ok(response) }),
         };
         if !decision.allowed {
-            return Box::pin(async move { Ok(rejection(&shared, &decision)) });
+            let limited = Limited {
+                policy: &shared.policy,
+                retry_after: decision.retry_after,
+                parts: &[shared.part(decision)],
+            }
+            .response();
+            return Box::pin(async move { Ok(limited) });
         }
         // The service that was polled ready is the one that must be called.
         let clone = self.inner.clone();
@@ -236,30 +257,16 @@ where
                 tokio::time::sleep(Duration::from_nanos(decision.delay)).await;
             }
             let mut response = inner.call(request).await?;
-            add_fields(response.headers_mut(), &shared, &decision);
+            response
+                .headers_mut()
+                .extend(fields(&[shared.part(decision)]));
             Ok(response)
         })
     }
 }
 
-fn add_fields<C>(headers: &mut http::HeaderMap, shared: &Shared<C>, decision: &Decision) {
-    headers.insert("ratelimit-policy", shared.policy_field.clone());
-    headers.insert(
-        "ratelimit",
-        rate_limit(
-            &shared.policy,
-            decision.remaining.min(shared.limit),
-            decision.reset,
-        ),
-    );
-}
-
-fn json_response<B: From<String>>(status: StatusCode, error: &str, policy: &str) -> Response<B> {
-    let body = format!(
-        r#"{{"error":"{error}","policy":{}}}"#,
-        serde_json::Value::from(policy)
-    );
-    let mut response = Response::new(B::from(body));
+fn refusal<B: From<String>>(status: StatusCode, error: &str, policy: &str) -> Response<B> {
+    let mut response = Response::new(B::from(error_body(error, policy)));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(
@@ -270,30 +277,8 @@ fn json_response<B: From<String>>(status: StatusCode, error: &str, policy: &str)
         http::header::CACHE_CONTROL,
         http::HeaderValue::from_static("no-store"),
     );
-    response
-}
-
-fn refusal<B: From<String>>(status: StatusCode, error: &str, policy: &str) -> Response<B> {
-    let mut response = json_response(status, error, policy);
     if status == StatusCode::SERVICE_UNAVAILABLE {
-        response
-            .headers_mut()
-            .insert(http::header::RETRY_AFTER, http::HeaderValue::from(1));
+        headers.insert(http::header::RETRY_AFTER, http::HeaderValue::from(1));
     }
-    response
-}
-
-fn rejection<B: From<String>, C>(shared: &Shared<C>, decision: &Decision) -> Response<B> {
-    let mut response = json_response(
-        StatusCode::TOO_MANY_REQUESTS,
-        "RATE_LIMITED",
-        &shared.policy,
-    );
-    let headers = response.headers_mut();
-    headers.insert(
-        http::header::RETRY_AFTER,
-        http::HeaderValue::from(retry_after_seconds(decision.retry_after)),
-    );
-    add_fields(headers, shared, decision);
     response
 }

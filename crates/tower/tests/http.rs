@@ -103,14 +103,17 @@ async fn rejects_with_429_and_the_ratelimit_fields() {
 
     // Another identity has its own allowance.
     assert_eq!(get_with(addr, Some(("x-user", "17"))).await.status, 200);
-    // No identity, or one too long to be a key: 400, nothing charged.
+    // No identity (400), or one over the 256-byte bound (422), nothing charged.
     let missing = get_with(addr, None).await;
     assert_eq!(
         (missing.status, missing.body.as_str()),
         (400, r#"{"error":"MISSING_IDENTITY","policy":"api"}"#)
     );
-    let long = "x".repeat(300);
-    assert_eq!(get_with(addr, Some(("x-user", &long))).await.status, 400);
+    for (len, status) in [(255, 200), (256, 200), (257, 422)] {
+        let identity = "x".repeat(len);
+        let reply = get_with(addr, Some(("x-user", &identity))).await;
+        assert_eq!(reply.status, status, "{len} bytes");
+    }
 }
 
 #[tokio::test]

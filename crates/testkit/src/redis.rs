@@ -1,0 +1,208 @@
+//! `redis-server` processes of the test's own, stopped on drop.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Stops the test with one line when `program` is not installed.
+pub fn require(program: &str) {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()));
+    if !found {
+        panic!(
+            "`{program}` is not installed: run `tools/test.sh` (installs it), or `apt-get install redis-server redis-tools`"
+        );
+    }
+}
+
+/// A free loopback port whose cluster bus port (port + 10000) is free and
+/// valid too, as `redis-server --cluster-enabled yes` needs.
+pub fn free_port() -> u16 {
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if port <= u16::MAX - 10_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+fn ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut reply = [0u8; 7];
+    stream.write_all(b"PING\r\n").is_ok()
+        && stream.read_exact(&mut reply).is_ok()
+        && &reply == b"+PONG\r\n"
+}
+
+/// A `redis-server` on a free loopback port, with no persistence and the
+/// `DEBUG` command enabled.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Child,
+    /// Its port.
+    pub port: u16,
+    extra: Vec<String>,
+    dir: PathBuf,
+}
+
+impl RedisServer {
+    /// Starts one, with `extra` arguments, and waits until it answers.
+    pub fn start(extra: &[&str]) -> Self {
+        require("redis-server");
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("weir-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut server = Self {
+            child: Command::new("true").spawn().unwrap(),
+            port,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            dir,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        self.child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--enable-debug-command", "yes"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        for _ in 0..400 {
+            if ping(self.port) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("redis-server on port {} did not answer", self.port);
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends the signal `name` (`STOP`, `CONT`, …) to the server.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{name} {}", self.pid());
+    }
+
+    /// Kills the server; its data is gone.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts an empty server on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Runs `redis-cli -p PORT ARGS…`; its standard output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        require("redis-cli");
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        // A stopped (SIGSTOP) server must be continued to die promptly.
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .stderr(Stdio::null())
+            .status();
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Redis Cluster of three masters, slots spread by `redis-cli --cluster
+/// create`.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The masters.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl Cluster {
+    /// Starts the three nodes, creates the cluster and waits until it is ok.
+    pub fn start() -> Self {
+        require("redis-cli");
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                RedisServer::start(&["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(created.success(), "redis-cli --cluster create {addrs:?}");
+        for _ in 0..200 {
+            if nodes[0].cli(&["cluster", "info"]).contains("cluster_state:ok") {
+                std::thread::sleep(Duration::from_millis(200));
+                return Self { nodes };
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the cluster did not come up");
+    }
+
+    /// `redis-cluster://HOST:PORT,HOST:PORT,HOST:PORT`.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("redis-cluster://{}", nodes.join(","))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cluster_ports_leave_room_for_the_bus() {
+        for _ in 0..200 {
+            assert!(super::free_port() <= 55_535);
+        }
+    }
+}
