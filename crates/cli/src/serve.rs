@@ -62,6 +62,7 @@ pub(crate) fn config(command: &ConfigCommand) -> anyhow::Result<()> {
         ConfigCommand::Check { file } => {
             let config = load(Some(file))?;
             let grpc = config
+                .server
                 .grpc
                 .map_or(String::new(), |g| format!(", gRPC on {g}"));
             println!(
@@ -70,8 +71,8 @@ pub(crate) fn config(command: &ConfigCommand) -> anyhow::Result<()> {
                 config.policies.len(),
                 config.routes.len(),
                 config.descriptors.len(),
-                config.store,
-                config.listen
+                config.store.url,
+                config.server.listen
             );
             Ok(())
         }
@@ -88,10 +89,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         .init();
     let mut config = load(args.config.as_ref())?;
     if let Some(listen) = args.listen {
-        config.listen = listen;
+        config.server.listen = listen;
     }
     if let Some(grpc) = args.grpc {
-        config.grpc = Some(grpc);
+        config.server.grpc = Some(grpc);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -101,12 +102,12 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
 
 async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let listen = config.listen;
+    let listen = config.server.listen;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
-    let grpc = match config.grpc {
+    let grpc = match config.server.grpc {
         Some(at) => Some(
             tokio::net::TcpListener::bind(at)
                 .await
@@ -149,8 +150,8 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
                     continue;
                 };
                 match load(Some(path)).and_then(|c| {
-                    if c.listen != listen {
-                        tracing::warn!(old = %listen, new = %c.listen, "SIGHUP: a new listen address needs a restart");
+                    if c.server.listen != listen {
+                        tracing::warn!(old = %listen, new = %c.server.listen, "SIGHUP: a new listen address needs a restart");
                     }
                     state.reload(c).map_err(|e| anyhow!("{e}"))
                 }) {

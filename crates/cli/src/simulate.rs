@@ -107,7 +107,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         policies.push((policy.to_string(), policy));
     }
     if let Some(path) = &args.policy_file {
-        policies.extend(crate::serve::load(Some(path))?.policies);
+        policies.extend(
+            crate::serve::load(Some(path))?
+                .policies
+                .into_iter()
+                .map(|p| (p.name, p.policy)),
+        );
     }
     if policies.is_empty() {
         match scenario {

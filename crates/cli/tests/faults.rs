@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use weir_testkit::RedisServer as Redis;
 use crate::serve::{Server, temp};
+use weir_testkit::RedisServer as Redis;
 
 /// The store timeout of these tests.
 const TIMEOUT: Duration = Duration::from_millis(100);

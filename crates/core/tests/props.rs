@@ -132,7 +132,6 @@ fn grain(policy: &Policy) -> Nanos {
         Policy::FixedWindow(w) => w.window(),
         Policy::SlidingLog(l) => l.window(),
         Policy::SlidingCounter(c) => c.window(),
-        _ => 1,
     }
 }
 

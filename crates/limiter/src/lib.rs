@@ -47,6 +47,7 @@
 mod store;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use thiserror::Error;
@@ -132,7 +133,9 @@ impl<'a> Check<'a> {
 #[derive(Debug)]
 struct Named {
     name: String,
-    store: Store,
+    /// Shared with the limiter this one was rebuilt from, when the policy
+    /// is the same ([`Builder::keep_state_of`]).
+    store: Arc<Store>,
 }
 
 /// Builds a [`Limiter`].
@@ -143,6 +146,7 @@ pub struct Builder<C = SystemClock> {
     max_key_len: usize,
     shards: usize,
     clock: C,
+    kept: Vec<(String, Arc<Store>)>,
 }
 
 impl Builder<SystemClock> {
@@ -154,6 +158,7 @@ impl Builder<SystemClock> {
             max_key_len: DEFAULT_MAX_KEY_LEN,
             shards: (cores * 16).next_power_of_two(),
             clock: SystemClock::new(),
+            kept: Vec::new(),
         }
     }
 }
@@ -191,7 +196,20 @@ impl<C: Clock> Builder<C> {
             max_key_len: self.max_key_len,
             shards: self.shards,
             clock,
+            kept: Vec::new(),
         }
+    }
+
+    /// Keeps the keys of `previous` for every policy defined here with the
+    /// same name and parameters (a configuration reload): the two limiters
+    /// then share those policies' state. The others start afresh.
+    pub fn keep_state_of<D>(mut self, previous: &Limiter<D>) -> Self {
+        self.kept = previous
+            .policies
+            .iter()
+            .map(|p| (p.name.clone(), p.store.clone()))
+            .collect();
+        self
     }
 
     /// Builds the limiter; fails on no policy or on two with one name.
@@ -215,18 +233,30 @@ impl<C: Clock> Builder<C> {
             .enumerate()
             .map(|(i, (name, _))| (name.clone(), i))
             .collect();
-        let policies = self
+        let kept = self.kept;
+        let policies: Vec<Named> = self
             .policies
             .into_iter()
-            .map(|(name, policy)| Named {
-                name,
-                store: Store::new(policy, self.shards, monotonic),
+            .map(|(name, policy)| {
+                let store = kept
+                    .iter()
+                    .find(|(n, s)| {
+                        *n == name && *s.policy() == policy && s.is_monotonic() == monotonic
+                    })
+                    .map_or_else(
+                        || Arc::new(Store::new(policy, self.shards, monotonic)),
+                        |(_, s)| s.clone(),
+                    );
+                Named { name, store }
             })
             .collect();
+        // Kept keys count against the new budget from the start.
+        let budget = Budget::new(self.max_keys);
+        budget.add(policies.iter().map(|p| p.store.len()).sum());
         Limiter {
             policies,
             index,
-            budget: Budget::new(self.max_keys),
+            budget,
             max_key_len: self.max_key_len,
             clock: self.clock,
             next_full_sweep: AtomicU64::new(0),
@@ -331,13 +361,14 @@ impl<C: Clock> Limiter<C> {
         let now = self.clock.now();
         let cost = check.cost.max(1);
         let stored = named.store.contains(check.key);
-        let decision = named
-            .store
-            .peek(check.key, cost, now)
-            .map_err(|error| CheckError::Cost {
-                policy: named.name.clone(),
-                error,
-            })?;
+        let decision =
+            named
+                .store
+                .peek(check.key, cost, now)
+                .map_err(|error| CheckError::Cost {
+                    policy: named.name.clone(),
+                    error,
+                })?;
         Ok((decision, stored))
     }
 
@@ -366,6 +397,16 @@ impl<C: Clock> Limiter<C> {
     /// Whether no key is stored.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Whether the named policy shares its keys with `other` (one was built
+    /// from the other with [`Builder::keep_state_of`] and kept them).
+    pub fn shares_state_with<D>(&self, other: &Limiter<D>, policy: &str) -> bool {
+        let store = |l: &[Named]| l.iter().find(|p| p.name == policy).map(|p| p.store.clone());
+        match (store(&self.policies), store(&other.policies)) {
+            (Some(a), Some(b)) => Arc::ptr_eq(&a, &b),
+            _ => false,
+        }
     }
 
     /// The policies, by name, in the order they were added.

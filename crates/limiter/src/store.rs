@@ -62,6 +62,10 @@ impl Budget {
             .is_ok()
     }
 
+    pub(crate) fn add(&self, n: usize) {
+        self.used.fetch_add(n, Ordering::AcqRel);
+    }
+
     fn give_back(&self, n: usize) {
         self.used.fetch_sub(n, Ordering::AcqRel);
     }
@@ -421,6 +425,7 @@ pub(crate) struct Store {
     rules: Rules,
     table: Table,
     mask: usize,
+    monotonic: bool,
 }
 
 impl Store {
@@ -448,6 +453,7 @@ impl Store {
             },
             table,
             mask: count - 1,
+            monotonic,
         }
     }
 
@@ -555,6 +561,11 @@ impl Store {
             budget.give_back(1);
         }
         removed
+    }
+
+    /// Whether the one-word path may be taken (the clock never goes back).
+    pub(crate) fn is_monotonic(&self) -> bool {
+        self.monotonic
     }
 
     /// Whether `key` is stored.

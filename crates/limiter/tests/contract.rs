@@ -142,7 +142,10 @@ fn check_all_charges_every_policy_or_none() {
     assert!(third.decisions[0].allowed && !third.decisions[1].allowed);
     assert_eq!(third.retry_after(), 3_600_000_000_000);
     assert_eq!(
-        limiter.check_one(Check::new(seller, "842")).unwrap().remaining,
+        limiter
+            .check_one(Check::new(seller, "842"))
+            .unwrap()
+            .remaining,
         0,
         "one token left, uncharged by the rejection"
     );
@@ -174,14 +177,22 @@ fn bad_input_is_an_error_not_a_decision() {
         Err(Error::Invalid(e)) => e,
         other => panic!("{other:?}"),
     };
-    assert!(matches!(invalid(limiter.check("k", 0)), CheckError::Cost { .. }));
-    assert!(matches!(invalid(limiter.check("k", 3)), CheckError::Cost { .. }));
+    assert!(matches!(
+        invalid(limiter.check("k", 0)),
+        CheckError::Cost { .. }
+    ));
+    assert!(matches!(
+        invalid(limiter.check("k", 3)),
+        CheckError::Cost { .. }
+    ));
     assert_eq!(
         invalid(limiter.check(&"x".repeat(257), 1)),
         CheckError::KeyTooLong { len: 257, max: 256 }
     );
     assert!(limiter.check(&"x".repeat(256), 1).unwrap().allowed);
-    limiter.reset(limiter.policy("default").unwrap(), &"x".repeat(256)).unwrap();
+    limiter
+        .reset(limiter.policy("default").unwrap(), &"x".repeat(256))
+        .unwrap();
     assert!(limiter.is_empty(), "nothing stored for invalid requests");
     let twice = Limiter::builder().policy("a", Policy::parse("gcra burst=2 rate=1/s").unwrap());
     let twice = twice.policy("a", Policy::parse("gcra burst=2 rate=1/s").unwrap());
@@ -207,7 +218,12 @@ fn peek_charges_nothing_and_reset_grants_afresh() {
     assert!(!spent.allowed && stored);
     assert_eq!(limiter.reset(p, "k"), Ok(true));
     assert_eq!(limiter.reset(p, "k"), Ok(false));
-    assert!(limiter.check_one(Check::new(p, "k").cost(2)).unwrap().allowed);
+    assert!(
+        limiter
+            .check_one(Check::new(p, "k").cost(2))
+            .unwrap()
+            .allowed
+    );
 }
 
 #[test]
@@ -232,7 +248,10 @@ fn a_cost_of_zero_reports_the_standing_and_charges_nothing() {
     limiter.check_one(Check::new(window, "k")).unwrap();
     // The window is spent, but a 0-cost look does not refuse the request.
     let all = limiter
-        .check_all(&[Check::new(bucket, "k").cost(2), Check::new(window, "k").cost(0)])
+        .check_all(&[
+            Check::new(bucket, "k").cost(2),
+            Check::new(window, "k").cost(0),
+        ])
         .unwrap();
     assert!(all.allowed);
     assert_eq!(

@@ -234,6 +234,21 @@ impl RedisStore {
         Ok(deleted > 0)
     }
 
+    /// Whether `identity` has state under the policy `name`.
+    pub async fn exists(&self, name: &str, identity: &str) -> Result<bool, StoreError> {
+        let mut cmd = redis::cmd("EXISTS");
+        cmd.arg(key(name, identity));
+        let found: i64 = self
+            .call(async {
+                match &self.connection {
+                    Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
+                    Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+                }
+            })
+            .await?;
+        Ok(found > 0)
+    }
+
     async fn call<T>(
         &self,
         call: impl Future<Output = Result<T, redis::RedisError>>,

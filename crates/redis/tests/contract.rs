@@ -286,7 +286,11 @@ fn several_policies_decide_as_the_in_process_limiter() {
                 let expected = limiter.check_all_within(&weighed, max_delay).unwrap();
                 let got = shared
                     .runtime
-                    .block_on(shared.store.decide(&checks, Some(now), Mode::Charge { max_delay }))
+                    .block_on(
+                        shared
+                            .store
+                            .decide(&checks, Some(now), Mode::Charge { max_delay }),
+                    )
                     .unwrap()
                     .all;
                 prop_assert_eq!(got.allowed, expected.allowed);
@@ -366,7 +370,10 @@ fn a_lost_state_is_detected_and_empty_keys_refill_from_then() {
         "two tokens back since the loss, one spent"
     );
     assert_eq!(
-        run("c", &bucket, OnLoss::Full, t0 + 2 * NANOS_PER_SEC).0.decisions[0].remaining,
+        run("c", &bucket, OnLoss::Full, t0 + 2 * NANOS_PER_SEC)
+            .0
+            .decisions[0]
+            .remaining,
         3
     );
     // The store restarts empty.
@@ -382,6 +389,10 @@ fn a_lost_state_is_detected_and_empty_keys_refill_from_then() {
     let (after, lost) = run("a", &window, OnLoss::Empty, t1);
     assert!(lost && !after.allowed);
     assert_eq!(after.decisions[0].retry_after, 10 * NANOS_PER_SEC);
-    assert!(run("a", &window, OnLoss::Empty, t1 + 10 * NANOS_PER_SEC).0.allowed);
+    assert!(
+        run("a", &window, OnLoss::Empty, t1 + 10 * NANOS_PER_SEC)
+            .0
+            .allowed
+    );
     assert!(!run("z", &window, OnLoss::Full, t1 + NANOS_PER_SEC).1);
 }

@@ -10,7 +10,6 @@
 //! unlimited (`OK`, no limit). All matched descriptors of one request are
 //! decided all-or-nothing.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -24,19 +23,14 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use serde_json::json;
 use tonic::{Request, Response, Status};
-use weir_core::NANOS_PER_SEC;
-use weir_limiter::{Decision, Nanos, Policy};
-use weir_tower::retry_after_seconds;
+use weir_core::check::escape;
+use weir_core::{MAX_IDENTITY, NANOS_PER_SEC, Nanos, Policy};
+use weir_tower::{Limited, Part, fields};
 
-use crate::config::Config;
-use crate::handlers::rate_limit_fields;
+use crate::backend::{Check, Refusal};
+use crate::config::{Config, PolicyId};
 use crate::state::{AppState, Shared};
-use crate::store::{Refusal, decide};
-
-/// The longest identity built from a descriptor, in bytes (escaped).
-pub const MAX_KEY: usize = weir_redis::MAX_IDENTITY;
 
 /// The gRPC service.
 #[derive(Debug, Clone)]
@@ -52,14 +46,13 @@ impl RateLimiter {
 }
 
 /// One request descriptor, translated: `None` when no rule matches.
-pub type Translated<'c> = Vec<Option<(&'c str, String, u64)>>;
+pub type Translated = Vec<Option<(PolicyId, String, u64)>>;
 
 /// Translates a request into (policy, key, cost) per descriptor, or the
-/// `INVALID_ARGUMENT` message. Pure: no store, no clock.
-pub fn translate<'c>(
-    config: &'c Config,
-    request: &RateLimitRequest,
-) -> Result<Translated<'c>, String> {
+/// `INVALID_ARGUMENT` message. Pure: no store, no clock. A descriptor's
+/// identity — its domain, keys and values as Envoy sent them — is at most
+/// [`MAX_IDENTITY`] bytes, the bound of every face.
+pub fn translate(config: &Config, request: &RateLimitRequest) -> Result<Translated, String> {
     if request.domain.is_empty() {
         return Err("`domain` is empty".into());
     }
@@ -105,6 +98,18 @@ pub fn translate<'c>(
             out.push(None);
             continue;
         };
+        let sent: usize = request.domain.len()
+            + descriptor
+                .entries
+                .iter()
+                .map(|e| e.key.len() + e.value.len() + 2)
+                .sum::<usize>();
+        if sent > MAX_IDENTITY {
+            return Err(format!(
+                "descriptor #{}: its domain and entries are {sent} bytes, above the limit of {MAX_IDENTITY}",
+                i + 1
+            ));
+        }
         let mut key = String::from("envoy:");
         escape(&mut key, &request.domain);
         for entry in &descriptor.entries {
@@ -113,30 +118,9 @@ pub fn translate<'c>(
             key.push('=');
             escape(&mut key, &entry.value);
         }
-        if key.len() > MAX_KEY {
-            return Err(format!(
-                "descriptor #{}: its entries make a key of {} bytes, above the limit of {MAX_KEY}",
-                i + 1,
-                key.len()
-            ));
-        }
-        out.push(Some((rule.policy.as_str(), key, cost)));
+        out.push(Some((rule.policy, key, cost)));
     }
     Ok(out)
-}
-
-/// `%XX` for every byte that could join or split parts of a key.
-fn escape(out: &mut String, text: &str) {
-    for c in text.chars() {
-        if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/') {
-            out.push(c);
-        } else {
-            let mut bytes = [0u8; 4];
-            for b in c.encode_utf8(&mut bytes).bytes() {
-                let _ = write!(out, "%{b:02X}");
-            }
-        }
-    }
 }
 
 /// A policy's sustained limit as Envoy shows it: requests per unit — a
@@ -144,14 +128,7 @@ fn escape(out: &mut String, text: &str) {
 /// unit (second, minute, hour, day) where it is a whole number; otherwise
 /// per day, rounded down.
 pub fn per_unit(policy: &Policy) -> (u32, Unit) {
-    let (count, period) = match policy {
-        Policy::TokenBucket(b) | Policy::Gcra(b) => (b.rate().tokens(), b.rate().period()),
-        Policy::LeakyBucket(l) => (l.rate().tokens(), l.rate().period()),
-        Policy::FixedWindow(w) => (w.limit(), w.window()),
-        Policy::SlidingLog(l) => (l.limit(), l.window()),
-        Policy::SlidingCounter(c) => (c.limit(), c.window()),
-        _ => return (0, Unit::Unknown),
-    };
+    let (count, period) = policy.sustained();
     let units = [
         (Unit::Second, NANOS_PER_SEC),
         (Unit::Minute, 60 * NANOS_PER_SEC),
@@ -190,42 +167,56 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
     // Descriptors that name the same (policy, key) — two rate limit actions
     // producing the same entries — are one check of their summed cost, and
     // report the same status.
-    let mut pairs: Vec<(&str, &str, u64)> = Vec::with_capacity(translated.len());
+    let mut checks: Vec<Check<'_>> = Vec::with_capacity(translated.len());
     let mut slot = Vec::with_capacity(translated.len());
     for t in &translated {
         slot.push(t.as_ref().map(|(policy, key, cost)| {
-            match pairs.iter().position(|(p, k, _)| p == policy && k == key) {
+            match checks
+                .iter()
+                .position(|c| c.policy == *policy && c.key == key)
+            {
                 Some(i) => {
-                    pairs[i].2 = pairs[i].2.saturating_add(*cost);
+                    checks[i].cost = checks[i].cost.saturating_add(*cost);
                     i
                 }
                 None => {
-                    pairs.push((policy, key.as_str(), *cost));
-                    pairs.len() - 1
+                    checks.push(Check {
+                        policy: *policy,
+                        key,
+                        cost: *cost,
+                    });
+                    checks.len() - 1
                 }
             }
         }));
     }
+    let ok = DescriptorStatus {
+        code: Code::Ok.into(),
+        ..DescriptorStatus::default()
+    };
     let mut response = RateLimitResponse {
         overall_code: Code::Ok.into(),
+        statuses: vec![ok; translated.len()],
         ..RateLimitResponse::default()
     };
-    if pairs.is_empty() {
-        response.statuses = vec![
-            DescriptorStatus {
-                code: Code::Ok.into(),
-                ..DescriptorStatus::default()
-            };
-            translated.len()
-        ];
+    if checks.is_empty() {
         return Ok(response);
     }
     // Envoy cannot hold a request: a shaper admits only what it would
     // release at once.
-    let decided = match decide(shared, &pairs, 0, None).await {
-        Ok(verdict) => verdict.decided,
+    let decided = shared
+        .backend
+        .decide(&shared.table, &shared.meters, &checks, 0, None)
+        .await;
+    let verdict = match decided {
+        Ok(verdict) => verdict,
         Err(Refusal::Invalid(e)) => return Err(Status::invalid_argument(e.to_string())),
         Err(Refusal::Unsupported(m)) => return Err(Status::invalid_argument(m)),
+        Err(Refusal::Full { max }) => {
+            return Err(Status::resource_exhausted(format!(
+                "the limiter holds its maximum of {max} keys; new keys are refused"
+            )));
+        }
         Err(Refusal::Unavailable { denied: false }) => {
             return Err(Status::unavailable(
                 "the store is unavailable and the policies set no on_store_error rule",
@@ -233,86 +224,60 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
         }
         Err(Refusal::Unavailable { denied: true }) => {
             response.overall_code = Code::OverLimit.into();
-            response.statuses = translated
-                .iter()
-                .map(|t| DescriptorStatus {
-                    code: if t.is_some() {
-                        Code::OverLimit
-                    } else {
-                        Code::Ok
-                    }
-                    .into(),
-                    ..DescriptorStatus::default()
-                })
-                .collect();
+            for (status, t) in response.statuses.iter_mut().zip(&translated) {
+                if t.is_some() {
+                    status.code = Code::OverLimit.into();
+                }
+            }
             response.response_headers_to_add = vec![
                 header("retry-after", "1".into()),
                 header("content-type", "application/json".into()),
             ];
-            response.raw_body = json!({ "error": "STORE_UNAVAILABLE" })
-                .to_string()
-                .into_bytes();
+            response.raw_body = r#"{"error":"STORE_UNAVAILABLE"}"#.as_bytes().to_vec();
             return Ok(response);
         }
     };
-    let refused = |d: &Decision| !d.allowed || d.delay > 0;
-    response.statuses = slot
+    let parts: Vec<Part<'_>> = checks
         .iter()
-        .map(|s| {
-            let Some((policy, d)) = s.and_then(|i| decided.get(i).copied()) else {
-                return DescriptorStatus {
-                    code: Code::Ok.into(),
-                    ..DescriptorStatus::default()
-                };
-            };
-            let (requests_per_unit, unit) = shared
-                .config
-                .policies
-                .iter()
-                .find(|(n, _)| n == policy)
-                .map_or((0, Unit::Unknown), |(_, p)| per_unit(p));
-            DescriptorStatus {
-                code: if refused(&d) {
-                    Code::OverLimit
-                } else {
-                    Code::Ok
-                }
-                .into(),
-                current_limit: Some(RateLimit {
-                    name: (*policy).to_owned(),
-                    requests_per_unit,
-                    unit: unit.into(),
-                }),
-                limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
-                duration_until_reset: Some(duration(d.reset)),
-                ..DescriptorStatus::default()
-            }
-        })
+        .zip(verdict.decisions())
+        .map(|(c, d)| shared.table.get(c.policy).part(d, verdict.degraded))
         .collect();
-    let (policies, states) = rate_limit_fields(shared, &decided);
-    response.response_headers_to_add = vec![
-        header("ratelimit-policy", policies),
-        header("ratelimit", states),
-    ];
-    let over = decided.iter().find(|(_, d)| refused(d));
-    if let Some((policy, _)) = over {
-        response.overall_code = Code::OverLimit.into();
-        let wait = decided
-            .iter()
-            .filter(|(_, d)| refused(d))
-            .map(|(_, d)| if d.allowed { d.delay } else { d.retry_after })
-            .max()
-            .unwrap_or(0);
-        response
-            .response_headers_to_add
-            .push(header("retry-after", retry_after_seconds(wait).to_string()));
-        response
-            .response_headers_to_add
-            .push(header("content-type", "application/json".into()));
-        response.raw_body = json!({ "error": "RATE_LIMITED", "policy": policy })
-            .to_string()
-            .into_bytes();
+    for (status, s) in response.statuses.iter_mut().zip(&slot) {
+        let Some(i) = *s else { continue };
+        let (part, check) = (&parts[i], &checks[i]);
+        let (requests_per_unit, unit) = per_unit(&shared.table.get(check.policy).policy);
+        *status = DescriptorStatus {
+            code: match verdict.refuses(&part.decision) {
+                true => Code::OverLimit,
+                false => Code::Ok,
+            }
+            .into(),
+            current_limit: Some(RateLimit {
+                name: part.name.to_owned(),
+                requests_per_unit,
+                unit: unit.into(),
+            }),
+            limit_remaining: u32::try_from(part.decision.remaining).unwrap_or(u32::MAX),
+            duration_until_reset: Some(duration(part.decision.reset)),
+            ..DescriptorStatus::default()
+        };
     }
+    let to_envoy = |(name, value): (http::HeaderName, http::HeaderValue)| {
+        header(name.as_str(), value.to_str().unwrap_or_default().to_owned())
+    };
+    response.response_headers_to_add = match verdict.refusing() {
+        None => fields(&parts).into_iter().map(to_envoy).collect(),
+        Some(first) => {
+            response.overall_code = Code::OverLimit.into();
+            let limited = Limited {
+                policy: parts[first].name,
+                retry_after: verdict.retry_after(),
+                parts: &parts,
+            };
+            response.raw_body = limited.body().into_bytes();
+            limited.headers().into_iter().map(to_envoy).collect()
+        }
+    };
     Ok(response)
 }
 
@@ -377,6 +342,7 @@ mod tests {
             t[0].as_ref().unwrap().1,
             "envoy:d:seller=7:endpoint=stock-read"
         );
+        assert_eq!(t[0].as_ref().unwrap().0, PolicyId(0));
         assert!(t[1].is_none() && t[2].is_none());
         assert_ne!(t[3].as_ref().unwrap().1, t[4].as_ref().unwrap().1);
         let unknown = RateLimitRequest {
@@ -431,8 +397,8 @@ mod tests {
                 Ok(t) => {
                     prop_assert_eq!(t.len(), request.descriptors.len());
                     for (policy, key, _) in t.iter().flatten() {
-                        prop_assert_eq!(*policy, "a");
-                        prop_assert!(key.len() <= MAX_KEY);
+                        prop_assert_eq!(*policy, PolicyId(0));
+                        prop_assert!(key.len() <= crate::backend::MAX_KEY);
                     }
                 }
                 Err(message) => prop_assert!(!message.is_empty()),

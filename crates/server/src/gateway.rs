@@ -8,40 +8,31 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderValue, StatusCode, Uri};
+use axum::http::{HeaderValue, Uri};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
-use weir_limiter::{Decision, Nanos};
-use weir_tower::retry_after_seconds;
+use http::{HeaderMap, HeaderName, Method, Version, header};
+use weir_core::Nanos;
+use weir_tower::{Limited, Part, fields};
 
+use crate::answer::ApiError;
+use crate::backend::{Check, scoped_key};
 use crate::config::{Identity, OnStoreError, Route, Segment};
-use crate::handlers::{error, rate_limit_headers, refusal};
 use crate::state::{AppState, Shared};
-use crate::store::decide;
-
-/// The longest identity accepted, in bytes.
-const MAX_IDENTITY: usize = 256;
 
 /// Headers that belong to one connection, not to the request.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
-fn matches<'a>(
-    route: &'a Route,
-    method: &http::Method,
-    path: &'a str,
-) -> Option<Vec<(&'a str, &'a str)>> {
-    if route.method.as_ref().is_some_and(|m| m != method) {
-        return None;
-    }
+/// The path parameters when `path` matches the route's pattern.
+fn path_matches<'a>(route: &'a Route, path: &'a str) -> Option<Vec<(&'a str, &'a str)>> {
     let parts: Vec<&str> = path.split('/').skip(1).collect();
     if parts.len() != route.segments.len() {
         return None;
@@ -51,18 +42,19 @@ fn matches<'a>(
         match segment {
             Segment::Literal(text) if text == part => {}
             Segment::Param(name) if !part.is_empty() => params.push((name.as_str(), part)),
-            _ => return None,
+            Segment::Literal(_) | Segment::Param(_) => return None,
         }
     }
     Some(params)
 }
 
+/// The stored key of the caller's identity.
 fn identity(
     route: &Route,
     request: &Request,
     params: &[(&str, &str)],
     peer: Option<SocketAddr>,
-) -> Result<String, Response> {
+) -> Result<String, ApiError> {
     let value = match &route.identity {
         Identity::Header(name) => request
             .headers()
@@ -75,23 +67,39 @@ fn identity(
             .map(|(_, v)| (*v).to_owned()),
         Identity::Peer => peer.map(|p| p.ip().to_string()),
     };
+    let scope = route.identity.scope();
     match value {
-        Some(v) if v.is_empty() => Err(error(
-            StatusCode::BAD_REQUEST,
-            "MISSING_IDENTITY",
-            "the identity is empty",
-        )),
-        Some(v) if v.len() > MAX_IDENTITY => Err(error(
-            StatusCode::BAD_REQUEST,
-            "IDENTITY_TOO_LONG",
-            format!("an identity is at most {MAX_IDENTITY} bytes"),
-        )),
-        Some(v) => Ok(format!("{}:{v}", route.identity.kind())),
-        None => Err(error(
-            StatusCode::BAD_REQUEST,
-            "MISSING_IDENTITY",
-            format!("no {}", route.identity.kind()),
-        )),
+        Some(v) if !v.is_empty() => Ok(scoped_key(&scope, &v)?),
+        Some(_) => Err(ApiError::MissingIdentity(format!("the {scope} is empty"))),
+        None => Err(ApiError::MissingIdentity(format!("no {scope}"))),
+    }
+}
+
+/// A route and the path's parameters.
+struct Matched<'a> {
+    route: &'a Route,
+    params: Vec<(&'a str, &'a str)>,
+}
+
+/// The first route for the request, or `404`, or `405` with the methods
+/// the path allows.
+fn route<'a>(shared: &'a Shared, method: &Method, path: &'a str) -> Result<Matched<'a>, ApiError> {
+    let mut allowed: Vec<&str> = Vec::new();
+    for route in &shared.config.routes {
+        let Some(params) = path_matches(route, path) else {
+            continue;
+        };
+        match &route.method {
+            Some(m) if m != method => allowed.push(m.as_str()),
+            _ => return Ok(Matched { route, params }),
+        }
+    }
+    match allowed.is_empty() {
+        true => Err(ApiError::NotFound(format!("no route for {method} {path}"))),
+        false => Err(ApiError::MethodNotAllowed {
+            allow: allowed.join(", "),
+            detail: format!("{path} allows {}", allowed.join(", ")),
+        }),
     }
 }
 
@@ -99,16 +107,9 @@ fn identity(
 pub(crate) async fn forward(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let shared = state.current();
     let path = request.uri().path().to_owned();
-    let found =
-        shared.config.routes.iter().find_map(|route| {
-            matches(route, request.method(), &path).map(|params| (route, params))
-        });
-    let Some((route, params)) = found else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "NOT_FOUND",
-            format!("no route for {} {path}", request.method()),
-        );
+    let Matched { route, params } = match route(&shared, request.method(), &path) {
+        Ok(found) => found,
+        Err(e) => return e.into_response(),
     };
     let peer = request
         .extensions()
@@ -116,64 +117,69 @@ pub(crate) async fn forward(State(state): State<Arc<AppState>>, request: Request
         .map(|c| c.0);
     let key = match identity(route, &request, &params, peer) {
         Ok(key) => key,
-        Err(response) => return response,
+        Err(e) => return e.into_response(),
     };
-    let pairs: Vec<(&str, &str, u64)> = route
+    let checks: Vec<Check<'_>> = route
         .policies
         .iter()
-        .map(|p| (p.as_str(), key.as_str(), 1))
+        .map(|&policy| Check {
+            policy,
+            key: &key,
+            cost: 1,
+        })
         .collect();
     let max_wait = Nanos::try_from(route.max_wait.as_nanos()).unwrap_or(Nanos::MAX);
-    let verdict = match decide(&shared, &pairs, max_wait, Some(OnStoreError::Local)).await {
+    let decided = shared
+        .backend
+        .decide(
+            &shared.table,
+            &shared.meters,
+            &checks,
+            max_wait,
+            Some(OnStoreError::Local),
+        )
+        .await;
+    let verdict = match decided {
         Ok(verdict) => verdict,
-        Err(r) => return refusal(r),
+        Err(refusal) => return ApiError::from(refusal).into_response(),
     };
-    let decided = verdict.decided;
-    if !verdict.all.allowed {
-        return rejection(&shared, &decided, max_wait);
+    let parts: Vec<Part<'_>> = route
+        .policies
+        .iter()
+        .zip(verdict.decisions())
+        .map(|(&id, d)| shared.table.get(id).part(d, verdict.degraded))
+        .collect();
+    if let Some(first) = verdict.refusing() {
+        return Limited {
+            policy: parts[first].name,
+            retry_after: verdict.retry_after(),
+            parts: &parts,
+        }
+        .response();
     }
-    let delay = decided.iter().map(|(_, d)| d.delay).max().unwrap_or(0);
+    let delay = parts.iter().map(|p| p.decision.delay).max().unwrap_or(0);
     if delay > 0 {
         // A client that goes away while waiting drops this future: it is
         // never forwarded (its slot is not refunded).
         tokio::time::sleep(Duration::from_nanos(delay)).await;
     }
     let mut response = send(&shared, route, request, peer).await;
-    rate_limit_headers(&shared, &decided, response.headers_mut());
+    response.headers_mut().extend(fields(&parts));
     response
 }
 
-fn rejection(shared: &Shared, decided: &[(&str, Decision)], max_wait: Nanos) -> Response {
-    // The first policy that refused; or, when a shaper's wait was too long,
-    // the one that would have made it wait longest.
-    let (policy, decision) = decided
+/// Removes the hop-by-hop headers, and those the `Connection` header names.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
         .iter()
-        .find(|(_, d)| !d.allowed)
-        .or_else(|| decided.iter().max_by_key(|(_, d)| d.delay))
-        .copied()
-        .unwrap_or(("", Decision::default()));
-    let wait = if decision.allowed {
-        decision.delay.saturating_sub(max_wait)
-    } else {
-        decision.retry_after
-    };
-    let body = json!({ "error": "RATE_LIMITED", "policy": policy }).to_string();
-    let mut response = (StatusCode::TOO_MANY_REQUESTS, body).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers.insert(
-        http::header::CACHE_CONTROL,
-        HeaderValue::from_static("no-store"),
-    );
-    headers.insert(
-        http::header::RETRY_AFTER,
-        HeaderValue::from(retry_after_seconds(wait)),
-    );
-    rate_limit_headers(shared, decided, headers);
-    response
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::try_from(name.trim()).ok())
+        .collect();
+    for name in HOP_BY_HOP.iter().chain(&named) {
+        headers.remove(name);
+    }
 }
 
 async fn send(
@@ -184,45 +190,53 @@ async fn send(
 ) -> Response {
     let (mut parts, body) = request.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let authority = route.upstream.authority().map_or("", |a| a.as_str());
     let uri = Uri::builder()
         .scheme("http")
-        .authority(route.upstream.authority().map_or("", |a| a.as_str()))
+        .authority(authority)
         .path_and_query(path)
         .build();
     let Ok(uri) = uri else {
-        return error(
-            StatusCode::BAD_GATEWAY,
-            "UPSTREAM_UNAVAILABLE",
-            "cannot build the upstream URI",
-        );
+        return ApiError::Upstream("cannot build the upstream URI".into()).into_response();
     };
     parts.uri = uri;
-    for name in HOP_BY_HOP {
-        parts.headers.remove(name);
+    parts.version = Version::HTTP_11;
+    let headers = &mut parts.headers;
+    strip_hop_by_hop(headers);
+    // The client's host goes on as X-Forwarded-Host; the upstream's is Host.
+    if let Some(host) = headers.remove(header::HOST) {
+        headers.insert(HeaderName::from_static("x-forwarded-host"), host);
     }
-    if let Some(authority) = route
-        .upstream
-        .authority()
-        .and_then(|a| HeaderValue::try_from(a.as_str()).ok())
-    {
-        parts.headers.insert(http::header::HOST, authority);
+    if let Ok(host) = HeaderValue::try_from(authority) {
+        headers.insert(header::HOST, host);
     }
+    // No proxy in front of weir is trusted: what a client says about its
+    // address is replaced, never passed on.
+    headers.remove(HeaderName::from_static("forwarded"));
+    headers.remove(HeaderName::from_static("x-real-ip"));
+    headers.remove(HeaderName::from_static("x-forwarded-for"));
     if let Some(ip) = peer.and_then(|p| HeaderValue::try_from(p.ip().to_string()).ok()) {
-        parts.headers.append("x-forwarded-for", ip);
+        headers.insert(HeaderName::from_static("x-forwarded-for"), ip);
     }
+    headers.insert(
+        HeaderName::from_static("x-forwarded-proto"),
+        HeaderValue::from_static("http"),
+    );
     match shared
         .client
         .request(Request::from_parts(parts, body))
         .await
     {
-        Ok(response) => response.map(Body::new),
+        Ok(response) => {
+            let (mut parts, body) = response.into_parts();
+            // Clients are answered in HTTP/1.1, whatever the upstream spoke.
+            parts.version = Version::HTTP_11;
+            strip_hop_by_hop(&mut parts.headers);
+            Response::from_parts(parts, Body::new(body))
+        }
         Err(e) => {
             tracing::warn!(route = %route.text, error = %e, "upstream unavailable");
-            error(
-                StatusCode::BAD_GATEWAY,
-                "UPSTREAM_UNAVAILABLE",
-                format!("{}: {e}", route.upstream),
-            )
+            ApiError::Upstream(format!("{}: {e}", route.upstream)).into_response()
         }
     }
 }

@@ -1,21 +1,29 @@
 //! `weir serve`: the HTTP decision API, the gateway that forwards admitted
-//! requests and answers the rest with `429`, Prometheus metrics, health, and
-//! admin endpoints — over the in-process `Limiter` or a shared Redis.
+//! requests and answers the rest with `429`, the Envoy rate limit service,
+//! Prometheus metrics, health, and admin endpoints — over the in-process
+//! limiter or a shared Redis.
+//!
+//! One way through: [`config`] (parsed and validated) → [`table`] (each
+//! policy resolved once) → [`backend`] (in process or Redis, with the
+//! breaker and the store-error rules) → [`state`] (what a configuration
+//! serves with) → the faces: `api` and `gateway` over HTTP, [`envoy`] over
+//! gRPC, all answering through `answer` and `weir_tower`'s `Limited`.
+//! `docs/ARCHITECTURE.md` draws it.
 //!
 //! The server is a function you can test: [`app`] builds the router from an
 //! [`AppState`], and [`run`] serves it on a listener the caller owns until the
 //! caller's shutdown future completes.
 
-// Handlers return early with a ready `Response` as the error: it is built
-// once, on the refusal path, and boxing it would only add an allocation.
-#![allow(clippy::result_large_err)]
-
+mod answer;
+mod api;
+pub mod backend;
+pub mod breaker;
 pub mod config;
 pub mod envoy;
 mod gateway;
-mod handlers;
-mod state;
-pub mod store;
+mod metrics;
+pub mod state;
+pub mod table;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -27,19 +35,21 @@ use axum::routing::{get, post};
 
 pub use state::{AppState, Shared};
 
+use crate::answer::ApiError;
+
 /// The router: decision API, admin, health, metrics; every other path goes
 /// to the gateway routes.
 pub fn app(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/v1/check", post(handlers::check))
-        .route("/v1/policies", get(handlers::policies))
+        .route("/v1/check", post(api::check))
+        .route("/v1/policies", get(api::policies))
         .route(
             "/v1/keys/{policy}/{key}",
-            get(handlers::inspect_key).delete(handlers::reset_key),
+            get(api::inspect_key).delete(api::reset_key),
         )
-        .route("/healthz", get(handlers::healthz))
-        .route("/readyz", get(handlers::readyz))
-        .route("/metrics", get(handlers::metrics))
+        .route("/healthz", get(api::healthz))
+        .route("/readyz", get(api::readyz))
+        .route("/metrics", get(api::metrics))
         .fallback(gateway::forward)
         .layer(axum::middleware::from_fn(limit_headers))
         .with_state(state)
@@ -59,11 +69,7 @@ async fn limit_headers(
         .map(|(name, value)| name.as_str().len() + value.len())
         .sum();
     if size > MAX_HEADER_BYTES {
-        return handlers::error(
-            http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "HEADERS_TOO_LARGE",
-            format!("{size} bytes of headers; at most {MAX_HEADER_BYTES}"),
-        );
+        return axum::response::IntoResponse::into_response(ApiError::HeadersTooLarge(size));
     }
     next.run(request).await
 }
@@ -75,12 +81,15 @@ pub async fn run(
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    if let Some(remote) = state.current().remote.clone() {
-        // Serve at once either way; a store still down is decided by the
-        // policies' on_store_error rules until the probe reaches it.
-        if !remote.wait_up(Duration::from_secs(2)).await {
-            tracing::warn!("the store is not reachable yet: serving by on_store_error");
-        }
+    // Serve at once either way; a store still down is decided by the
+    // policies' on_store_error rules until the probe reaches it.
+    if !state
+        .current()
+        .backend
+        .wait_up(Duration::from_secs(2))
+        .await
+    {
+        tracing::warn!("the store is not reachable yet: serving by on_store_error");
     }
     // Housekeeping: histogram samples are folded into their buckets every
     // second (unscraped, they would pile up), idle keys swept every five.
@@ -92,7 +101,7 @@ pub async fn run(
                 tick.tick().await;
                 state.metrics.run_upkeep();
                 if second % 5 == 4 {
-                    state.current().limiter.sweep();
+                    state.current().backend.local().limiter.sweep();
                 }
             }
         })

@@ -136,6 +136,11 @@ async fn bad_input_gets_its_own_4xx_and_charges_nothing() {
         send("POST", &url, &[], &long).await.json()["error"],
         "KEY_TOO_LONG"
     );
+    // The bound is on the key as the client sent it: 256 bytes.
+    for (len, status) in [(255, 200), (256, 200), (257, 422)] {
+        let body = format!(r#"{{"policy":"api","key":"{}"}}"#, "b".repeat(len));
+        assert_eq!(send("POST", &url, &[], &body).await.status, status, "{len}");
+    }
     let huge = format!(r#"{{"policy":"api","key":"{}"}}"#, "k".repeat(100_000));
     assert_eq!(send("POST", &url, &[], &huge).await.status, 413);
     let big_header = "h".repeat(40_000);

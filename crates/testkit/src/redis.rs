@@ -177,7 +177,10 @@ impl Cluster {
             .unwrap();
         assert!(created.success(), "redis-cli --cluster create {addrs:?}");
         for _ in 0..200 {
-            if nodes[0].cli(&["cluster", "info"]).contains("cluster_state:ok") {
+            if nodes[0]
+                .cli(&["cluster", "info"])
+                .contains("cluster_state:ok")
+            {
                 std::thread::sleep(Duration::from_millis(200));
                 return Self { nodes };
             }

@@ -201,6 +201,9 @@ mod tests {
         assert_eq!(response.status(), 429);
         assert_eq!(response.headers()["retry-after"], "2");
         assert_eq!(response.headers()["cache-control"], "no-store");
-        assert_eq!(response.body(), r#"{"error":"RATE_LIMITED","policy":"api"}"#);
+        assert_eq!(
+            response.body(),
+            r#"{"error":"RATE_LIMITED","policy":"api"}"#
+        );
     }
 }

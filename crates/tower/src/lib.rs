@@ -225,9 +225,11 @@ where
                 .limiter
                 .check_one(Check::new(shared.id, &key))
                 .map_err(|e| match e {
-                    Error::Invalid(CheckError::KeyTooLong { .. }) => {
-                        refusal(StatusCode::UNPROCESSABLE_ENTITY, "KEY_TOO_LONG", &shared.policy)
-                    }
+                    Error::Invalid(CheckError::KeyTooLong { .. }) => refusal(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "KEY_TOO_LONG",
+                        &shared.policy,
+                    ),
                     // The key table is full of limited keys: refuse, never admit.
                     _ => refusal(
                         StatusCode::SERVICE_UNAVAILABLE,

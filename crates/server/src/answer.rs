@@ -1,0 +1,203 @@
+//! What the HTTP faces answer: typed errors that turn themselves into
+//! responses, and the serde bodies of decisions. The `429` itself is built by
+//! `weir_tower::Limited`, shared with the tower layer and the Envoy service.
+
+use axum::Json;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+use serde::Serialize;
+use weir_core::{CheckError, CostError, Decision, Nanos};
+
+use crate::backend::Refusal;
+use crate::table::Entry;
+
+/// Why an HTTP request got no decision.
+#[derive(Debug)]
+pub(crate) enum ApiError {
+    /// The backend could not decide it.
+    Refused(Refusal),
+    /// No policy of that name.
+    UnknownPolicy(String),
+    /// A body over the limit.
+    BodyTooLarge(usize),
+    /// Headers over the limit.
+    HeadersTooLarge(usize),
+    /// Not JSON.
+    Malformed(String),
+    /// JSON, but not a valid request.
+    InvalidRequest(String),
+    /// A cost of 0 (a standing report is not for the decision API).
+    InvalidCost,
+    /// JSON without the fields a request needs.
+    MissingField(&'static str),
+    /// No route.
+    NotFound(String),
+    /// A route's path, but not its method: `allow` lists the methods.
+    MethodNotAllowed { allow: String, detail: String },
+    /// The request carries no usable identity.
+    MissingIdentity(String),
+    /// Admin endpoints are off.
+    AdminDisabled,
+    /// A bad or missing admin token.
+    Unauthorized,
+    /// The upstream could not be reached.
+    Upstream(String),
+}
+
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> Self {
+        Self::Refused(refusal)
+    }
+}
+
+impl From<CheckError> for ApiError {
+    fn from(e: CheckError) -> Self {
+        Self::Refused(Refusal::Invalid(e))
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+    detail: String,
+    /// Only for store failures: the request was not decided by the store.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    allowed: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    degraded: Option<bool>,
+}
+
+impl ApiError {
+    fn parts(&self) -> (StatusCode, &'static str, String) {
+        use StatusCode as S;
+        match self {
+            Self::Refused(Refusal::Invalid(e)) => {
+                let (status, code) = match e {
+                    CheckError::UnknownPolicy(_) => (S::NOT_FOUND, "UNKNOWN_POLICY"),
+                    CheckError::Cost {
+                        error: CostError::Zero,
+                        ..
+                    } => (S::UNPROCESSABLE_ENTITY, "INVALID_COST"),
+                    CheckError::Cost { .. } => (S::UNPROCESSABLE_ENTITY, "COST_NEVER_FITS"),
+                    CheckError::KeyTooLong { .. } => (S::UNPROCESSABLE_ENTITY, "KEY_TOO_LONG"),
+                    CheckError::DuplicateCheck { .. } => {
+                        (S::UNPROCESSABLE_ENTITY, "DUPLICATE_CHECK")
+                    }
+                    _ => (S::UNPROCESSABLE_ENTITY, "INVALID_REQUEST"),
+                };
+                (status, code, e.to_string())
+            }
+            Self::Refused(Refusal::Full { max }) => (
+                S::SERVICE_UNAVAILABLE,
+                "LIMITER_FULL",
+                format!("the limiter holds its maximum of {max} keys and none is idle; new keys are refused until some are"),
+            ),
+            Self::Refused(Refusal::Unsupported(m)) => {
+                (S::UNPROCESSABLE_ENTITY, "UNSUPPORTED", (*m).to_owned())
+            }
+            Self::Refused(Refusal::Unavailable { .. }) => (
+                S::SERVICE_UNAVAILABLE,
+                "STORE_UNAVAILABLE",
+                "the store is unavailable: a policy's on_store_error is \"deny\", or the operation needs the store".into(),
+            ),
+            Self::UnknownPolicy(name) => (
+                S::NOT_FOUND,
+                "UNKNOWN_POLICY",
+                format!("unknown policy `{name}`"),
+            ),
+            Self::BodyTooLarge(max) => (
+                S::PAYLOAD_TOO_LARGE,
+                "BODY_TOO_LARGE",
+                format!("at most {max} bytes"),
+            ),
+            Self::HeadersTooLarge(size) => (
+                S::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "HEADERS_TOO_LARGE",
+                format!("{size} bytes of headers; at most {}", crate::MAX_HEADER_BYTES),
+            ),
+            Self::Malformed(m) => (S::BAD_REQUEST, "MALFORMED_JSON", m.clone()),
+            Self::InvalidRequest(m) => (S::UNPROCESSABLE_ENTITY, "INVALID_REQUEST", m.clone()),
+            Self::InvalidCost => (
+                S::UNPROCESSABLE_ENTITY,
+                "INVALID_COST",
+                "`cost` is at least 1".into(),
+            ),
+            Self::MissingField(m) => (S::UNPROCESSABLE_ENTITY, "MISSING_FIELD", (*m).to_owned()),
+            Self::NotFound(m) => (S::NOT_FOUND, "NOT_FOUND", m.clone()),
+            Self::MethodNotAllowed { detail, .. } => {
+                (S::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED", detail.clone())
+            }
+            Self::MissingIdentity(m) => (S::BAD_REQUEST, "MISSING_IDENTITY", m.clone()),
+            Self::AdminDisabled => (
+                S::NOT_FOUND,
+                "ADMIN_DISABLED",
+                "set [server] admin_token to enable admin endpoints".into(),
+            ),
+            Self::Unauthorized => (
+                S::UNAUTHORIZED,
+                "UNAUTHORIZED",
+                "a valid bearer token is required".into(),
+            ),
+            Self::Upstream(m) => (S::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", m.clone()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, error, detail) = self.parts();
+        let unavailable = matches!(self, Self::Refused(Refusal::Unavailable { .. }));
+        let body = ErrorBody {
+            error,
+            detail,
+            allowed: unavailable.then_some(false),
+            degraded: unavailable.then_some(true),
+        };
+        let mut response = (status, Json(body)).into_response();
+        let headers = response.headers_mut();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if let Self::MethodNotAllowed { allow, .. } = &self {
+            if let Ok(allow) = HeaderValue::try_from(allow.as_str()) {
+                headers.insert(header::ALLOW, allow);
+            }
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+/// Nanoseconds as whole milliseconds, rounded up.
+pub(crate) fn ms(ns: Nanos) -> u64 {
+    ns.div_ceil(1_000_000)
+}
+
+/// One policy's decision, as the decision API answers it.
+#[derive(Debug, Serialize)]
+pub(crate) struct DecisionBody<'a> {
+    pub(crate) allowed: bool,
+    pub(crate) policy: &'a str,
+    pub(crate) limit: u64,
+    pub(crate) remaining: u64,
+    pub(crate) retry_after_ms: u64,
+    pub(crate) reset_ms: u64,
+    pub(crate) delay_ms: u64,
+}
+
+impl<'a> DecisionBody<'a> {
+    pub(crate) fn new(entry: &'a Entry, d: &Decision, degraded: bool) -> Self {
+        let limit = entry.limit(degraded);
+        Self {
+            allowed: d.allowed,
+            policy: &entry.name,
+            limit,
+            remaining: d.remaining.min(limit),
+            retry_after_ms: ms(d.retry_after),
+            reset_ms: ms(d.reset),
+            delay_ms: ms(d.delay),
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! The decision API, admin, health and metrics endpoints.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::{Body, to_bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use weir_core::Nanos;
+use weir_tower::{Part, fields};
+
+use crate::answer::{ApiError, DecisionBody, ms};
+use crate::backend::{Check, scoped_key};
+use crate::config::{OnStoreError, PolicyId};
+use crate::state::{AppState, Shared};
+
+/// The largest decision request body.
+const MAX_BODY: usize = 64 * 1024;
+
+/// The most checks in one request.
+const MAX_CHECKS: usize = 16;
+
+/// The scope of decision API keys: they live apart from gateway identities.
+const API_SCOPE: &str = "api";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckRequest {
+    policy: Option<String>,
+    key: Option<String>,
+    checks: Option<Vec<OneCheck>>,
+    cost: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OneCheck {
+    policy: String,
+    key: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Single<'a> {
+    #[serde(flatten)]
+    decision: DecisionBody<'a>,
+    degraded: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Multi<'a> {
+    allowed: bool,
+    retry_after_ms: u64,
+    decisions: Vec<DecisionBody<'a>>,
+    degraded: bool,
+}
+
+/// A request body, read.
+struct Read {
+    /// (policy, key as the client sent it).
+    named: Vec<(String, String)>,
+    cost: u64,
+    /// `checks` was given: the answer lists every decision.
+    multi: bool,
+}
+
+/// The request's (policy, client key) pairs, or what is wrong with it.
+fn read(bytes: &[u8]) -> Result<Read, ApiError> {
+    let request: CheckRequest = serde_json::from_slice(bytes).map_err(|e| match e.is_data() {
+        true => ApiError::InvalidRequest(e.to_string()),
+        false => ApiError::Malformed(format!(
+            "the body is not a JSON object such as {{\"policy\":\"api\",\"key\":\"842\"}} ({e})"
+        )),
+    })?;
+    let multi = request.checks.is_some();
+    let checks = match (request.policy, request.key, request.checks) {
+        (Some(policy), Some(key), None) => vec![(policy, key)],
+        (None, None, Some(checks)) if (1..=MAX_CHECKS).contains(&checks.len()) => {
+            checks.into_iter().map(|c| (c.policy, c.key)).collect()
+        }
+        (None, None, Some(_)) => {
+            return Err(ApiError::InvalidRequest(format!(
+                "`checks` holds 1 to {MAX_CHECKS} checks"
+            )));
+        }
+        _ => {
+            return Err(ApiError::MissingField(
+                "give `policy` and `key`, or `checks`: [{\"policy\":…,\"key\":…}]",
+            ));
+        }
+    };
+    match request.cost.unwrap_or(1) {
+        0 => Err(ApiError::InvalidCost),
+        cost => Ok(Read {
+            named: checks,
+            cost,
+            multi,
+        }),
+    }
+}
+
+/// `POST /v1/check`: one policy, or several all-or-nothing.
+pub(crate) async fn check(
+    State(state): State<Arc<AppState>>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|_| ApiError::BodyTooLarge(MAX_BODY))?;
+    let Read { named, cost, multi } = read(&bytes)?;
+    let shared = state.current();
+    let mut ids = Vec::with_capacity(named.len());
+    let mut keys = Vec::with_capacity(named.len());
+    for (policy, key) in &named {
+        ids.push(
+            shared
+                .table
+                .find(policy)
+                .ok_or_else(|| ApiError::UnknownPolicy(policy.clone()))?,
+        );
+        keys.push(scoped_key(API_SCOPE, key)?);
+    }
+    let checks: Vec<Check<'_>> = ids
+        .iter()
+        .zip(&keys)
+        .map(|(&policy, key)| Check { policy, key, cost })
+        .collect();
+    let verdict = shared
+        .backend
+        .decide(
+            &shared.table,
+            &shared.meters,
+            &checks,
+            Nanos::MAX,
+            Some(OnStoreError::Local),
+        )
+        .await?;
+    let degraded = verdict.degraded;
+    let decided: Vec<_> = ids.iter().zip(verdict.decisions()).collect();
+    let bodies = decided
+        .iter()
+        .map(|(id, d)| DecisionBody::new(shared.table.get(**id), d, degraded));
+    let mut response = if multi {
+        Json(Multi {
+            allowed: verdict.all.allowed,
+            retry_after_ms: ms(verdict.retry_after()),
+            decisions: bodies.collect(),
+            degraded,
+        })
+        .into_response()
+    } else {
+        let decision = bodies
+            .into_iter()
+            .next()
+            .ok_or(ApiError::InvalidRequest("give `policy` and `key`".into()))?;
+        Json(Single { decision, degraded }).into_response()
+    };
+    let parts: Vec<Part<'_>> = decided
+        .iter()
+        .map(|(id, d)| shared.table.get(**id).part(*d, degraded))
+        .collect();
+    response.headers_mut().extend(fields(&parts));
+    Ok(response)
+}
+
+#[derive(Debug, Serialize)]
+struct PolicyBody<'a> {
+    name: &'a str,
+    algorithm: &'static str,
+    spec: String,
+    ratelimit_policy: &'a str,
+    on_store_error: String,
+    on_state_loss: String,
+}
+
+/// `GET /v1/policies`.
+pub(crate) async fn policies(State(state): State<Arc<AppState>>) -> Response {
+    let shared = state.current();
+    let list: Vec<PolicyBody<'_>> = shared
+        .table
+        .iter()
+        .map(|(_, e)| PolicyBody {
+            name: &e.name,
+            algorithm: e.policy.algorithm().name(),
+            spec: e.policy.to_string(),
+            ratelimit_policy: e.fields.field.to_str().unwrap_or_default(),
+            on_store_error: e.on_store_error.map_or_else(
+                || "unset (HTTP: local; gRPC: UNAVAILABLE)".to_owned(),
+                |r| r.to_string(),
+            ),
+            on_state_loss: e.on_state_loss.to_string(),
+        })
+        .collect();
+    Json(serde_json::json!({ "policies": list })).into_response()
+}
+
+/// `GET /healthz`: the process is up.
+pub(crate) async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+#[derive(Debug, Serialize)]
+struct Ready {
+    ready: bool,
+    store: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    keys: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store_up: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    degraded: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    local_keys: Option<usize>,
+}
+
+/// `GET /readyz`: ready to decide. With Redis down the server still
+/// decides (by each policy's `on_store_error`), so it stays ready and says
+/// the store is down: taking every instance out of service at once would be
+/// the outage the fallback exists to prevent.
+pub(crate) async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    let shared = state.current();
+    let keys = shared.backend.local().limiter.len();
+    let ready = match shared.backend.remote() {
+        None => Ready {
+            ready: true,
+            store: "memory",
+            keys: Some(keys),
+            store_up: None,
+            degraded: None,
+            local_keys: None,
+        },
+        Some(remote) => Ready {
+            ready: true,
+            store: "redis",
+            keys: None,
+            store_up: Some(remote.is_up()),
+            degraded: Some(!remote.is_up()),
+            local_keys: Some(keys),
+        },
+    };
+    Json(ready).into_response()
+}
+
+/// `GET /metrics`, Prometheus text format.
+pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let mut response = state.render_metrics().into_response();
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    response
+}
+
+/// The current config and the named policy, once the request proves it may
+/// use the admin API (`Authorization: Bearer TOKEN`, compared in constant
+/// time).
+fn authorize(
+    state: &AppState,
+    headers: &HeaderMap,
+    policy: &str,
+) -> Result<(Arc<Shared>, PolicyId), ApiError> {
+    let shared = state.current();
+    let token = shared
+        .config
+        .server
+        .admin_token
+        .as_deref()
+        .ok_or(ApiError::AdminDisabled)?;
+    let given = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let same = given.len() == token.len()
+        && given
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if !same {
+        return Err(ApiError::Unauthorized);
+    }
+    let id = shared
+        .table
+        .find(policy)
+        .ok_or_else(|| ApiError::UnknownPolicy(policy.to_owned()))?;
+    Ok((shared, id))
+}
+
+#[derive(Debug, Serialize)]
+struct Inspected<'a> {
+    policy: &'a str,
+    key: &'a str,
+    /// Whether the key has state; a key never seen (or a typo) is decided
+    /// as new: its full allowance.
+    exists: bool,
+    next_check: DecisionBody<'a>,
+}
+
+/// `GET /v1/keys/{policy}/{key}`: whether the key exists, and what a check
+/// of cost 1 would decide now. The key is the stored one: `api:…` for the
+/// decision API, `header:NAME:…`, `path:PARAM:…` or `peer:…` for gateway
+/// identities.
+pub(crate) async fn inspect_key(
+    State(state): State<Arc<AppState>>,
+    Path((policy, key)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (shared, id) = authorize(&state, &headers, &policy)?;
+    let (decision, exists) = shared.backend.peek(&shared.table, id, &key).await?;
+    let entry = shared.table.get(id);
+    Ok(Json(Inspected {
+        policy: &entry.name,
+        key: &key,
+        exists,
+        next_check: DecisionBody::new(entry, &decision, false),
+    })
+    .into_response())
+}
+
+#[derive(Debug, Serialize)]
+struct Reset<'a> {
+    policy: &'a str,
+    key: &'a str,
+    reset: bool,
+    existed: bool,
+    effect: &'static str,
+}
+
+/// `DELETE /v1/keys/{policy}/{key}`: forgets the key — which grants it a
+/// fresh, full allowance.
+pub(crate) async fn reset_key(
+    State(state): State<Arc<AppState>>,
+    Path((policy, key)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (shared, id) = authorize(&state, &headers, &policy)?;
+    let existed = shared.backend.reset(&shared.table, id, &key).await?;
+    tracing::info!(policy, key, existed, "admin reset a key");
+    Ok(Json(Reset {
+        policy: &policy,
+        key: &key,
+        reset: true,
+        existed,
+        effect: "the key starts afresh with its full allowance",
+    })
+    .into_response())
+}

@@ -1,0 +1,481 @@
+//! Where decisions are made: one [`Backend`], in process or on Redis. On
+//! Redis, the circuit breaker and each policy's store-error rule live here:
+//! a store error is never an exhausted bucket — it is decided by the
+//! policy's `on_store_error` rule (the local fallback, allow or deny),
+//! marked degraded and counted.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weir_core::{AllDecision, CheckError, Decision, MAX_IDENTITY, Nanos};
+use weir_limiter::Limiter;
+use weir_redis::{Mode, StoreError};
+
+use crate::breaker::Remote;
+use crate::config::{Config, OnStoreError, PolicyId, StoreUrl};
+use crate::metrics::Meters;
+use crate::table::{Outcome, PolicyTable};
+
+/// The longest stored key: a scope (`header:NAME:`, `path:PARAM:`,
+/// `envoy:…`) and an identity of at most [`MAX_IDENTITY`] bytes, escaped
+/// where it is (up to three bytes each).
+pub const MAX_KEY: usize = 3 * MAX_IDENTITY + 256;
+
+/// One check of a request, its policy resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Check<'a> {
+    /// The policy.
+    pub policy: PolicyId,
+    /// The stored key (scope and identity).
+    pub key: &'a str,
+    /// The charge; 0 reports the key's standing.
+    pub cost: u64,
+}
+
+/// Why a request could not be decided.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// The request is invalid (cost, key, a pair named twice): nothing
+    /// charged.
+    Invalid(CheckError),
+    /// The in-process key budget is spent and no key is idle.
+    Full { max: usize },
+    /// The store cannot decide this request (a Redis Cluster and checks of
+    /// several identities): nothing charged.
+    Unsupported(&'static str),
+    /// The store failed and a policy's rule (or the face's default) is to
+    /// refuse: fail closed (`denied`), or let the caller decide (Envoy).
+    Unavailable { denied: bool },
+}
+
+impl From<weir_limiter::Error> for Refusal {
+    fn from(e: weir_limiter::Error) -> Self {
+        match e {
+            weir_limiter::Error::Invalid(e) => Self::Invalid(e),
+            weir_limiter::Error::TooManyKeys { max } => Self::Full { max },
+            // A built limiter never reports its configuration again.
+            other => Self::Invalid(CheckError::UnknownPolicy(other.to_string())),
+        }
+    }
+}
+
+/// A request's decision.
+#[derive(Debug)]
+pub(crate) struct Verdict {
+    /// Every policy's decision, in the request's order.
+    pub(crate) all: AllDecision,
+    /// Decided without the shared store (by `on_store_error`).
+    pub(crate) degraded: bool,
+    /// The longest shaper delay the caller accepted.
+    max_delay: Nanos,
+}
+
+impl Verdict {
+    /// Whether `decision` is a refusal: a policy refused, or a shaper would
+    /// delay longer than the caller accepts.
+    pub(crate) fn refuses(&self, decision: &Decision) -> bool {
+        !decision.allowed || decision.delay > self.max_delay
+    }
+
+    /// The index of the first refusing policy.
+    pub(crate) fn refusing(&self) -> Option<usize> {
+        self.all.decisions.iter().position(|d| self.refuses(d))
+    }
+
+    /// The earliest wait after which every refusing policy could admit: the
+    /// largest among them (a shaper's: its delay beyond `max_delay`). The
+    /// same in every face.
+    pub(crate) fn retry_after(&self) -> Nanos {
+        self.all
+            .decisions
+            .iter()
+            .filter(|d| self.refuses(d))
+            .map(|d| match d.allowed {
+                true => d.delay.saturating_sub(self.max_delay),
+                false => d.retry_after,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The decisions as answered: a shaper that refused for its delay has
+    /// no free slot to report.
+    pub(crate) fn decisions(&self) -> impl Iterator<Item = Decision> + '_ {
+        self.all.decisions.iter().map(|d| match self.all.allowed {
+            false if d.allowed && d.delay > self.max_delay => Decision { remaining: 0, ..*d },
+            _ => *d,
+        })
+    }
+}
+
+/// The in-process limiter and its handles, in policy-table order.
+#[derive(Debug)]
+pub struct Local {
+    /// The limiter.
+    pub limiter: Arc<Limiter>,
+    ids: Vec<weir_limiter::PolicyId>,
+}
+
+impl Local {
+    /// A limiter of `table`'s local policies, keeping `previous`'s keys of
+    /// every policy that is unchanged.
+    fn new(
+        table: &PolicyTable,
+        max_keys: usize,
+        previous: Option<&Local>,
+    ) -> Result<Self, weir_limiter::Error> {
+        let mut builder = Limiter::builder().max_keys(max_keys).max_key_len(MAX_KEY);
+        for (_, entry) in table.iter() {
+            builder = builder.policy(entry.name.clone(), entry.local);
+        }
+        if let Some(previous) = previous {
+            builder = builder.keep_state_of(&previous.limiter);
+        }
+        let limiter = builder.build()?;
+        let ids = table
+            .iter()
+            .map(|(_, e)| limiter.policy(&e.name))
+            .collect::<Result<_, _>>()?;
+        if let Some(previous) = previous {
+            let fresh: Vec<&str> = table
+                .iter()
+                .map(|(_, e)| e.name.as_str())
+                .filter(|name| !limiter.shares_state_with(&previous.limiter, name))
+                .collect();
+            if !fresh.is_empty() {
+                tracing::info!(policies = ?fresh, "reload: these policies start afresh (new or changed); the others keep their keys");
+            }
+        }
+        Ok(Self {
+            limiter: Arc::new(limiter),
+            ids,
+        })
+    }
+
+    fn check<'a>(&self, check: &Check<'a>) -> weir_limiter::Check<'a> {
+        weir_limiter::Check {
+            policy: self.ids[check.policy.0],
+            key: check.key,
+            cost: check.cost,
+        }
+    }
+
+    fn decide(&self, checks: &[Check<'_>], max_delay: Nanos) -> Result<AllDecision, Refusal> {
+        let checks: Vec<_> = checks.iter().map(|c| self.check(c)).collect();
+        Ok(self.limiter.check_all_within(&checks, max_delay)?)
+    }
+}
+
+/// Where a configuration's decisions are made.
+#[derive(Debug)]
+pub enum Backend {
+    /// The in-process store.
+    Memory(Local),
+    /// A shared Redis behind a circuit breaker, with an in-process fallback
+    /// of the policies scaled by `fallback_share`.
+    Redis {
+        /// The store and its breaker.
+        remote: Arc<Remote>,
+        /// The fallback.
+        fallback: Local,
+    },
+}
+
+impl Backend {
+    /// The backend `config` asks for, keeping from `previous` the Redis
+    /// connection (same URL and timeout) and the in-process keys of every
+    /// unchanged policy. With Redis, call it within a tokio runtime.
+    pub(crate) fn new(
+        config: &Config,
+        table: &PolicyTable,
+        previous: Option<&Backend>,
+    ) -> Result<Self, weir_limiter::Error> {
+        let local = Local::new(table, config.store.max_keys, previous.map(Backend::local))?;
+        Ok(match &config.store.url {
+            StoreUrl::Memory => Self::Memory(local),
+            StoreUrl::Redis(url) => {
+                let kept = match previous {
+                    Some(Self::Redis { remote, .. })
+                        if remote.serves(url, config.store.timeout) =>
+                    {
+                        Some(remote.clone())
+                    }
+                    _ => None,
+                };
+                let remote = kept.unwrap_or_else(|| Remote::new(url, config.store.timeout));
+                Self::Redis {
+                    remote,
+                    fallback: local,
+                }
+            }
+        })
+    }
+
+    /// The in-process limiter: the store, or the fallback.
+    pub fn local(&self) -> &Local {
+        match self {
+            Self::Memory(local)
+            | Self::Redis {
+                fallback: local, ..
+            } => local,
+        }
+    }
+
+    /// The shared store, when there is one.
+    pub fn remote(&self) -> Option<&Arc<Remote>> {
+        match self {
+            Self::Memory(_) => None,
+            Self::Redis { remote, .. } => Some(remote),
+        }
+    }
+
+    /// Waits (at most `within`) for a shared store to be reachable.
+    pub(crate) async fn wait_up(&self, within: Duration) -> bool {
+        match self.remote() {
+            Some(remote) => remote.wait_up(within).await,
+            None => true,
+        }
+    }
+
+    /// Decides `checks` all-or-nothing, refusing shaper waits over
+    /// `max_delay`. A policy without an `on_store_error` rule follows
+    /// `default`; with none, a store failure makes the request
+    /// [`Refusal::Unavailable`]. Counts every policy's outcome.
+    pub(crate) async fn decide(
+        &self,
+        table: &PolicyTable,
+        meters: &Meters,
+        checks: &[Check<'_>],
+        max_delay: Nanos,
+        default: Option<OnStoreError>,
+    ) -> Result<Verdict, Refusal> {
+        let started = Instant::now();
+        let decided = match self {
+            Self::Memory(local) => local.decide(checks, max_delay).map(|all| Verdict {
+                all,
+                degraded: false,
+                max_delay,
+            }),
+            Self::Redis { remote, fallback } => {
+                decide_remote(table, remote, fallback, checks, max_delay, default).await
+            }
+        };
+        meters.observe(started);
+        match &decided {
+            Ok(verdict) => {
+                for (check, d) in checks.iter().zip(&verdict.all.decisions) {
+                    let outcome = match (verdict.all.allowed, verdict.refuses(d)) {
+                        (true, _) => Outcome::Allowed,
+                        (false, false) => Outcome::Uncharged,
+                        (false, true) => Outcome::Rejected,
+                    };
+                    let entry = table.get(check.policy);
+                    entry.count(outcome);
+                    entry.queue(d.remaining);
+                }
+            }
+            Err(_) => checks
+                .iter()
+                .for_each(|c| table.get(c.policy).count(Outcome::Error)),
+        }
+        decided
+    }
+
+    /// What a check of cost 1 of `key` would decide now, charging nothing,
+    /// and whether the key is stored (the admin `GET`): the shared store's
+    /// answer, never a fallback's.
+    pub(crate) async fn peek(
+        &self,
+        table: &PolicyTable,
+        policy: PolicyId,
+        key: &str,
+    ) -> Result<(Decision, bool), Refusal> {
+        let check = Check {
+            policy,
+            key,
+            cost: 1,
+        };
+        match self {
+            Self::Memory(local) => Ok(local.limiter.peek(local.check(&check))?),
+            Self::Redis { remote, .. } => {
+                let store = remote
+                    .available()
+                    .ok_or(Refusal::Unavailable { denied: true })?;
+                let checks = [redis_check(table, &check)];
+                let exists = store.exists(&table.get(policy).name, key);
+                let (checked, exists) =
+                    tokio::join!(store.decide(&checks, None, Mode::Peek), exists);
+                let decision = checked
+                    .map_err(refusal)?
+                    .all
+                    .decisions
+                    .first()
+                    .copied()
+                    .ok_or(Refusal::Unavailable { denied: true })?;
+                Ok((decision, exists.map_err(refusal)?))
+            }
+        }
+    }
+
+    /// Forgets `key` under `policy` (the admin `DELETE`), in the shared
+    /// store and in the local fallback; whether the store held it.
+    pub(crate) async fn reset(
+        &self,
+        table: &PolicyTable,
+        policy: PolicyId,
+        key: &str,
+    ) -> Result<bool, Refusal> {
+        let local = self.local();
+        let here = local.limiter.reset(local.ids[policy.0], key)?;
+        let Some(remote) = self.remote() else {
+            return Ok(here);
+        };
+        let store = remote
+            .available()
+            .ok_or(Refusal::Unavailable { denied: true })?;
+        store
+            .reset(&table.get(policy).name, key)
+            .await
+            .map_err(|e| {
+                tracing::warn!(error = %e, "admin reset failed");
+                Refusal::Unavailable { denied: true }
+            })
+    }
+}
+
+fn refusal(e: StoreError) -> Refusal {
+    match e {
+        StoreError::Invalid(e) => Refusal::Invalid(e),
+        StoreError::Unsupported(m) => Refusal::Unsupported(m),
+        _ => Refusal::Unavailable { denied: true },
+    }
+}
+
+fn redis_check<'a>(table: &'a PolicyTable, check: &Check<'a>) -> weir_redis::Check<'a> {
+    let entry = table.get(check.policy);
+    weir_redis::Check {
+        check: weir_core::Check {
+            name: &entry.name,
+            policy: &entry.policy,
+            key: check.key,
+            cost: check.cost,
+        },
+        on_loss: entry.on_state_loss.into(),
+    }
+}
+
+async fn decide_remote(
+    table: &PolicyTable,
+    remote: &Remote,
+    fallback: &Local,
+    checks: &[Check<'_>],
+    max_delay: Nanos,
+    default: Option<OnStoreError>,
+) -> Result<Verdict, Refusal> {
+    let redis: Vec<weir_redis::Check<'_>> = checks.iter().map(|c| redis_check(table, c)).collect();
+    // Refuse what the store would refuse before trying it, so that an
+    // invalid request is refused alike whether Redis is up or not.
+    let core: Vec<weir_core::Check<'_>> = redis.iter().map(|c| c.check).collect();
+    weir_core::check::validate(&core, MAX_KEY).map_err(Refusal::Invalid)?;
+    match remote.available() {
+        Some(store) => match store.decide(&redis, None, Mode::Charge { max_delay }).await {
+            Ok(checked) => {
+                remote.succeeded();
+                if checked.state_lost {
+                    Meters::state_lost();
+                    tracing::warn!(
+                        "the store lost its state (restarted empty, flushed or evicted): on_state_loss applies"
+                    );
+                }
+                return Ok(Verdict {
+                    all: checked.all,
+                    degraded: false,
+                    max_delay,
+                });
+            }
+            Err(StoreError::Invalid(e)) => return Err(Refusal::Invalid(e)),
+            Err(StoreError::Unsupported(m)) => return Err(Refusal::Unsupported(m)),
+            Err(e) => {
+                remote.failed();
+                Meters::store_error(match e {
+                    StoreError::Timeout(_) => "timeout",
+                    StoreError::Reply => "reply",
+                    _ => "redis",
+                });
+                tracing::debug!(error = %e, "store call failed");
+            }
+        },
+        None => Meters::store_error("circuit_open"),
+    }
+    fall_back(table, fallback, checks, max_delay, default)
+}
+
+/// Decides without the store: `deny` anywhere refuses; `local` policies are
+/// checked all-or-nothing by the scaled in-process limiter; `allow` admits
+/// without counting (reporting the full limit as remaining).
+fn fall_back(
+    table: &PolicyTable,
+    fallback: &Local,
+    checks: &[Check<'_>],
+    max_delay: Nanos,
+    default: Option<OnStoreError>,
+) -> Result<Verdict, Refusal> {
+    let rules: Vec<Option<OnStoreError>> = checks
+        .iter()
+        .map(|c| {
+            let entry = table.get(c.policy);
+            entry.fell_back();
+            entry.on_store_error.or(default)
+        })
+        .collect();
+    if rules.contains(&Some(OnStoreError::Deny)) {
+        return Err(Refusal::Unavailable { denied: true });
+    }
+    if rules.contains(&None) {
+        return Err(Refusal::Unavailable { denied: false });
+    }
+    let local: Vec<Check<'_>> = checks
+        .iter()
+        .zip(&rules)
+        .filter(|(_, r)| **r == Some(OnStoreError::Local))
+        .map(|(c, _)| *c)
+        .collect();
+    let checked = match local.is_empty() {
+        true => AllDecision {
+            allowed: true,
+            decisions: Vec::new(),
+        },
+        false => fallback.decide(&local, max_delay)?,
+    };
+    let mut local_decisions = checked.decisions.into_iter();
+    let decisions = rules
+        .iter()
+        .zip(checks)
+        .map(|(rule, check)| match rule {
+            Some(OnStoreError::Local) => local_decisions.next().unwrap_or_default(),
+            _ => Decision {
+                allowed: true,
+                remaining: table.get(check.policy).limit(true),
+                ..Decision::default()
+            },
+        })
+        .collect();
+    Ok(Verdict {
+        all: AllDecision {
+            allowed: checked.allowed,
+            decisions,
+        },
+        degraded: true,
+        max_delay,
+    })
+}
+
+/// The stored key of a client's `identity` under `scope` (`api`,
+/// `header:x-seller-id`, `path:seller`, `peer`): the identity is bounded
+/// here, once, by [`MAX_IDENTITY`] bytes as the client sent it — whatever
+/// its source. Scopes contain no `:` after their kind, so no two (scope,
+/// identity) pairs share a key.
+pub(crate) fn scoped_key(scope: &str, identity: &str) -> Result<String, CheckError> {
+    weir_core::check::check_key(identity, MAX_IDENTITY)?;
+    Ok(format!("{scope}:{identity}"))
+}

@@ -1,0 +1,63 @@
+//! Unknown keys, found before the tables are read: every one is reported
+//! (not just the first), with its line, table and the nearest valid key.
+
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+
+use super::Report;
+
+const TOP: &[&str] = &["server", "store", "policies", "routes", "descriptors"];
+const SERVER: &[&str] = &["listen", "grpc", "admin_token"];
+const STORE: &[&str] = &["url", "timeout", "max_keys", "fallback_share"];
+const ROUTE: &[&str] = &["match", "identity", "policies", "upstream", "max_wait"];
+const DESCRIPTOR: &[&str] = &["domain", "entries", "policy"];
+
+/// Reports every key of `table` that is not one of the known ones. A
+/// policy's own parameters are checked by the policy (they depend on its
+/// algorithm).
+pub(super) fn check(table: &Spanned<DeTable<'_>>, report: &mut Report<'_>) {
+    unknown(table.get_ref(), TOP, "top level", report);
+    for (key, value) in table.get_ref() {
+        let (known, place): (&[&str], &str) = match key.get_ref().as_ref() {
+            "server" => (SERVER, "[server]"),
+            "store" => (STORE, "[store]"),
+            "routes" => (ROUTE, "[[routes]]"),
+            "descriptors" => (DESCRIPTOR, "[[descriptors]]"),
+            _ => continue,
+        };
+        match value.get_ref() {
+            DeValue::Table(table) => unknown(table, known, place, report),
+            DeValue::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    if let DeValue::Table(table) = item.get_ref() {
+                        unknown(table, known, &format!("{place} #{}", i + 1), report);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn unknown(table: &DeTable<'_>, known: &[&str], place: &str, report: &mut Report<'_>) {
+    for key in table.keys() {
+        let name: &str = key.get_ref().as_ref();
+        if known.contains(&name) {
+            continue;
+        }
+        let nearest = known
+            .iter()
+            .map(|k| (strsim::damerau_levenshtein(name, k), *k))
+            .filter(|(distance, k)| *distance <= 2.max(k.len() / 3))
+            .min();
+        let hint = match nearest {
+            Some((_, k)) => format!("did you mean `{k}`?"),
+            None => format!("valid: {}", known.join(", ")),
+        };
+        report.error(
+            &key.span(),
+            &format!("{place} {name}"),
+            format!("unknown key ({hint})"),
+        );
+    }
+}

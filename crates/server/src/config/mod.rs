@@ -1,0 +1,207 @@
+//! `weir serve`'s configuration: TOML, parsed once into typed structs and
+//! validated before anything is served. Each concept parses and validates its
+//! own table (`server`, `store`, `policies`, `routes`, `descriptors`); every
+//! problem in a file is reported in one run, each with its line, table and
+//! key, and unknown keys with the nearest valid one.
+
+mod descriptors;
+mod keys;
+mod policies;
+mod routes;
+mod server;
+mod store;
+
+use std::fmt;
+use std::ops::Range;
+
+use serde::Deserialize;
+
+pub use descriptors::DescriptorRule;
+pub use policies::{OnStateLoss, OnStoreError, PolicyConfig, PolicyId};
+pub use routes::{Identity, Route, Segment};
+pub use server::ServerConfig;
+pub use store::{StoreConfig, StoreUrl};
+
+/// The example served when `weir serve` is given no config, and printed by
+/// `weir config example`.
+pub const EXAMPLE: &str = include_str!("example.toml");
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `[server]`: listeners and the admin token.
+    pub server: ServerConfig,
+    /// `[store]`: where state lives.
+    pub store: StoreConfig,
+    /// `[policies.NAME]`, in name order; a [`PolicyId`] is an index here.
+    pub policies: Vec<PolicyConfig>,
+    /// `[[routes]]`, in file order (the first match wins).
+    pub routes: Vec<Route>,
+    /// `[[descriptors]]`, in file order (the first match wins).
+    pub descriptors: Vec<DescriptorRule>,
+}
+
+impl Config {
+    /// The policy called `name`.
+    pub fn policy_id(&self, name: &str) -> Option<PolicyId> {
+        self.policies
+            .iter()
+            .position(|p| p.name == name)
+            .map(PolicyId)
+    }
+}
+
+/// One problem in a config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// 1-based line.
+    pub line: usize,
+    /// Where: `[server] listen`, `[[routes]] #2 policies`, …
+    pub place: String,
+    /// What is wrong and what would be valid.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}: {}: {}", self.line, self.place, self.message)
+    }
+}
+
+/// Every problem found, in file order.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The text being parsed and the problems found so far.
+pub(crate) struct Report<'a> {
+    text: &'a str,
+    errors: Vec<ConfigError>,
+}
+
+impl Report<'_> {
+    /// The 1-based line of a byte offset.
+    pub(crate) fn line(&self, span: &Range<usize>) -> usize {
+        let end = span.start.min(self.text.len());
+        self.text[..end].matches('\n').count() + 1
+    }
+
+    /// Records a problem at `span`.
+    pub(crate) fn error(&mut self, span: &Range<usize>, place: &str, message: impl Into<String>) {
+        let line = self.line(span);
+        self.errors.push(ConfigError {
+            line,
+            place: place.to_owned(),
+            message: message.into(),
+        });
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct Raw {
+    #[serde(default)]
+    server: server::Raw,
+    #[serde(default)]
+    store: store::Raw,
+    #[serde(default)]
+    policies: policies::Raw,
+    #[serde(default)]
+    routes: Vec<routes::Raw>,
+    #[serde(default)]
+    descriptors: Vec<descriptors::Raw>,
+}
+
+/// Parses and validates `text`; `admin_token_env` stands in for an absent
+/// `admin_token` (from `WEIR_ADMIN_TOKEN`).
+pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, ConfigErrors> {
+    let mut report = Report {
+        text,
+        errors: Vec::new(),
+    };
+    let syntax = |report: &mut Report<'_>, e: toml::de::Error| {
+        let span = e.span().unwrap_or(0..0);
+        report.error(&span, "file", e.message().trim());
+        ConfigErrors(std::mem::take(&mut report.errors))
+    };
+    let table = toml::de::DeTable::parse(text).map_err(|e| syntax(&mut report, e))?;
+    keys::check(&table, &mut report);
+    let raw: Raw = toml::from_str(text).map_err(|e| syntax(&mut report, e))?;
+    let server = server::parse(raw.server, admin_token_env, &mut report);
+    let store = store::parse(raw.store, &mut report);
+    let policies = policies::parse(&raw.policies, &mut report);
+    let names = &raw.policies.0;
+    let resolve = |name: &str| names.keys().position(|n| n == name).map(PolicyId);
+    let known = || {
+        names
+            .keys()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let routes = routes::parse(&raw.routes, &resolve, &known, &mut report);
+    let descriptors = descriptors::parse(&raw.descriptors, &resolve, &known, &mut report);
+    if names.is_empty() {
+        report.error(
+            &(text.len()..text.len()),
+            "[policies]",
+            "define at least one policy ([policies.NAME] with an algorithm)",
+        );
+    }
+    if !report.errors.is_empty() {
+        report.errors.sort_by_key(|e| e.line);
+        return Err(ConfigErrors(report.errors));
+    }
+    Ok(Config {
+        server,
+        store,
+        policies,
+        routes,
+        descriptors,
+    })
+}
+
+/// Letters, digits, `-` and `_`, at most 64.
+pub(crate) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// A duration such as `50ms`; what is wrong otherwise.
+pub(crate) fn duration(
+    value: Option<&toml::Spanned<String>>,
+    default: std::time::Duration,
+    place: &str,
+    report: &mut Report<'_>,
+) -> std::time::Duration {
+    let Some(value) = value else {
+        return default;
+    };
+    match weir_core::units::parse_duration(value.get_ref()) {
+        Ok(ns) => std::time::Duration::from_nanos(ns),
+        Err(e) => {
+            report.error(
+                &value.span(),
+                place,
+                format!("`{}` is not valid: {e}", value.get_ref()),
+            );
+            default
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,166 @@
+//! `[policies.NAME]`: an algorithm with its parameters, and what the policy
+//! does when the shared store fails or loses its state.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Deserialize;
+use toml::{Spanned, Value};
+use weir_core::Policy;
+
+use super::Report;
+
+/// A policy's place in [`Config::policies`](super::Config::policies) and in
+/// the policy table built from it: routes and descriptor rules hold these,
+/// so nothing on the request path looks a policy up by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyId(pub usize);
+
+/// One `[policies.NAME]` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyConfig {
+    /// Its name.
+    pub name: String,
+    /// The algorithm and its parameters.
+    pub policy: Policy,
+    /// `on_store_error`; unset means `local` over HTTP and `UNAVAILABLE`
+    /// over gRPC (so that Envoy's `failure_mode_deny` decides).
+    pub on_store_error: Option<OnStoreError>,
+    /// `on_state_loss`.
+    pub on_state_loss: OnStateLoss,
+}
+
+/// `on_store_error`: what a policy does when the shared store fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnStoreError {
+    /// Decide in process, with the policy scaled by `fallback_share`.
+    Local,
+    /// Admit without counting (fail open).
+    Allow,
+    /// Refuse (fail closed).
+    Deny,
+}
+
+/// `on_state_loss`: what a key lost with the store's state counts as.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnStateLoss {
+    /// A new key: its full allowance.
+    #[default]
+    Full,
+    /// Used up at the moment the loss was found; it refills from there.
+    Empty,
+}
+
+/// Names and their values, for `FromStr` and `Display` alike.
+macro_rules! words {
+    ($type:ident { $($variant:ident = $word:literal),+ }) => {
+        impl $type {
+            /// The valid values, as a config error lists them.
+            pub const VALID: &'static str = concat!($("\"", $word, "\" "),+);
+        }
+        impl FromStr for $type {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($word => Ok(Self::$variant),)+
+                    _ => Err(format!("`{s}` is not valid (valid: {})", Self::VALID.trim_end())),
+                }
+            }
+        }
+        impl fmt::Display for $type {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(match self { $(Self::$variant => $word,)+ })
+            }
+        }
+    };
+}
+words!(OnStoreError { Local = "local", Allow = "allow", Deny = "deny" });
+words!(OnStateLoss { Full = "full", Empty = "empty" });
+
+impl From<OnStateLoss> for weir_redis::OnLoss {
+    fn from(rule: OnStateLoss) -> Self {
+        match rule {
+            OnStateLoss::Full => Self::Full,
+            OnStateLoss::Empty => Self::Empty,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(transparent)]
+pub(super) struct Raw(pub(super) BTreeMap<String, BTreeMap<String, Spanned<Value>>>);
+
+fn rule<T: FromStr<Err = String>>(
+    value: &Spanned<Value>,
+    place: &str,
+    report: &mut Report<'_>,
+) -> Option<T> {
+    let parsed = match value.get_ref() {
+        Value::String(s) => s.parse(),
+        other => Err(format!("expected a string, found {}", other.type_str())),
+    };
+    parsed
+        .map_err(|e| report.error(&value.span(), place, e))
+        .ok()
+}
+
+pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
+    let mut policies = Vec::new();
+    for (name, table) in &raw.0 {
+        let place = format!("[policies.{name}]");
+        let first = table
+            .values()
+            .map(Spanned::span)
+            .min_by_key(|s| s.start)
+            .unwrap_or(0..0);
+        if !super::valid_name(name) {
+            report.error(
+                &first,
+                &place,
+                "a policy name is letters, digits, `-` and `_`",
+            );
+        }
+        let mut params = Vec::new();
+        let (mut on_store_error, mut on_state_loss) = (None, OnStateLoss::Full);
+        for (key, value) in table {
+            let at = format!("{place} {key}");
+            match key.as_str() {
+                "on_store_error" => on_store_error = rule(value, &at, report),
+                "on_state_loss" => on_state_loss = rule(value, &at, report).unwrap_or_default(),
+                _ => match value.get_ref() {
+                    Value::String(s) => params.push((key.as_str(), s.clone(), value.span())),
+                    Value::Integer(i) => params.push((key.as_str(), i.to_string(), value.span())),
+                    other => report.error(
+                        &value.span(),
+                        &at,
+                        format!(
+                            "expected a string or an integer, found {}",
+                            other.type_str()
+                        ),
+                    ),
+                },
+            }
+        }
+        let Some(algorithm) = params.iter().position(|(k, _, _)| *k == "algorithm") else {
+            report.error(&first, &place, "has no `algorithm` (token-bucket, gcra, fixed-window, sliding-log, sliding-counter, leaky-bucket)");
+            continue;
+        };
+        let (_, algorithm, _) = params.remove(algorithm);
+        let parsed =
+            Policy::from_params(&algorithm, params.iter().map(|(k, v, _)| (*k, v.as_str())));
+        match parsed {
+            Ok(policy) => policies.push(PolicyConfig {
+                name: name.clone(),
+                policy,
+                on_store_error,
+                on_state_loss,
+            }),
+            Err(e) => {
+                let span = table.get(&e.field).map_or(first, Spanned::span);
+                report.error(&span, &format!("{place} {}", e.field), e.kind.to_string());
+            }
+        }
+    }
+    policies
+}

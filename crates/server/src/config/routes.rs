@@ -1,0 +1,213 @@
+//! `[[routes]]`: the gateway's routes — a method and path pattern, where
+//! the caller's identity comes from, the policies checked and the upstream.
+
+use std::time::Duration;
+
+use http::{HeaderName, Method, Uri};
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::{PolicyId, Report};
+
+/// A gateway route.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// As written (`GET /sellers/{seller}/stock`).
+    pub text: String,
+    /// The method, or any when the pattern has none.
+    pub method: Option<Method>,
+    /// The path pattern, segment by segment.
+    pub segments: Vec<Segment>,
+    /// Where the identity comes from.
+    pub identity: Identity,
+    /// Policies checked all-or-nothing.
+    pub policies: Vec<PolicyId>,
+    /// `scheme://authority` of the upstream.
+    pub upstream: Uri,
+    /// The longest a shaper may delay a request before it is refused.
+    pub max_wait: Duration,
+}
+
+/// One path segment of a route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Segment {
+    /// Must be equal.
+    Literal(String),
+    /// Any one segment, named.
+    Param(String),
+}
+
+/// The source of a request's identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// A header set by a trusted proxy.
+    Header(HeaderName),
+    /// A named segment of the path.
+    Path(String),
+    /// The peer's IP address.
+    Peer,
+}
+
+impl Identity {
+    /// The scope that keeps identities of different sources apart in one
+    /// policy's keys (`header:x-id` never equals `peer`).
+    pub fn scope(&self) -> String {
+        match self {
+            Self::Header(name) => format!("header:{name}"),
+            Self::Path(name) => format!("path:{name}"),
+            Self::Peer => "peer".to_owned(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct Raw {
+    #[serde(rename = "match")]
+    pattern: Spanned<String>,
+    identity: Spanned<String>,
+    policies: Spanned<Vec<String>>,
+    upstream: Spanned<String>,
+    max_wait: Option<Spanned<String>>,
+}
+
+/// The methods a route may name.
+const METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
+
+pub(super) fn parse(
+    raw: &[Raw],
+    resolve: &dyn Fn(&str) -> Option<PolicyId>,
+    known: &dyn Fn() -> String,
+    report: &mut Report<'_>,
+) -> Vec<Route> {
+    let mut routes = Vec::new();
+    for (i, raw) in raw.iter().enumerate() {
+        let place = |key: &str| format!("[[routes]] #{} {key}", i + 1);
+        let pattern = raw.pattern.get_ref().trim();
+        let at = raw.pattern.span();
+        let (method, path) = match pattern.split_once(' ') {
+            Some((m, p)) if METHODS.contains(&m) => {
+                (Method::from_bytes(m.as_bytes()).ok(), p.trim())
+            }
+            Some((m, p)) => {
+                report.error(
+                    &at,
+                    &place("match"),
+                    format!(
+                        "`{m}` is not an HTTP method (valid: {})",
+                        METHODS.join(", ")
+                    ),
+                );
+                (None, p.trim())
+            }
+            None => (None, pattern),
+        };
+        let mut segments = Vec::new();
+        if !path.starts_with('/') {
+            report.error(
+                &at,
+                &place("match"),
+                "the path must start with `/`, e.g. \"GET /sellers/{seller}/stock\"",
+            );
+        }
+        for part in path.split('/').skip(1) {
+            match part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
+                Some(name) if super::valid_name(name) => {
+                    segments.push(Segment::Param(name.to_owned()));
+                }
+                Some(name) => report.error(
+                    &at,
+                    &place("match"),
+                    format!("`{{{name}}}` is not a parameter name"),
+                ),
+                None => segments.push(Segment::Literal(part.to_owned())),
+            }
+        }
+        let text = raw.identity.get_ref();
+        let at = raw.identity.span();
+        let identity = match text.split_once(':') {
+            _ if text == "peer" => Some(Identity::Peer),
+            Some(("header", name)) => match HeaderName::try_from(name) {
+                Ok(name) if name.as_str().len() <= 64 => Some(Identity::Header(name)),
+                _ => {
+                    report.error(
+                        &at,
+                        &place("identity"),
+                        format!("`{name}` is not a header name of at most 64 characters"),
+                    );
+                    None
+                }
+            },
+            Some(("path", name)) if segments.contains(&Segment::Param(name.to_owned())) => {
+                Some(Identity::Path(name.to_owned()))
+            }
+            Some(("path", name)) => {
+                report.error(
+                    &at,
+                    &place("identity"),
+                    format!("the match has no `{{{name}}}` segment"),
+                );
+                None
+            }
+            _ => {
+                report.error(
+                    &at,
+                    &place("identity"),
+                    format!(
+                        "`{text}` is not an identity (valid: \"header:NAME\", \"path:PARAM\", \"peer\")"
+                    ),
+                );
+                None
+            }
+        };
+        let at = raw.policies.span();
+        if raw.policies.get_ref().is_empty() {
+            report.error(&at, &place("policies"), "name at least one policy");
+        }
+        let mut policies = Vec::new();
+        for name in raw.policies.get_ref() {
+            match resolve(name) {
+                Some(id) if policies.contains(&id) => {
+                    report.error(&at, &place("policies"), format!("`{name}` is named twice"))
+                }
+                Some(id) => policies.push(id),
+                None => report.error(
+                    &at,
+                    &place("policies"),
+                    format!("no policy `{name}` (defined: {})", known()),
+                ),
+            }
+        }
+        let upstream = match raw.upstream.get_ref().parse::<Uri>() {
+            Ok(uri) if uri.scheme_str() == Some("http") && uri.authority().is_some() => Some(uri),
+            _ => {
+                report.error(
+                    &raw.upstream.span(),
+                    &place("upstream"),
+                    format!(
+                        "`{}` is not an upstream such as \"http://127.0.0.1:9000\"",
+                        raw.upstream.get_ref()
+                    ),
+                );
+                None
+            }
+        };
+        let max_wait = super::duration(
+            raw.max_wait.as_ref(),
+            Duration::from_secs(10),
+            &place("max_wait"),
+            report,
+        );
+        if let (Some(identity), Some(upstream)) = (identity, upstream) {
+            routes.push(Route {
+                text: pattern.to_owned(),
+                method,
+                segments,
+                identity,
+                policies,
+                upstream,
+                max_wait,
+            });
+        }
+    }
+    routes
+}

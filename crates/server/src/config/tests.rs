@@ -1,0 +1,188 @@
+//! The config parser on whole files.
+
+use super::*;
+use http::Method;
+
+#[test]
+fn the_example_is_valid() {
+    let config = parse(EXAMPLE, None).unwrap();
+    assert_eq!(config.server.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(config.policies.len(), 3);
+    assert!(config.server.admin_token.is_none());
+}
+
+#[test]
+fn the_documented_configs_are_valid() {
+    let envoy = parse(include_str!("../../../../docs/envoy/weir.toml"), None).unwrap();
+    assert_eq!(
+        (envoy.descriptors.len(), envoy.store.fallback_share),
+        (3, 250_000)
+    );
+    let rule = |name| envoy.policies[envoy.policy_id(name).unwrap().0].on_store_error;
+    assert_eq!(rule("seller-stock-read"), Some(OnStoreError::Deny));
+    assert_eq!(rule("per-ip"), None);
+    parse(include_str!("../../../../docs/bench/weir.toml"), None).unwrap();
+}
+
+#[test]
+fn store_rules_and_descriptors_are_checked() {
+    let text = "[store]\nurl = \"redis://:x:y/\"\nfallback_share = 2\n\n[policies.a]\nalgorithm = \"gcra\"\nburst = 2\nrate = \"1/s\"\non_store_error = \"maybe\"\non_state_loss = \"half\"\n\n[[descriptors]]\ndomain = \"d\"\nentries = [\"k=\"]\npolicy = \"b\"\n";
+    let errors = parse(text, None).unwrap_err().0;
+    let places: Vec<(usize, &str)> = errors.iter().map(|e| (e.line, e.place.as_str())).collect();
+    assert_eq!(
+        places,
+        [
+            (2, "[store] url"),
+            (3, "[store] fallback_share"),
+            (9, "[policies.a] on_store_error"),
+            (10, "[policies.a] on_state_loss"),
+            (14, "[[descriptors]] #1 entries"),
+            (15, "[[descriptors]] #1 policy"),
+        ],
+        "{errors:?}"
+    );
+    assert!(
+        errors[0].message.starts_with("not a Redis URL"),
+        "{errors:?}"
+    );
+    assert!(
+        errors[2].message.contains("\"local\" \"allow\" \"deny\""),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn every_error_is_reported_with_its_line() {
+    let text = r#"
+[server]
+listen = "everywhere"
+
+[store]
+url = "mysql://127.0.0.1:6379"
+
+[policies.a]
+algorithm = "token-bucket"
+capacity = 0
+rate = "2/s"
+
+[[routes]]
+match = "GET /x/{id}"
+identity = "path:nope"
+policies = ["a", "b"]
+upstream = "ftp://x"
+"#;
+    let errors = parse(text, None).unwrap_err().0;
+    let lines: Vec<(usize, &str)> = errors.iter().map(|e| (e.line, e.place.as_str())).collect();
+    assert_eq!(
+        lines,
+        [
+            (3, "[server] listen"),
+            (6, "[store] url"),
+            (10, "[policies.a] capacity"),
+            (15, "[[routes]] #1 identity"),
+            (16, "[[routes]] #1 policies"),
+            (17, "[[routes]] #1 upstream"),
+        ],
+        "{errors:?}"
+    );
+    assert!(errors[4].message.contains("no policy `b` (defined: a)"));
+    let syntax = parse("[server\n", None).unwrap_err().0;
+    assert_eq!(syntax[0].line, 1);
+    let unknown = parse("[server]\nlisten = \"127.0.0.1:1\"\nport = 3\n", None)
+        .unwrap_err()
+        .0;
+    assert_eq!(unknown[0].line, 3, "{unknown:?}");
+    assert!(unknown[0].message.contains("unknown key"));
+}
+
+#[test]
+fn routes_parse() {
+    let text = "[policies.a]\nalgorithm = \"gcra\"\nburst = 2\nrate = \"1/s\"\n\n[[routes]]\nmatch = \"GET /s/{seller}/stock\"\nidentity = \"path:seller\"\npolicies = [\"a\"]\nupstream = \"http://127.0.0.1:9\"\n";
+    let config = parse(text, Some("from-the-environment".into())).unwrap();
+    let route = &config.routes[0];
+    assert_eq!(route.method, Some(Method::GET));
+    assert_eq!(
+        route.segments,
+        [
+            Segment::Literal("s".into()),
+            Segment::Param("seller".into()),
+            Segment::Literal("stock".into())
+        ]
+    );
+    assert_eq!(route.identity, Identity::Path("seller".into()));
+    assert_eq!(route.policies, [PolicyId(0)]);
+    assert_eq!(
+        config.server.admin_token.as_deref(),
+        Some("from-the-environment")
+    );
+}
+
+#[test]
+fn every_unknown_key_and_bad_method_is_reported_at_once() {
+    let text = r#"admin_tokn = "x"
+
+[server]
+admin_tokn = "0123456789abcdef"
+
+[store]
+timout = "1s"
+
+[policies.a]
+algorithm = "gcra"
+burst = 2
+rate = "1/s"
+
+[[routes]]
+match = "GETT /x"
+identity = "peer"
+policies = ["a"]
+upstream = "http://127.0.0.1:9"
+max_wiat = "1s"
+"#;
+    let errors = parse(text, None).unwrap_err().0;
+    let found: Vec<(usize, &str, &str)> = errors
+        .iter()
+        .map(|e| (e.line, e.place.as_str(), e.message.as_str()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (
+                1,
+                "top level admin_tokn",
+                "unknown key (valid: server, store, policies, routes, descriptors)"
+            ),
+            (
+                4,
+                "[server] admin_tokn",
+                "unknown key (did you mean `admin_token`?)"
+            ),
+            (7, "[store] timout", "unknown key (did you mean `timeout`?)"),
+            (
+                15,
+                "[[routes]] #1 match",
+                "`GETT` is not an HTTP method (valid: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS)"
+            ),
+            (
+                19,
+                "[[routes]] #1 max_wiat",
+                "unknown key (did you mean `max_wait`?)"
+            ),
+        ],
+        "{errors:#?}"
+    );
+}
+
+#[test]
+fn a_short_admin_token_names_its_line() {
+    let errors = parse(
+        "[server]\nadmin_token = \"short\"\n[policies.a]\nalgorithm = \"gcra\"\nburst = 1\nrate = \"1/s\"\n",
+        None,
+    )
+    .unwrap_err()
+    .0;
+    assert_eq!(
+        (errors[0].line, errors[0].place.as_str()),
+        (2, "[server] admin_token")
+    );
+}

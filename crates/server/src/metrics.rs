@@ -1,0 +1,103 @@
+//! Prometheus metrics: the recorder (installed once per process) and the
+//! handles that do not belong to one policy.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use metrics::Histogram;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Histogram buckets (seconds): 10 µs to 2.5 s, so that a decision in
+/// process and a store call that times out both land in a bucket.
+const BUCKETS: [f64; 16] = [
+    1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2,
+    0.1, 2.5,
+];
+
+/// The process's recorder, installed on first use.
+pub(crate) fn handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets(&BUCKETS)
+                .unwrap_or_else(|_| PrometheusBuilder::new());
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            // Only the first server of a process installs the recorder.
+            let _ = metrics::set_global_recorder(recorder);
+            metrics::describe_counter!(
+                "weir_decisions_total",
+                "Decisions per policy and outcome (allowed, rejected, uncharged, error)"
+            );
+            metrics::describe_histogram!(
+                "weir_check_duration_seconds",
+                metrics::Unit::Seconds,
+                "Time to decide one request, store call included"
+            );
+            metrics::describe_counter!(
+                "weir_fallback_decisions_total",
+                "Policy decisions made without the shared store (on_store_error)"
+            );
+            metrics::describe_counter!(
+                "weir_store_errors_total",
+                "Failed store calls by kind (timeout, redis, reply, circuit_open)"
+            );
+            metrics::describe_counter!(
+                "weir_store_state_losses_total",
+                "Times the store was found to have lost its state"
+            );
+            metrics::describe_gauge!("weir_store_up", "1 while decisions go to the shared store");
+            metrics::describe_gauge!("weir_queue_depth", "Slots in use per shaper policy");
+            metrics::describe_gauge!("weir_build_info", "The running weir's version");
+            metrics::describe_counter!("weir_grpc_requests_total", "gRPC calls by code");
+            metrics::describe_histogram!(
+                "weir_grpc_duration_seconds",
+                metrics::Unit::Seconds,
+                "Time to answer one gRPC call"
+            );
+            metrics::gauge!("weir_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+            metrics::counter!("weir_store_errors_total", "kind" => "timeout").absolute(0);
+            handle
+        })
+        .clone()
+}
+
+/// Handles that belong to no one policy.
+#[derive(Debug)]
+pub(crate) struct Meters {
+    duration: Histogram,
+    grpc: Histogram,
+}
+
+impl Meters {
+    pub(crate) fn new(store: &'static str) -> Self {
+        handle(); // the recorder first, then the handles
+        Self {
+            duration: metrics::histogram!("weir_check_duration_seconds", "store" => store),
+            grpc: metrics::histogram!("weir_grpc_duration_seconds"),
+        }
+    }
+
+    /// The time one check took.
+    pub(crate) fn observe(&self, started: Instant) {
+        self.duration.record(started.elapsed().as_secs_f64());
+    }
+
+    /// One gRPC call's outcome and latency.
+    pub(crate) fn grpc(&self, code: &'static str, started: Instant) {
+        metrics::counter!("weir_grpc_requests_total", "code" => code).increment(1);
+        self.grpc.record(started.elapsed().as_secs_f64());
+    }
+
+    /// One failed store call (`timeout`, `redis`, `reply`), or one not made
+    /// because the breaker is open (`circuit_open`).
+    pub(crate) fn store_error(kind: &'static str) {
+        metrics::counter!("weir_store_errors_total", "kind" => kind).increment(1);
+    }
+
+    /// The store was found to have lost its state.
+    pub(crate) fn state_lost() {
+        metrics::counter!("weir_store_state_losses_total").increment(1);
+    }
+}

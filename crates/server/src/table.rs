@@ -1,0 +1,181 @@
+//! The policy table: every policy of a configuration resolved once — its
+//! [`PolicyId`], name, `Policy`, store rules, `RateLimit-Policy` field and
+//! metric handles. Routes and descriptor rules hold ids; the request path
+//! indexes this table and never scans or compares names.
+
+use std::collections::HashMap;
+
+use http::HeaderValue;
+use metrics::{Counter, Gauge};
+use weir_core::{Decision, Policy};
+use weir_tower::{Part, quota, rate_limit_policy};
+
+use crate::config::{OnStateLoss, OnStoreError, PolicyConfig, PolicyId, StoreConfig, StoreUrl};
+
+/// How a policy's part in a decision ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Allowed,
+    Rejected,
+    /// Would have allowed, but another policy of the same request refused.
+    Uncharged,
+    Error,
+}
+
+/// What a policy answers with: its `RateLimit-Policy` item and limit.
+#[derive(Debug, Clone)]
+pub(crate) struct Fields {
+    pub(crate) field: HeaderValue,
+    pub(crate) limit: u64,
+}
+
+impl Fields {
+    fn new(name: &str, policy: &Policy) -> Self {
+        Self {
+            field: rate_limit_policy(name, policy),
+            limit: quota(policy).0,
+        }
+    }
+}
+
+/// One policy, resolved.
+#[derive(Debug)]
+pub struct Entry {
+    /// Its name.
+    pub name: String,
+    /// The algorithm and parameters (on the shared store, if any).
+    pub policy: Policy,
+    /// With a shared store: the local fallback's policy (`fallback_share`
+    /// of the limit); in process, the policy itself.
+    pub local: Policy,
+    /// `on_store_error` (unset: the face decides).
+    pub on_store_error: Option<OnStoreError>,
+    /// `on_state_loss`.
+    pub on_state_loss: OnStateLoss,
+    pub(crate) fields: Fields,
+    /// The fields of the local fallback's policy, for degraded answers.
+    pub(crate) local_fields: Fields,
+    decisions: [Counter; 4],
+    fallbacks: Counter,
+    /// A shaper's gauge and its slots (queue + the one being served).
+    queue: Option<(Gauge, u64)>,
+}
+
+impl Entry {
+    fn new(config: &PolicyConfig, store: &StoreConfig) -> Self {
+        let name = config.name.clone();
+        let local = match store.url {
+            StoreUrl::Memory => config.policy,
+            StoreUrl::Redis(_) => config
+                .policy
+                .scaled(store.fallback_share, 1_000_000)
+                .unwrap_or_else(|e| {
+                    tracing::warn!(policy = %name, error = %e, "the local fallback keeps the whole limit");
+                    config.policy
+                }),
+        };
+        let counter = |outcome: &'static str| metrics::counter!("weir_decisions_total", "policy" => name.clone(), "outcome" => outcome);
+        let queue = match config.policy {
+            Policy::LeakyBucket(l) => Some((
+                metrics::gauge!("weir_queue_depth", "policy" => name.clone()),
+                l.queue() + 1,
+            )),
+            Policy::TokenBucket(_)
+            | Policy::Gcra(_)
+            | Policy::FixedWindow(_)
+            | Policy::SlidingLog(_)
+            | Policy::SlidingCounter(_) => None,
+        };
+        Self {
+            fields: Fields::new(&name, &config.policy),
+            local_fields: Fields::new(&name, &local),
+            decisions: [
+                counter("allowed"),
+                counter("rejected"),
+                counter("uncharged"),
+                counter("error"),
+            ],
+            fallbacks: metrics::counter!("weir_fallback_decisions_total", "policy" => name.clone()),
+            queue,
+            policy: config.policy,
+            local,
+            on_store_error: config.on_store_error,
+            on_state_loss: config.on_state_loss,
+            name,
+        }
+    }
+
+    /// Its part in an answer; a degraded decision reports the local
+    /// fallback's limit, the one that was applied.
+    pub(crate) fn part(&self, decision: Decision, degraded: bool) -> Part<'_> {
+        let fields = if degraded {
+            &self.local_fields
+        } else {
+            &self.fields
+        };
+        Part {
+            name: &self.name,
+            field: &fields.field,
+            limit: fields.limit,
+            decision,
+        }
+    }
+
+    /// The limit reported with a decision.
+    pub(crate) fn limit(&self, degraded: bool) -> u64 {
+        self.part(Decision::default(), degraded).limit
+    }
+
+    pub(crate) fn count(&self, outcome: Outcome) {
+        self.decisions[outcome as usize].increment(1);
+    }
+
+    pub(crate) fn fell_back(&self) {
+        self.fallbacks.increment(1);
+    }
+
+    /// A shaper's slots in use, from a decision's `remaining`.
+    pub(crate) fn queue(&self, remaining: u64) {
+        if let Some((gauge, slots)) = &self.queue {
+            gauge.set(slots.saturating_sub(remaining) as f64);
+        }
+    }
+}
+
+/// Every policy of a configuration, by [`PolicyId`].
+#[derive(Debug)]
+pub struct PolicyTable {
+    entries: Vec<Entry>,
+    by_name: HashMap<String, PolicyId>,
+}
+
+impl PolicyTable {
+    /// The table of `policies` (ids are their indexes).
+    pub fn new(policies: &[PolicyConfig], store: &StoreConfig) -> Self {
+        let entries: Vec<Entry> = policies.iter().map(|p| Entry::new(p, store)).collect();
+        let by_name = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.name.clone(), PolicyId(i)))
+            .collect();
+        Self { entries, by_name }
+    }
+
+    /// The policy `id` (ids come from the same configuration).
+    pub fn get(&self, id: PolicyId) -> &Entry {
+        &self.entries[id.0]
+    }
+
+    /// The policy a client named (the decision API, the admin endpoints).
+    pub fn find(&self, name: &str) -> Option<PolicyId> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Every policy, with its id.
+    pub fn iter(&self) -> impl Iterator<Item = (PolicyId, &Entry)> {
+        self.entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (PolicyId(i), e))
+    }
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# weir's test command: installs what the tests need from the system when it
+# is missing (redis-server and redis-cli, from Debian's packages), then runs
+# every test of the workspace. Arguments go to `cargo test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "tools/test.sh: installing redis-server and redis-tools (apt-get)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq redis-server redis-tools >/dev/null
+  elif command -v apt-get >/dev/null && command -v sudo >/dev/null; then
+    echo "tools/test.sh: installing redis-server and redis-tools (sudo apt-get)" >&2
+    sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
+  else
+    echo "tools/test.sh: the tests need redis-server and redis-cli (Redis 7): install them with your package manager (e.g. 'brew install redis'), then run this again" >&2
+    exit 1
+  fi
+fi
+
+exec cargo test --workspace "$@"
