@@ -155,7 +155,7 @@ fn config_example_passes_check_and_errors_name_their_lines() {
 
 #[test]
 fn sighup_reloads_and_a_bad_config_keeps_the_old_one() {
-    let one = "[policies.a]\nalgorithm = \"token-bucket\"\ncapacity = 1\nrate = \"1/h\"\n";
+    let one = "[policies.a]\nalgorithm = \"token-bucket\"\ncapacity = 1\nrate = \"1/h\"\n\n[policies.b]\nalgorithm = \"fixed-window\"\nlimit = 1\nwindow = \"1h\"\n";
     let path = temp("reload.toml", one);
     let server = Server::start(&["--config", path.to_str().unwrap()]);
     let check = |s: &Server| {
@@ -164,6 +164,11 @@ fn sighup_reloads_and_a_bad_config_keeps_the_old_one() {
     };
     assert!(check(&server).contains(r#""allowed":true"#));
     assert!(check(&server).contains(r#""allowed":false"#));
+    let check_b = |s: &Server| {
+        s.request("POST", "/v1/check", r#"{"policy":"b","key":"k"}"#)
+            .1
+    };
+    assert!(check_b(&server).contains(r#""allowed":true"#));
 
     // A broken file is rejected; the old config keeps serving, state and all.
     std::fs::write(&path, "[policies.a]\nalgorithm = \"token-bucket\"\n").unwrap();
@@ -174,6 +179,11 @@ fn sighup_reloads_and_a_bad_config_keeps_the_old_one() {
     // A valid new policy takes over.
     std::fs::write(&path, one.replace("capacity = 1", "capacity = 5")).unwrap();
     server.signal("HUP");
+    let fresh = server.wait_for_log("start afresh");
+    assert!(
+        fresh.contains("\"a\"") && !fresh.contains("\"b\""),
+        "{fresh}"
+    );
     server.wait_for_log("reloaded");
     let (_, policies) = server.request("GET", "/v1/policies", "");
     assert!(
@@ -183,6 +193,10 @@ fn sighup_reloads_and_a_bad_config_keeps_the_old_one() {
     assert!(
         check(&server).contains(r#""remaining":4"#),
         "a changed policy starts fresh"
+    );
+    assert!(
+        check_b(&server).contains(r#""allowed":false"#),
+        "an unchanged policy keeps its keys"
     );
 }
 

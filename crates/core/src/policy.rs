@@ -541,6 +541,28 @@ impl Policy {
         }
     }
 
+    /// The window of a windowed algorithm (fixed window, sliding log,
+    /// sliding counter); `None` for the buckets and the shaper.
+    pub fn window(&self) -> Option<Nanos> {
+        match self {
+            Self::FixedWindow(w) => Some(w.window()),
+            Self::SlidingLog(l) => Some(l.window()),
+            Self::SlidingCounter(c) => Some(c.window()),
+            Self::TokenBucket(_) | Self::Gcra(_) | Self::LeakyBucket(_) => None,
+        }
+    }
+
+    /// The window of an algorithm whose windows are aligned to multiples of
+    /// it (fixed window, sliding counter): where its boundaries fall.
+    pub fn aligned_window(&self) -> Option<Nanos> {
+        match self {
+            Self::FixedWindow(_) | Self::SlidingCounter(_) => self.window(),
+            Self::SlidingLog(_) | Self::TokenBucket(_) | Self::Gcra(_) | Self::LeakyBucket(_) => {
+                None
+            }
+        }
+    }
+
     /// The largest cost one request may have, and the parameter bounding it.
     pub fn max_cost(&self) -> (u64, &'static str) {
         match self {

@@ -274,3 +274,37 @@ fn a_cost_of_zero_reports_the_standing_and_charges_nothing() {
         .unwrap();
     assert_eq!(limiter.len(), before);
 }
+
+#[test]
+fn a_rebuilt_limiter_keeps_the_keys_of_unchanged_policies() {
+    let window = Policy::parse("fixed-window limit=1 window=1h").unwrap();
+    let old = Limiter::builder()
+        .policy("same", window)
+        .policy("changed", window)
+        .clock(FakeClock::at(0))
+        .build()
+        .unwrap();
+    for name in ["same", "changed"] {
+        let id = old.policy(name).unwrap();
+        assert!(old.check_one(Check::new(id, "k")).unwrap().allowed);
+    }
+    let new = Limiter::builder()
+        .policy("same", window)
+        .policy(
+            "changed",
+            Policy::parse("fixed-window limit=2 window=1h").unwrap(),
+        )
+        .clock(FakeClock::at(0))
+        .keep_state_of(&old)
+        .build()
+        .unwrap();
+    assert!(new.shares_state_with(&old, "same"));
+    assert!(!new.shares_state_with(&old, "changed"));
+    assert_eq!(new.len(), 1, "the kept key counts against the budget");
+    let check = |name| {
+        new.check_one(Check::new(new.policy(name).unwrap(), "k"))
+            .unwrap()
+    };
+    assert!(!check("same").allowed, "still limited");
+    assert_eq!(check("changed").remaining, 1, "afresh under its new limit");
+}

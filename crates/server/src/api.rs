@@ -174,6 +174,11 @@ struct PolicyBody<'a> {
     on_state_loss: String,
 }
 
+#[derive(Debug, Serialize)]
+struct Policies<'a> {
+    policies: Vec<PolicyBody<'a>>,
+}
+
 /// `GET /v1/policies`.
 pub(crate) async fn policies(State(state): State<Arc<AppState>>) -> Response {
     let shared = state.current();
@@ -192,7 +197,7 @@ pub(crate) async fn policies(State(state): State<Arc<AppState>>) -> Response {
             on_state_loss: e.on_state_loss.to_string(),
         })
         .collect();
-    Json(serde_json::json!({ "policies": list })).into_response()
+    Json(Policies { policies: list }).into_response()
 }
 
 /// `GET /healthz`: the process is up.

@@ -202,7 +202,8 @@ impl Backend {
                     }
                     _ => None,
                 };
-                let remote = kept.unwrap_or_else(|| Remote::new(url, config.store.timeout));
+                let remote =
+                    kept.unwrap_or_else(|| Remote::new(url, config.store.timeout, MAX_KEY));
                 Self::Redis {
                     remote,
                     fallback: local,

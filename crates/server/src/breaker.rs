@@ -23,6 +23,7 @@ pub const PROBE_EVERY: Duration = Duration::from_millis(100);
 pub struct Remote {
     url: String,
     timeout: Duration,
+    max_key_len: usize,
     store: ArcSwapOption<RedisStore>,
     failures: AtomicU32,
     up: AtomicBool,
@@ -30,12 +31,14 @@ pub struct Remote {
 }
 
 impl Remote {
-    /// A store for `url`, connected (and probed when down) by a background
-    /// task that ends with the last reference.
-    pub fn new(url: &str, timeout: Duration) -> Arc<Self> {
+    /// A store for `url` (keys up to `max_key_len` bytes), connected (and
+    /// probed when down) by a background task that ends with the last
+    /// reference.
+    pub fn new(url: &str, timeout: Duration, max_key_len: usize) -> Arc<Self> {
         let remote = Arc::new(Self {
             url: url.to_owned(),
             timeout,
+            max_key_len,
             store: ArcSwapOption::empty(),
             failures: AtomicU32::new(0),
             up: AtomicBool::new(false),
@@ -116,7 +119,7 @@ async fn supervise(remote: Weak<Remote>) {
                         let store = store
                             .with_timeout(remote.timeout)
                             .with_marker(true)
-                            .with_max_key_len(crate::backend::MAX_KEY);
+                            .with_max_key_len(remote.max_key_len);
                         let store = Arc::new(store);
                         remote.store.store(Some(store.clone()));
                         store

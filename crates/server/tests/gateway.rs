@@ -158,6 +158,9 @@ async fn forwards_admitted_requests_and_answers_the_rest_with_429() {
             .status,
         404
     );
+    // The path of a route with another method: 405, naming the method.
+    let wrong = send("DELETE", &format!("http://{addr}/items/9"), &[], "").await;
+    assert_eq!((wrong.status, wrong.header("allow")), (405, "POST"));
     // An unreachable upstream is a 502 with a JSON error.
     let down = send("GET", &format!("http://{addr}/down"), &[], "").await;
     assert_eq!(
@@ -174,12 +177,21 @@ async fn a_shaper_delays_on_the_wire_and_max_wait_refuses() {
     let tasks: Vec<_> = (0..4)
         .map(|_| {
             let url = url.clone();
-            tokio::spawn(async move { send("GET", &url, &[], "").await.status })
+            tokio::spawn(async move { send("GET", &url, &[], "").await })
         })
         .collect();
     let mut statuses = Vec::new();
     for task in tasks {
-        statuses.push(task.await.unwrap());
+        let reply = task.await.unwrap();
+        if reply.status == 429 {
+            // Refused for its wait: no free slot is reported.
+            assert!(
+                reply.header("ratelimit").contains(";r=0;"),
+                "{:?}",
+                reply.headers
+            );
+        }
+        statuses.push(reply.status);
     }
     statuses.sort_unstable();
     // 5/s: slots at 0 and 200 ms; the next would wait 400 ms, past the

@@ -72,12 +72,7 @@ pub fn compare(
 pub fn default_burst_window(policies: &[(String, Policy)]) -> Nanos {
     policies
         .iter()
-        .filter_map(|(_, p)| match p {
-            Policy::FixedWindow(w) => Some(w.window()),
-            Policy::SlidingLog(l) => Some(l.window()),
-            Policy::SlidingCounter(c) => Some(c.window()),
-            _ => None,
-        })
+        .filter_map(|(_, p)| p.window())
         .max()
         .unwrap_or(NANOS_PER_SEC)
 }

@@ -11,11 +11,7 @@ use weir_core::{Nanos, Policy};
 use crate::compare::Lane;
 
 fn window_of(policy: &Policy) -> Option<Nanos> {
-    match policy {
-        Policy::FixedWindow(w) => Some(w.window()),
-        Policy::SlidingCounter(c) => Some(c.window()),
-        _ => None,
-    }
+    policy.aligned_window()
 }
 
 const BINS: usize = 600;
