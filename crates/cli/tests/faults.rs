@@ -395,11 +395,13 @@ fn admin_endpoints_read_and_reset_redis() {
         let (status, body) = server.request_with("GET", "/v1/keys/api/api:k", auth, "");
         let json: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(
-            (status, &json["next_check"]["remaining"]),
-            (200, &serde_json::json!(0)),
+            (status, &json["next_check"]["remaining"], &json["exists"]),
+            (200, &serde_json::json!(0), &serde_json::json!(true)),
             "{body}"
         );
     }
+    let (_, body) = server.request_with("GET", "/v1/keys/api/api:typo", auth, "");
+    assert!(body.contains(r#""exists":false"#), "{body}");
     let (status, body) = server.request_with("DELETE", "/v1/keys/api/api:k", auth, "");
     assert!(
         status == 200 && body.contains(r#""existed":true"#),

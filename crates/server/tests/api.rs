@@ -219,6 +219,9 @@ async fn policies_health_metrics_and_admin() {
         seen["next_check"]["remaining"], 0,
         "one token left, so a check now would leave 0"
     );
+    assert_eq!(seen["exists"], true);
+    let typo = send("GET", &format!("{base}/v1/keys/api/api:mm"), &auth, "").await;
+    assert_eq!(typo.json()["exists"], false, "a typo is not a stored key");
     let reset = send("DELETE", &key, &auth, "").await.json();
     assert_eq!(
         (reset["reset"].as_bool(), reset["existed"].as_bool()),

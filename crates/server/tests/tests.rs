@@ -11,27 +11,8 @@ mod gateway;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use weir_server::{AppState, Shared, config};
-
-pub(crate) struct Reply {
-    pub(crate) status: u16,
-    pub(crate) headers: http::HeaderMap,
-    pub(crate) body: String,
-}
-
-impl Reply {
-    pub(crate) fn header(&self, name: &str) -> &str {
-        self.headers.get(name).map_or("", |v| v.to_str().unwrap())
-    }
-
-    pub(crate) fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.body).unwrap()
-    }
-}
+pub(crate) use weir_testkit::send;
 
 /// Starts `weir serve` on `config_text` on a free loopback port.
 pub(crate) async fn start(config_text: &str) -> (SocketAddr, Arc<AppState>) {
@@ -46,24 +27,4 @@ pub(crate) async fn start(config_text: &str) -> (SocketAddr, Arc<AppState>) {
             .unwrap()
     });
     (addr, state)
-}
-
-pub(crate) async fn send(method: &str, url: &str, headers: &[(&str, &str)], body: &str) -> Reply {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let mut request = http::Request::builder().method(method).uri(url);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = client
-        .request(request.body(Full::from(body.to_owned())).unwrap())
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    Reply {
-        status,
-        headers,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    }
 }

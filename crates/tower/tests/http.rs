@@ -3,24 +3,9 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::get;
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use weir_limiter::{FakeClock, Limiter, Policy};
+use weir_testkit::{Reply, send};
 use weir_tower::{HeaderKey, PeerKey, RateLimitLayer};
-
-struct Reply {
-    status: u16,
-    headers: http::HeaderMap,
-    body: String,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> &str {
-        self.headers.get(name).map_or("", |v| v.to_str().unwrap())
-    }
-}
 
 async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -37,23 +22,8 @@ async fn serve(app: Router) -> SocketAddr {
 }
 
 async fn get_with(addr: SocketAddr, header: Option<(&str, &str)>) -> Reply {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let mut request = http::Request::get(format!("http://{addr}/hello"));
-    if let Some((name, value)) = header {
-        request = request.header(name, value);
-    }
-    let response = client
-        .request(request.body(Empty::new()).unwrap())
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    Reply {
-        status,
-        headers,
-        body: String::from_utf8(body.to_vec()).unwrap(),
-    }
+    let headers: Vec<(&str, &str)> = header.into_iter().collect();
+    send("GET", &format!("http://{addr}/hello"), &headers, "").await
 }
 
 fn limiter(spec: &str) -> Arc<Limiter<FakeClock>> {
