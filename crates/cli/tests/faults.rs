@@ -422,3 +422,43 @@ fn admin_endpoints_read_and_reset_redis() {
     assert_eq!(status, 503, "{body}");
     redis.signal("CONT");
 }
+
+/// A brand-new Redis is not a lost state: `on_state_loss = "empty"`
+/// policies admit their first requests, nothing is counted as lost, and the
+/// log does not say "again". A loss afterwards is still detected.
+#[test]
+fn a_new_redis_is_not_a_lost_state() {
+    let mut redis = Redis::start(&[]);
+    let config = format!(
+        "[store]\nurl = \"{}\"\n\n[policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 3\nrate = \"1/h\"\non_state_loss = \"empty\"\n",
+        redis.url()
+    );
+    let server = Server::start(&[
+        "--config",
+        temp("new-redis.toml", &config).to_str().unwrap(),
+    ]);
+    let connected = server.wait_for_log("store connected");
+    assert!(!connected.contains("again"), "{connected}");
+    let (status, first, _) = check(&server, "api", "first");
+    assert_eq!(
+        (status, &first["allowed"]),
+        (200, &serde_json::json!(true)),
+        "{first}"
+    );
+    assert_eq!(first["remaining"], 2, "a full allowance on a new store");
+    assert_eq!(metric(&server, "weir_store_state_losses_total"), 0.0);
+
+    // The store restarts empty under a running weir: that is a loss.
+    redis.restart();
+    let lost = (0..100).find_map(|_| {
+        let (_, answer, _) = check(&server, "api", "first");
+        std::thread::sleep(Duration::from_millis(20));
+        (answer["degraded"] == false).then_some(answer)
+    });
+    let lost = lost.expect("back on Redis");
+    assert_eq!(
+        lost["allowed"], false,
+        "used up when the loss was found: {lost}"
+    );
+    assert_eq!(metric(&server, "weir_store_state_losses_total"), 1.0);
+}

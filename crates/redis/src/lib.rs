@@ -112,6 +112,19 @@ pub enum Mode {
     Peek,
 }
 
+/// What [`RedisStore::init_marker`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkerInit {
+    /// No marker kept (a cluster, or not asked for).
+    Off,
+    /// A new, empty store: the marker was set.
+    New,
+    /// The marker was there: the store kept its state.
+    Present,
+    /// Keys but no marker: state was lost (the first check reports it).
+    Missing,
+}
+
 /// The generation marker's key (single node only: see [`RedisStore::with_marker`]).
 pub const MARKER: &str = "rl:v1:generation";
 
@@ -232,6 +245,38 @@ impl RedisStore {
             })
             .await?;
         Ok(deleted > 0)
+    }
+
+    /// Tells a brand-new store from one that lost its state, once, when a
+    /// process first connects: a store with no marker **and no key at all**
+    /// is new, and gets a marker dated at the epoch (its keys lost nothing;
+    /// `OnLoss::Empty` keys start full). A store with keys but no marker is
+    /// left alone: the first check reports the loss. What cannot be told
+    /// apart: a store that was emptied while no weir process was connected
+    /// to it looks new. No-op without [`RedisStore::with_marker`].
+    pub async fn init_marker(&self) -> Result<MarkerInit, StoreError> {
+        if !self.marker {
+            return Ok(MarkerInit::Off);
+        }
+        let script = redis::Script::new(
+            "if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end \
+             if redis.call('DBSIZE') > 0 then return -1 end \
+             redis.call('SET', KEYS[1], '0 0') return 1",
+        );
+        let mut invocation = script.key(MARKER);
+        let answer: i64 = self
+            .call(async {
+                match &self.connection {
+                    Connection::Single(c) => invocation.invoke_async(&mut c.clone()).await,
+                    Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
+                }
+            })
+            .await?;
+        Ok(match answer {
+            1 => MarkerInit::New,
+            0 => MarkerInit::Present,
+            _ => MarkerInit::Missing,
+        })
     }
 
     /// Whether `identity` has state under the policy `name`.

@@ -27,6 +27,8 @@ pub struct Remote {
     store: ArcSwapOption<RedisStore>,
     failures: AtomicU32,
     up: AtomicBool,
+    /// Whether the store has been up before (the log says "again" after).
+    was_up: AtomicBool,
     gauge: Gauge,
 }
 
@@ -42,6 +44,7 @@ impl Remote {
             store: ArcSwapOption::empty(),
             failures: AtomicU32::new(0),
             up: AtomicBool::new(false),
+            was_up: AtomicBool::new(false),
             gauge: metrics::gauge!("weir_store_up"),
         });
         remote.gauge.set(0.0);
@@ -78,8 +81,10 @@ impl Remote {
     fn set_up(&self, up: bool) {
         if self.up.swap(up, Ordering::AcqRel) != up {
             self.gauge.set(if up { 1.0 } else { 0.0 });
-            if up {
+            if up && self.was_up.swap(true, Ordering::AcqRel) {
                 tracing::info!(url = %self.url, "store up: decisions go to Redis again");
+            } else if up {
+                tracing::info!(url = %self.url, "store connected: decisions go to Redis");
             } else {
                 tracing::warn!(url = %self.url, "store down: circuit open, policies decide by on_store_error");
             }
@@ -120,6 +125,19 @@ async fn supervise(remote: Weak<Remote>) {
                             .with_timeout(remote.timeout)
                             .with_marker(true)
                             .with_max_key_len(remote.max_key_len);
+                        match store.init_marker().await {
+                            Ok(weir_redis::MarkerInit::New) => {
+                                tracing::info!(url = %remote.url, "a new store: generation marker set");
+                            }
+                            Ok(weir_redis::MarkerInit::Missing) => {
+                                tracing::warn!(url = %remote.url, "the store has keys but no generation marker: it lost state; on_state_loss applies");
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                tracing::debug!(error = %e, "generation marker not checked");
+                                continue;
+                            }
+                        }
                         let store = Arc::new(store);
                         remote.store.store(Some(store.clone()));
                         store
