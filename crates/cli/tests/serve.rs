@@ -115,6 +115,12 @@ fn serves_the_example_with_no_config_and_stops_on_sigterm() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains(r#""allowed":true"#), "{body}");
     assert_eq!(server.request("GET", "/healthz", "").0, 200);
+    let (_, metrics) = server.request("GET", "/metrics", "");
+    assert!(metrics.contains("weir_decisions_total"), "{metrics}");
+    assert!(
+        !metrics.contains("weir_grpc"),
+        "no gRPC series with gRPC off"
+    );
     server.signal("TERM");
     let exit = server.child.wait().unwrap();
     assert!(exit.success(), "{exit:?}");

@@ -263,7 +263,7 @@ impl RedisStore {
              if redis.call('DBSIZE') > 0 then return -1 end \
              redis.call('SET', KEYS[1], '0 0') return 1",
         );
-        let mut invocation = script.key(MARKER);
+        let invocation = script.key(MARKER);
         let answer: i64 = self
             .call(async {
                 match &self.connection {

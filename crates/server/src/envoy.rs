@@ -296,7 +296,7 @@ impl RateLimitService for RateLimiter {
             Err(s) if s.code() == tonic::Code::Unavailable => "unavailable",
             Err(_) => "invalid_argument",
         };
-        shared.meters.grpc(code, started);
+        crate::metrics::Meters::grpc(code, started);
         answered.map(Response::new)
     }
 }

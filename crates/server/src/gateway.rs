@@ -14,9 +14,11 @@ use http::{HeaderMap, HeaderName, Method, Version, header};
 use weir_core::Nanos;
 use weir_tower::{Limited, Part, fields};
 
+use crate::RouteLabel;
 use crate::answer::ApiError;
 use crate::backend::{Check, scoped_key};
 use crate::config::{Identity, OnStoreError, Route, Segment};
+use crate::metrics::Meters;
 use crate::state::{AppState, Shared};
 
 /// Headers that belong to one connection, not to the request.
@@ -111,11 +113,25 @@ pub(crate) async fn forward(State(state): State<Arc<AppState>>, request: Request
         Ok(found) => found,
         Err(e) => return e.into_response(),
     };
+    let mut response = through(&shared, route, &params, request).await;
+    response
+        .extensions_mut()
+        .insert(RouteLabel(Arc::from(route.text.as_str())));
+    response
+}
+
+/// A matched request: identified, decided, then forwarded or refused.
+async fn through(
+    shared: &Shared,
+    route: &Route,
+    params: &[(&str, &str)],
+    request: Request,
+) -> Response {
     let peer = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0);
-    let key = match identity(route, &request, &params, peer) {
+    let key = match identity(route, &request, params, peer) {
         Ok(key) => key,
         Err(e) => return e.into_response(),
     };
@@ -163,7 +179,7 @@ pub(crate) async fn forward(State(state): State<Arc<AppState>>, request: Request
         // never forwarded (its slot is not refunded).
         tokio::time::sleep(Duration::from_nanos(delay)).await;
     }
-    let mut response = send(&shared, route, request, peer).await;
+    let mut response = send(shared, route, request, peer).await;
     response.headers_mut().extend(fields(&parts));
     response
 }
@@ -222,11 +238,13 @@ async fn send(
         HeaderName::from_static("x-forwarded-proto"),
         HeaderValue::from_static("http"),
     );
-    match shared
+    let started = std::time::Instant::now();
+    let answered = shared
         .client
         .request(Request::from_parts(parts, body))
-        .await
-    {
+        .await;
+    Meters::upstream(&route.text, started, answered.is_ok());
+    match answered {
         Ok(response) => {
             let (mut parts, body) = response.into_parts();
             // Clients are answered in HTTP/1.1, whatever the upstream spoke.

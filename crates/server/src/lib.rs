@@ -52,7 +52,35 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/metrics", get(api::metrics))
         .fallback(gateway::forward)
         .layer(axum::middleware::from_fn(limit_headers))
+        .layer(axum::middleware::from_fn(count_requests))
         .with_state(state)
+}
+
+/// The route an answer is counted under, set by the gateway.
+#[derive(Debug, Clone)]
+pub(crate) struct RouteLabel(pub(crate) Arc<str>);
+
+/// Counts every answer in `weir_http_requests_total{route,status}`: a
+/// gateway route as written, an API path as routed, or `unmatched`.
+async fn count_requests(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let path = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| Arc::<str>::from(p.as_str()));
+    let response = next.run(request).await;
+    let route = response
+        .extensions()
+        .get::<RouteLabel>()
+        .map(|r| r.0.clone())
+        .or(path);
+    metrics::Meters::http(
+        route.as_deref().unwrap_or("unmatched"),
+        response.status().as_u16(),
+    );
+    response
 }
 
 /// The most header bytes (names and values) a request may carry.

@@ -56,6 +56,22 @@ pub(crate) fn handle() -> PrometheusHandle {
                 metrics::Unit::Seconds,
                 "Time to answer one gRPC call"
             );
+            metrics::describe_counter!(
+                "weir_http_requests_total",
+                "HTTP requests answered, by route (a gateway route as written, an API path, or unmatched) and status"
+            );
+            metrics::describe_histogram!(
+                "weir_upstream_duration_seconds",
+                metrics::Unit::Seconds,
+                "Time from forwarding a request to the upstream's response head, by route"
+            );
+            metrics::describe_counter!(
+                "weir_upstream_errors_total",
+                "Requests the upstream could not answer, by route"
+            );
+            metrics::describe_gauge!("weir_keys", "Keys stored in process (the store, or the fallback on Redis)");
+            metrics::describe_gauge!("weir_max_keys", "The in-process key budget ([store] max_keys)");
+            process().describe();
             metrics::gauge!("weir_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
             metrics::counter!("weir_store_errors_total", "kind" => "timeout").absolute(0);
             handle
@@ -63,11 +79,17 @@ pub(crate) fn handle() -> PrometheusHandle {
         .clone()
 }
 
+/// The process collector (`process_cpu_seconds_total`, resident memory,
+/// open file descriptors, …), sampled at each scrape.
+pub(crate) fn process() -> &'static metrics_process::Collector {
+    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
+    COLLECTOR.get_or_init(metrics_process::Collector::default)
+}
+
 /// Handles that belong to no one policy.
 #[derive(Debug)]
 pub(crate) struct Meters {
     duration: Histogram,
-    grpc: Histogram,
 }
 
 impl Meters {
@@ -75,7 +97,6 @@ impl Meters {
         handle(); // the recorder first, then the handles
         Self {
             duration: metrics::histogram!("weir_check_duration_seconds", "store" => store),
-            grpc: metrics::histogram!("weir_grpc_duration_seconds"),
         }
     }
 
@@ -84,10 +105,28 @@ impl Meters {
         self.duration.record(started.elapsed().as_secs_f64());
     }
 
-    /// One gRPC call's outcome and latency.
-    pub(crate) fn grpc(&self, code: &'static str, started: Instant) {
+    /// One gRPC call's outcome and latency (only a server with gRPC on
+    /// has these series).
+    pub(crate) fn grpc(code: &'static str, started: Instant) {
         metrics::counter!("weir_grpc_requests_total", "code" => code).increment(1);
-        self.grpc.record(started.elapsed().as_secs_f64());
+        metrics::histogram!("weir_grpc_duration_seconds").record(started.elapsed().as_secs_f64());
+    }
+
+    /// One HTTP answer.
+    pub(crate) fn http(route: &str, status: u16) {
+        let route = route.to_owned();
+        metrics::counter!("weir_http_requests_total", "route" => route, "status" => status.to_string())
+            .increment(1);
+    }
+
+    /// One upstream call of a gateway route: its latency, or an error.
+    pub(crate) fn upstream(route: &str, started: Instant, ok: bool) {
+        let route = route.to_owned();
+        match ok {
+            true => metrics::histogram!("weir_upstream_duration_seconds", "route" => route)
+                .record(started.elapsed().as_secs_f64()),
+            false => metrics::counter!("weir_upstream_errors_total", "route" => route).increment(1),
+        }
     }
 
     /// One failed store call (`timeout`, `redis`, `reply`), or one not made

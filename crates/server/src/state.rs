@@ -70,6 +70,10 @@ impl AppState {
 
     /// The metrics, in the Prometheus text format.
     pub fn render_metrics(&self) -> String {
+        crate::metrics::process().collect();
+        let shared = self.current();
+        metrics::gauge!("weir_keys").set(shared.backend.local().limiter.len() as f64);
+        metrics::gauge!("weir_max_keys").set(shared.config.store.max_keys as f64);
         self.metrics.render()
     }
 

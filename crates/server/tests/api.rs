@@ -196,6 +196,14 @@ async fn policies_health_metrics_and_admin() {
         "weir_check_duration_seconds_bucket{store=\"memory\"",
         "weir_store_errors_total",
         "weir_build_info",
+        "# HELP weir_decisions_total ",
+        "# HELP weir_check_duration_seconds ",
+        "weir_check_duration_seconds_bucket{store=\"memory\",le=\"0.00001\"}",
+        "weir_check_duration_seconds_bucket{store=\"memory\",le=\"0.1\"}",
+        "weir_http_requests_total{route=\"/v1/check\",status=\"200\"}",
+        "weir_keys ",
+        "weir_max_keys ",
+        "process_resident_memory_bytes",
     ] {
         assert!(metrics.contains(series), "{series} in\n{metrics}");
     }

@@ -194,6 +194,16 @@ async fn a_shaper_delays_on_the_wire_and_max_wait_refuses() {
         statuses.push(reply.status);
     }
     statuses.sort_unstable();
+    let metrics = send("GET", &format!("http://{addr}/metrics"), &[], "")
+        .await
+        .body;
+    for series in [
+        "weir_decisions_total{policy=\"crawl\",outcome=\"rejected\"}",
+        "weir_http_requests_total{route=\"GET /crawl\",status=\"429\"}",
+        "weir_upstream_duration_seconds_bucket{route=\"GET /crawl\"",
+    ] {
+        assert!(metrics.contains(series), "{series} in\n{metrics}");
+    }
     // 5/s: slots at 0 and 200 ms; the next would wait 400 ms, past the
     // route's max_wait of 300 ms: refused, uncharged, so the fourth too.
     assert_eq!(statuses, [200, 200, 429, 429]);
