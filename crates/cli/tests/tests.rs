@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod crawler;
+mod envoy;
 mod faults;
 mod redis;
 mod serve;

@@ -16,7 +16,7 @@ fn the_documented_configs_are_valid() {
     let envoy = parse(include_str!("../../../../docs/envoy/weir.toml"), None).unwrap();
     assert_eq!(
         (envoy.descriptors.len(), envoy.store.fallback_share),
-        (3, 250_000)
+        (4, 250_000)
     );
     let rule = |name| envoy.policies[envoy.policy_id(name).unwrap().0].on_store_error;
     assert_eq!(rule("seller-stock-read"), Some(OnStoreError::Deny));
