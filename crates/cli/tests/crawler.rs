@@ -115,3 +115,28 @@ fn the_crawler_gets_every_page_past_weir_serve() {
     times.sort_unstable();
     assert!(times.windows(2).all(|w| w[1] - w[0] >= 230), "{stdout}");
 }
+
+#[test]
+fn connection_failures_say_error_and_are_retried() {
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let output = Command::new(crawler())
+        .args(["--per-host", "100/s", "--attempts", "3"])
+        .arg(format!("http://127.0.0.1:{port}/x"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    let outcomes: Vec<&str> = stdout
+        .lines()
+        .filter(|l| !l.starts_with("spacing"))
+        .filter_map(|l| l.split(' ').nth(2))
+        .collect();
+    assert_eq!(outcomes, ["error", "error", "error", "gave-up"], "{stdout}");
+    let help = Command::new(crawler()).arg("--help").output().unwrap();
+    assert!(String::from_utf8_lossy(&help.stdout).contains("Exit status: 0 when"));
+}

@@ -6,8 +6,9 @@
 //! printf 'http://127.0.0.1:8080/a\n' | cargo run --release --example crawler -- -
 //! ```
 //!
-//! Prints one line per attempt (`elapsed_ms host status`), then the spacing
-//! achieved per host; exits 0 when every URL was fetched, else 1.
+//! Prints one line per attempt (`elapsed_ms host outcome`: an HTTP status,
+//! `error (reason)` when no response came, `gave-up (reason)`), then the
+//! spacing achieved per host; exits 0 when every URL was fetched, else 1.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::BufRead;
@@ -24,9 +25,20 @@ use tokio::time::Instant;
 use weir_core::units::parse_duration;
 use weir_core::{Policy, Rate};
 use weir_pacer::Pacer;
-use weir_pacer::retry::{Next, RetryPolicy, next_attempt};
+use weir_pacer::retry::{Next, RetryPolicy, after_failure, next_attempt};
 
+/// A polite crawler: a pace per host and a global cap, 429s, 503s, failed
+/// connections and timeouts retried with backoff, never earlier than the
+/// server says.
 #[derive(Debug, Parser)]
+#[command(
+    after_help = "Output: one line per attempt, `ELAPSED_MS HOST OUTCOME`, where OUTCOME is \
+the HTTP status, `error (REASON)` when no response came (connection failed, \
+timed out: retried with the same backoff), or `gave-up (REASON)`; then the \
+spacing achieved per host.\n\nExit status: 0 when every URL got a final \
+response (anything but 429 or 503), 1 when some URL gave up, 2 on bad \
+arguments."
+)]
 struct Args {
     /// Pace per host: N/DURATION or N/UNIT.
     #[arg(long, default_value = "2/s")]
@@ -40,6 +52,9 @@ struct Args {
     /// Stop sending after this long (60s, 1500ms); no limit by default.
     #[arg(long)]
     deadline: Option<String>,
+    /// The longest wait for one response (connect and headers).
+    #[arg(long, default_value = "10s")]
+    timeout: String,
     /// URLs to fetch (http://…), or `-` to read them from stdin, one per line.
     #[arg(required = true)]
     urls: Vec<String>,
@@ -126,10 +141,17 @@ async fn run(args: Args) -> Result<bool, String> {
         }
         None => None,
     };
-    let policy = RetryPolicy {
-        max_attempts: args.attempts.max(1),
-        deadline,
-        ..RetryPolicy::default()
+    let timeout = Duration::from_nanos(
+        parse_duration(&args.timeout)
+            .map_err(|e| format!("--timeout: `{}` is not valid: {e}", args.timeout))?,
+    );
+    let patience = Patience {
+        retry: RetryPolicy {
+            max_attempts: args.attempts.max(1),
+            deadline,
+            ..RetryPolicy::default()
+        },
+        timeout,
     };
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     let start = Instant::now();
@@ -138,9 +160,9 @@ async fn run(args: Args) -> Result<bool, String> {
         .into_iter()
         .map(|(host, uri)| {
             let (pacer, client, sends) = (pacer.clone(), client.clone(), sends.clone());
-            tokio::spawn(
-                async move { fetch(&pacer, &client, &sends, &policy, start, &host, uri).await },
-            )
+            tokio::spawn(async move {
+                fetch(&pacer, &client, &sends, patience, start, &host, uri).await
+            })
         })
         .collect();
     let mut all_fetched = true;
@@ -165,12 +187,22 @@ async fn run(args: Args) -> Result<bool, String> {
     Ok(all_fetched)
 }
 
+/// How long to try: retries, and the wait for one response.
+#[derive(Debug, Clone, Copy)]
+struct Patience {
+    retry: RetryPolicy,
+    timeout: Duration,
+}
+
 /// Fetches one URL, retrying as the server asks; true when it was fetched.
 async fn fetch(
     pacer: &Pacer,
     client: &Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>,
     sends: &Sends,
-    policy: &RetryPolicy,
+    Patience {
+        retry: policy,
+        timeout,
+    }: Patience,
     start: Instant,
     host: &str,
     uri: http::Uri,
@@ -191,18 +223,33 @@ async fn fetch(
         let request = http::Request::get(uri.clone())
             .header("user-agent", "weir-crawler")
             .body(Empty::new());
-        let response = match request {
-            Ok(request) => client.request(request).await,
+        let request = match request {
+            Ok(request) => request,
             Err(e) => {
                 println!("{} {host} error ({e})", elapsed_ms(sent));
                 return false;
             }
         };
-        let response = match response {
+        let failure = match tokio::time::timeout(timeout, client.request(request)).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(e)) => Err(format!("{e:?}")),
+            Err(_) => Err(format!("no response within {timeout:?}")),
+        };
+        let response = match failure {
             Ok(response) => response,
-            Err(e) => {
-                println!("{} {host} error ({e})", elapsed_ms(sent));
-                return false;
+            Err(reason) => {
+                println!("{} {host} error ({reason})", elapsed_ms(sent));
+                match after_failure(&policy, attempt, first.elapsed(), &mut rng) {
+                    Next::Retry(wait) => {
+                        tokio::time::sleep(wait).await;
+                        continue;
+                    }
+                    Next::GiveUp(why) => {
+                        println!("{} {host} gave-up ({why:?})", elapsed_ms(Instant::now()));
+                        return false;
+                    }
+                    Next::Done => return false,
+                }
             }
         };
         let (parts, body) = response.into_parts();
@@ -210,7 +257,7 @@ async fn fetch(
         println!("{} {host} {}", elapsed_ms(sent), parts.status.as_u16());
         let now = SystemTime::now();
         match next_attempt(
-            policy,
+            &policy,
             attempt,
             parts.status,
             &parts.headers,

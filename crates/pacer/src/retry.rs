@@ -85,10 +85,32 @@ pub fn next_attempt(
     if !is_retryable(status) {
         return Next::Done;
     }
+    backoff(policy, attempts, elapsed, server_wait(headers, now), rng)
+}
+
+/// What to do after an attempt that got no response at all (the connection
+/// failed, or no answer came in time): the same backoff as a `503` that
+/// states no wait.
+pub fn after_failure(
+    policy: &RetryPolicy,
+    attempts: u32,
+    elapsed: Duration,
+    rng: &mut fastrand::Rng,
+) -> Next {
+    backoff(policy, attempts, elapsed, None, rng)
+}
+
+fn backoff(
+    policy: &RetryPolicy,
+    attempts: u32,
+    elapsed: Duration,
+    stated: Option<Duration>,
+    rng: &mut fastrand::Rng,
+) -> Next {
     if attempts >= policy.max_attempts {
         return Next::GiveUp(GiveUp::Attempts);
     }
-    let wait = match server_wait(headers, now) {
+    let wait = match stated {
         Some(stated) => stated + jitter(rng, (stated / 2).min(policy.base)),
         None => {
             let doublings = attempts.saturating_sub(1).min(32);
@@ -309,5 +331,32 @@ mod tests {
             (q[0].name.as_str(), q[0].quota, q[0].window),
             ("api", 10, Duration::from_secs(5))
         );
+    }
+
+    #[test]
+    fn a_failed_connection_backs_off_like_an_unexplained_503() {
+        let policy = RetryPolicy::default();
+        for attempts in 1..5 {
+            for seed in 0..50 {
+                let failed = after_failure(
+                    &policy,
+                    attempts,
+                    Duration::ZERO,
+                    &mut fastrand::Rng::with_seed(seed),
+                );
+                let unavailable = next_attempt(
+                    &policy,
+                    attempts,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &HeaderMap::new(),
+                    Duration::ZERO,
+                    SystemTime::UNIX_EPOCH + T0,
+                    &mut fastrand::Rng::with_seed(seed),
+                );
+                assert_eq!(failed, unavailable);
+            }
+        }
+        let last = after_failure(&policy, 5, Duration::ZERO, &mut fastrand::Rng::new());
+        assert_eq!(last, Next::GiveUp(GiveUp::Attempts));
     }
 }
