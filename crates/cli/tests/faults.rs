@@ -58,6 +58,8 @@ fn assert_rules_apply(server: &Server, phase: &str) {
         status == 200 && degraded(&json) && json["allowed"] == true,
         "{phase}: local {status} {json}"
     );
+    // The limit applied is the fallback's: half of 100,000 (fallback_share).
+    assert_eq!(json["limit"], 50_000, "{phase}: {json}");
     assert!(took <= TIMEOUT + MARGIN, "{phase}: local took {took:?}");
     let (status, json, took) = check(server, "open", "rules");
     assert!(

@@ -240,3 +240,55 @@ async fn a_client_that_leaves_while_waiting_is_never_forwarded() {
         "the waiter that left was not forwarded"
     );
 }
+
+/// An upstream that answers in HTTP/1.0 and records the request head.
+async fn old_upstream() -> (SocketAddr, Arc<Mutex<String>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let head: Arc<Mutex<String>> = Arc::default();
+    let seen = head.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut buffer = vec![0u8; 8192];
+            let n = stream.read(&mut buffer).await.unwrap_or(0);
+            *seen.lock().unwrap() = String::from_utf8_lossy(&buffer[..n]).to_lowercase();
+            let _ = stream
+                .write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                .await;
+        }
+    });
+    (addr, head)
+}
+
+#[tokio::test]
+async fn clients_get_http_1_1_and_the_upstream_gets_forwarding_headers() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (up, head) = old_upstream().await;
+    let config = format!(
+        "[policies.p]\nalgorithm = \"gcra\"\nburst = 5\nrate = \"1/s\"\n\n[[routes]]\nmatch = \"GET /old\"\nidentity = \"peer\"\npolicies = [\"p\"]\nupstream = \"http://{up}\"\n"
+    );
+    let (addr, _) = start(&config).await;
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(
+            b"GET /old HTTP/1.1\r\nHost: shop.example\r\nX-Forwarded-For: 6.6.6.6\r\nConnection: close, x-secret\r\nX-Secret: 1\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    let head = head.lock().unwrap().clone();
+    assert!(head.contains("x-forwarded-host: shop.example"), "{head}");
+    assert!(
+        head.contains("x-forwarded-for: 127.0.0.1\r\n"),
+        "spoofed XFF replaced: {head}"
+    );
+    assert!(head.contains("x-forwarded-proto: http"), "{head}");
+    assert!(
+        !head.contains("x-secret"),
+        "named in Connection: stripped: {head}"
+    );
+    assert!(head.contains(&format!("host: {up}")), "{head}");
+}
