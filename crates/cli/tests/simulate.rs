@@ -342,6 +342,15 @@ fn compare_prints_a_table_and_draws_a_plot() {
         picture.contains("per-minute: admitted 120, rejected 121"),
         "lane caption"
     );
+    // Labelled axes, a legend with the window boundaries, a close-up.
+    for text in [
+        "admitted, ↓ rejected per ",
+        "window boundary",
+        "close-up of the busiest",
+        "time (s)",
+    ] {
+        assert!(picture.contains(text), "{text} in the plot");
+    }
     let bad = dir.join("bad.toml");
     std::fs::write(
         &bad,

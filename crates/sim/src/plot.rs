@@ -1,21 +1,30 @@
 //! Drawing a comparison as SVG: one lane per policy, time across, admitted
 //! requests as green bars above the axis (at the time they are released, so a
-//! shaper's spreading shows) and rejected ones as red bars below it.
+//! shaper's spreading shows) and rejected ones as red bars below it, counted
+//! per time bin. Each lane has a second panel, a close-up of the busiest
+//! moment of the whole trace (for `boundary-burst`: the 0.2 s around the
+//! window boundary), drawn with bins fine enough to see every admission.
 
 use std::path::Path;
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
-
-use weir_core::{Nanos, Policy};
 
 use crate::compare::Lane;
 
-fn window_of(policy: &Policy) -> Option<Nanos> {
-    policy.aligned_window()
-}
-
+/// Bins across the whole trace.
 const BINS: usize = 600;
-const LANE_HEIGHT: u32 = 150;
+/// Bins across the close-up.
+const ZOOM_BINS: usize = 120;
+const LANE_HEIGHT: u32 = 230;
+const WIDTH: u32 = 1400;
+/// One font size for every caption, one for every label.
+const CAPTION: u32 = 15;
+const LABEL: u32 = 12;
+
+const GREEN: RGBColor = RGBColor(34, 139, 34);
+const RED: RGBColor = RGBColor(200, 40, 40);
+const GREY: RGBColor = RGBColor(150, 150, 150);
 
 /// Counts per time bin for one lane.
 #[derive(Debug, Clone, Copy, Default)]
@@ -24,9 +33,62 @@ struct Bin {
     rejected: u32,
 }
 
+/// A span of time cut into bins.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    from: f64,
+    to: f64,
+    bins: usize,
+}
+
+impl Span {
+    fn width(&self) -> f64 {
+        (self.to - self.from) / self.bins as f64
+    }
+
+    fn bin(&self, t: f64) -> Option<usize> {
+        (self.from..self.to)
+            .contains(&t)
+            .then(|| (((t - self.from) / self.width()) as usize).min(self.bins - 1))
+    }
+
+    /// The bins of `lane` over this span.
+    fn count(&self, lane: &Lane) -> Vec<Bin> {
+        let mut bins = vec![Bin::default(); self.bins];
+        for o in &lane.outcomes {
+            if o.decision.allowed {
+                if let Some(i) = self.bin(seconds(o.at.saturating_add(o.decision.delay))) {
+                    bins[i].admitted += 1;
+                }
+            } else if let Some(i) = self.bin(seconds(o.at)) {
+                bins[i].rejected += 1;
+            }
+        }
+        bins
+    }
+}
+
+fn seconds(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// A bin width for people: `200 ms`, `1.5 s`, `40 µs`.
+fn human(seconds: f64) -> String {
+    match seconds {
+        s if s >= 1.0 => format!("{} s", round3(s)),
+        s if s >= 1e-3 => format!("{} ms", round3(s * 1e3)),
+        s => format!("{} µs", round3(s * 1e6)),
+    }
+}
+
+fn round3(x: f64) -> f64 {
+    let digits = 3 - x.abs().log10().floor() as i32 - 1;
+    let scale = 10f64.powi(digits.max(0));
+    (x * scale).round() / scale
+}
+
 /// Writes the lanes to `path` as an SVG picture under `title`.
 pub fn plot(path: &Path, title: &str, lanes: &[Lane], burst_window: u64) -> Result<(), String> {
-    let seconds = |ns: u64| ns as f64 / 1e9;
     let events = || {
         lanes.iter().flat_map(|l| &l.outcomes).map(|o| {
             let delay = if o.decision.allowed {
@@ -43,90 +105,172 @@ pub fn plot(path: &Path, title: &str, lanes: &[Lane], burst_window: u64) -> Resu
         return Err("the trace has no requests to plot".to_owned());
     }
     let pad = ((end - start) * 0.02).max(0.5);
-    let (x0, x1) = (start - pad, end + pad);
-    let bin_width = (x1 - x0) / BINS as f64;
-    let bin_of = |t: f64| (((t - x0) / bin_width) as usize).min(BINS - 1);
+    let whole = Span {
+        from: start - pad,
+        to: end + pad,
+        bins: BINS,
+    };
+    let zoom = close_up(whole, lanes);
 
-    let height = LANE_HEIGHT * lanes.len().max(1) as u32 + 50;
-    let root = SVGBackend::new(path, (1100, height)).into_drawing_area();
+    let height = LANE_HEIGHT * lanes.len().max(1) as u32 + 60;
+    let root = SVGBackend::new(path, (WIDTH, height)).into_drawing_area();
     let draw = |e: DrawingAreaErrorKind<_>| format!("cannot draw {}: {e}", path.display());
     root.fill(&WHITE).map_err(draw)?;
     let root = root
         .titled(
-            &format!("{title} — green: admitted (at release), red: rejected"),
+            &format!("{title}: admitted above the axis (when released), rejected below"),
             ("sans-serif", 18),
         )
         .map_err(draw)?;
-    let areas = root.split_evenly((lanes.len().max(1), 1));
-    for (i, (area, lane)) in areas.iter().zip(lanes).enumerate() {
-        let mut bins = vec![Bin::default(); BINS];
-        for o in &lane.outcomes {
-            if o.decision.allowed {
-                bins[bin_of(seconds(o.at.saturating_add(o.decision.delay)))].admitted += 1;
-            } else {
-                bins[bin_of(seconds(o.at))].rejected += 1;
-            }
-        }
-        let top = bins
-            .iter()
-            .map(|b| b.admitted.max(b.rejected))
-            .max()
-            .unwrap_or(1)
-            .max(1) as f64;
+    for (area, lane) in root.split_evenly((lanes.len().max(1), 1)).iter().zip(lanes) {
+        let (left, right) = area.split_horizontally((WIDTH * 7 / 10) as i32);
         let s = lane.summary(burst_window);
         let caption = format!(
             "{}: admitted {}, rejected {}, largest burst {}",
             lane.label, s.admitted, s.rejected, s.max_burst
         );
-        let mut chart = ChartBuilder::on(area)
-            .caption(caption, ("sans-serif", 14))
-            .margin(6)
-            .x_label_area_size(if i + 1 == lanes.len() { 36 } else { 20 })
-            .y_label_area_size(44)
-            .build_cartesian_2d(x0..x1, -top..top)
-            .map_err(draw)?;
-        chart
-            .configure_mesh()
-            .disable_mesh()
-            .y_labels(3)
-            .y_label_formatter(&|v| format!("{:.0}", v.abs()))
-            .x_desc(if i + 1 == lanes.len() { "time (s)" } else { "" })
-            .draw()
-            .map_err(draw)?;
-        // Window policies: mark the aligned window boundaries.
-        if let Some(w) = window_of(&lane.policy).map(seconds) {
-            let first = (x0 / w).ceil() as i64;
-            let last = (x1 / w).floor() as i64;
-            if last - first < 60 {
-                let grey = RGBColor(170, 170, 170);
-                let lines = (first..=last).map(|k| {
-                    PathElement::new(vec![(k as f64 * w, -top), (k as f64 * w, top)], grey)
-                });
-                chart.draw_series(lines).map_err(draw)?;
-            }
-        }
-        let bar = |i: usize, value: f64, color: RGBColor| {
-            let left = x0 + i as f64 * bin_width;
-            Rectangle::new([(left, 0.0), (left + bin_width, value)], color.filled())
-        };
-        let green = RGBColor(34, 139, 34);
-        let red = RGBColor(200, 40, 40);
-        chart
-            .draw_series(
-                bins.iter()
-                    .enumerate()
-                    .filter(|(_, b)| b.admitted > 0)
-                    .map(|(i, b)| bar(i, f64::from(b.admitted), green)),
-            )
-            .map_err(draw)?;
-        chart
-            .draw_series(
-                bins.iter()
-                    .enumerate()
-                    .filter(|(_, b)| b.rejected > 0)
-                    .map(|(i, b)| bar(i, -f64::from(b.rejected), red)),
-            )
-            .map_err(draw)?;
+        panel(&left, lane, whole, &caption, true).map_err(draw)?;
+        let caption = format!("close-up of the busiest {}", human(zoom.to - zoom.from));
+        panel(&right, lane, zoom, &caption, false).map_err(draw)?;
     }
     root.present().map_err(draw)
+}
+
+/// The busiest moment: the span, a hundredth of the trace wide (at least
+/// 50 ms), holding the most requests of every lane together (the first such,
+/// centred on its busy part), cut into [`ZOOM_BINS`] bins.
+fn close_up(whole: Span, lanes: &[Lane]) -> Span {
+    let mut total = vec![0u32; whole.bins];
+    for lane in lanes {
+        for (t, b) in total.iter_mut().zip(whole.count(lane)) {
+            *t += b.admitted + b.rejected;
+        }
+    }
+    let half = ((whole.to - whole.from) / 200.0).max(0.025);
+    let reach = ((2.0 * half / whole.width()).ceil() as usize).clamp(1, whole.bins);
+    let sums: Vec<u32> = total.windows(reach).map(|w| w.iter().sum()).collect();
+    let most = sums.iter().copied().max().unwrap_or(0);
+    let first = sums.iter().position(|&s| s == most).unwrap_or(0);
+    // Centre on the requests inside the busiest run of bins.
+    let busy: Vec<usize> = (first..first + reach).filter(|&i| total[i] > 0).collect();
+    let middle = match (busy.first(), busy.last()) {
+        (Some(a), Some(b)) => (a + b) as f64 / 2.0 + 0.5,
+        _ => first as f64 + reach as f64 / 2.0,
+    };
+    let center = whole.from + middle * whole.width();
+    Span {
+        from: center - half,
+        to: center + half,
+        bins: ZOOM_BINS,
+    }
+}
+
+/// Tick labels with as many decimals as the span needs to tell them apart.
+fn tick(span: Span) -> impl Fn(&f64) -> String {
+    let step = (span.to - span.from) / 8.0;
+    let decimals = (-step.log10().floor()).clamp(0.0, 6.0) as usize;
+    move |v| format!("{v:.decimals$}")
+}
+
+/// One lane over one span: bars per bin, window boundaries, a labelled
+/// y-axis and a legend.
+fn panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    lane: &Lane,
+    span: Span,
+    caption: &str,
+    legend: bool,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let bins = span.count(lane);
+    let top = bins
+        .iter()
+        .map(|b| b.admitted.max(b.rejected))
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64
+        * 1.15;
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", CAPTION))
+        .margin(8)
+        .x_label_area_size(34)
+        .y_label_area_size(58)
+        .build_cartesian_2d(span.from..span.to, -top..top * 2.2)?;
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .x_labels(8)
+        .y_labels(5)
+        .label_style(("sans-serif", LABEL))
+        .axis_desc_style(("sans-serif", LABEL))
+        .x_label_formatter(&tick(span))
+        .y_label_formatter(&|v| format!("{:.0}", v.abs()))
+        .x_desc("time (s)")
+        .y_desc(format!(
+            "↑ admitted, ↓ rejected per {}",
+            human(span.width())
+        ))
+        .draw()?;
+    if let Some(w) = lane.policy.aligned_window().map(seconds) {
+        let (first, last) = ((span.from / w).ceil() as i64, (span.to / w).floor() as i64);
+        if last - first < 60 {
+            let lines = (first..=last).map(|k| {
+                PathElement::new(vec![(k as f64 * w, -top), (k as f64 * w, top * 2.2)], GREY)
+            });
+            chart
+                .draw_series(lines)?
+                .label("window boundary")
+                .legend(|(x, y)| PathElement::new(vec![(x, y - 6), (x, y + 6)], GREY));
+        }
+    }
+    let bar = |i: usize, value: f64, color: RGBColor| {
+        let left = span.from + i as f64 * span.width();
+        Rectangle::new([(left, 0.0), (left + span.width(), value)], color.filled())
+    };
+    let admitted = bins.iter().enumerate().filter(|(_, b)| b.admitted > 0);
+    chart
+        .draw_series(admitted.map(|(i, b)| bar(i, f64::from(b.admitted), GREEN)))?
+        .label("admitted")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], GREEN.filled()));
+    let rejected = bins.iter().enumerate().filter(|(_, b)| b.rejected > 0);
+    chart
+        .draw_series(rejected.map(|(i, b)| bar(i, -f64::from(b.rejected), RED)))?
+        .label("rejected")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], RED.filled()));
+    if legend {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .label_font(("sans-serif", LABEL))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.3))
+            .draw()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::compare;
+    use crate::scenario::Scenario;
+
+    #[test]
+    fn the_close_up_is_the_boundary_burst() {
+        let scenario = Scenario::find("boundary-burst").unwrap();
+        let arrivals = scenario.arrivals().into_iter().map(Ok);
+        let lanes = compare(scenario.policies().unwrap(), arrivals).unwrap();
+        let whole = Span {
+            from: 59.8,
+            to: 120.2,
+            bins: BINS,
+        };
+        let zoom = close_up(whole, &lanes);
+        // Both bursts (59.9 s and 60.1 s) in view, the one at 120.1 s not.
+        assert!(zoom.from < 59.9 && zoom.to > 60.1, "{zoom:?}");
+        assert!(zoom.to < 61.0, "{zoom:?}");
+        // Fine enough that each burst is its own bar.
+        assert!(zoom.width() < 0.01, "{zoom:?}");
+        assert_eq!(tick(zoom)(&59.9), "59.90");
+        assert_eq!(human(0.104), "104 ms");
+    }
 }
