@@ -1,38 +1,58 @@
-//! A tower layer that rate-limits requests with a weir [`Limiter`]: for axum,
-//! hyper and tonic services.
+//! A tower layer that rate-limits requests with weir: for axum and hyper
+//! services, over the in-process [`Limiter`] or (feature `redis`) a shared
+//! Redis.
 //!
-//! Each request's identity comes from a [`KeyExtractor`] (a closure, a
-//! trusted header with [`HeaderKey`], or the peer address with [`PeerKey`]).
-//! A rejected request is answered at once with `429 Too Many Requests`,
-//! `Retry-After` (whole seconds, rounded up, never 0), `Cache-Control:
-//! no-store`, the IETF draft `RateLimit-Policy` and `RateLimit` fields and the
-//! body `{"error":"RATE_LIMITED","policy":"<name>"}`. An admitted request is
-//! passed on (after its `delay`, for a leaky-bucket shaper) and its response
-//! carries the `RateLimit` fields too.
+//! Each request's identity comes from a [`KeyExtractor`]: a closure, a
+//! trusted header ([`HeaderKey`]), the peer address ([`PeerKey`]), or the
+//! client address behind proxies you trust ([`ForwardedKey`]). Its cost
+//! comes from a [`Cost`] (1, or a closure). The layer checks one or several
+//! policies all-or-nothing. A rejected request is answered at once with
+//! `429 Too Many Requests`, `Retry-After` (whole seconds, rounded up, never
+//! 0; the largest among the refusing policies), `Cache-Control: no-store`,
+//! the IETF draft `RateLimit-Policy` and `RateLimit` fields and the body
+//! `{"error":"RATE_LIMITED","policy":"<name>"}` ([`Limited`], the same answer
+//! `weir serve` gives). An admitted request is passed on (after its `delay`,
+//! for a leaky-bucket shaper) and its response carries the `RateLimit`
+//! fields too.
 //!
 //! ```no_run
 //! use std::sync::Arc;
 //! use axum::{routing::get, Router};
 //! use weir_limiter::{Limiter, Policy};
-//! use weir_tower::{HeaderKey, RateLimitLayer};
+//! use weir_tower::{HeaderKey, RateLimitLayer, Store};
 //!
 //! let limiter = Arc::new(Limiter::builder()
-//!     .policy("api", Policy::parse("token-bucket capacity=10 rate=2/s").unwrap())
+//!     .policy("per-key", Policy::parse("token-bucket capacity=10 rate=2/s").unwrap())
+//!     .policy("per-day", Policy::parse("fixed-window limit=10000 window=1d").unwrap())
 //!     .build().unwrap());
-//! let app: Router = Router::new()
-//!     .route("/", get(|| async { "hello" }))
-//!     .layer(RateLimitLayer::new(limiter, "api", HeaderKey::new("x-api-key")).unwrap());
+//! let layer = RateLimitLayer::builder(Store::memory(limiter))
+//!     .policy("per-key")
+//!     .policy("per-day")
+//!     .build(HeaderKey::new("x-api-key"))
+//!     .unwrap()
+//!     // Uploads cost one per started megabyte.
+//!     .cost(|request: &http::Request<axum::body::Body>| {
+//!         let bytes = request.headers().get("content-length")
+//!             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok()).unwrap_or(0);
+//!         bytes.div_ceil(1 << 20).max(1)
+//!     });
+//! let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(layer);
 //! ```
 //!
-//! Identities are untrusted input: a key longer than the limiter's bound or
-//! not valid UTF-8 is refused (`422 KEY_TOO_LONG`, `400 MISSING_IDENTITY`),
-//! never truncated into another key.
+//! Identities are untrusted input: a key longer than 256 bytes or not valid
+//! UTF-8 is refused (`422 KEY_TOO_LONG`, `400 MISSING_IDENTITY`), never
+//! truncated into another key. An extractor that cannot work as the service
+//! is set up (the peer address without axum's `ConnectInfo`) answers `500`
+//! naming the fix, on every request, rather than a silent `400`.
+//!
+//! tonic services are not supported: a gRPC client needs `RESOURCE_EXHAUSTED`
+//! in a gRPC status, not an HTTP `429`.
 
 mod headers;
 
 use std::borrow::Cow;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -41,25 +61,37 @@ use std::time::Duration;
 use http::{HeaderName, Request, Response, StatusCode};
 use tower_layer::Layer;
 use tower_service::Service;
-use weir_limiter::{Check, CheckError, Clock, Decision, Error, Limiter, PolicyId, SystemClock};
+use weir_limiter::{
+    AllDecision, Check, CheckError, Clock, DEFAULT_MAX_KEY_LEN as MAX_IDENTITY, Error, Limiter,
+    Policy, PolicyId, SystemClock,
+};
 
 pub use headers::{
     Limited, Part, error_body, fields, quota, rate_limit_policy, retry_after_seconds,
 };
 
+/// Why a request has no identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyError {
+    /// The request carries none (answered `400 MISSING_IDENTITY`).
+    Missing,
+    /// The extractor cannot work as the service is set up: a programming
+    /// error, answered `500` with this fix.
+    Misconfigured(&'static str),
+}
+
 /// Where a request's identity comes from.
 pub trait KeyExtractor<B>: Clone + Send + Sync + 'static {
-    /// The key to limit this request under; `None` when the request carries
-    /// no usable identity (answered with `400`).
-    fn key<'a>(&self, request: &'a Request<B>) -> Option<Cow<'a, str>>;
+    /// The key to limit this request under.
+    fn key<'a>(&self, request: &'a Request<B>) -> Result<Cow<'a, str>, KeyError>;
 }
 
 impl<B, F> KeyExtractor<B> for F
 where
     F: Fn(&Request<B>) -> Option<String> + Clone + Send + Sync + 'static,
 {
-    fn key<'a>(&self, request: &'a Request<B>) -> Option<Cow<'a, str>> {
-        self(request).map(Cow::Owned)
+    fn key<'a>(&self, request: &'a Request<B>) -> Result<Cow<'a, str>, KeyError> {
+        self(request).map(Cow::Owned).ok_or(KeyError::Missing)
     }
 }
 
@@ -80,64 +112,327 @@ impl HeaderKey {
 }
 
 impl<B> KeyExtractor<B> for HeaderKey {
-    fn key<'a>(&self, request: &'a Request<B>) -> Option<Cow<'a, str>> {
-        let value = request.headers().get(&self.0)?.to_str().ok()?;
-        (!value.is_empty()).then_some(Cow::Borrowed(value))
-    }
-}
-
-/// The peer's IP address (not the port), from axum's
-/// `ConnectInfo<SocketAddr>` or a `SocketAddr` request extension.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct PeerKey;
-
-impl<B> KeyExtractor<B> for PeerKey {
-    fn key<'a>(&self, request: &'a Request<B>) -> Option<Cow<'a, str>> {
-        let extensions = request.extensions();
-        let addr = extensions.get::<SocketAddr>().copied();
-        #[cfg(feature = "axum")]
-        let addr = addr.or_else(|| {
-            extensions
-                .get::<axum::extract::ConnectInfo<SocketAddr>>()
-                .map(|info| info.0)
-        });
-        addr.map(|a| Cow::Owned(a.ip().to_string()))
-    }
-}
-
-/// Rate-limits a service with one policy of a [`Limiter`].
-#[derive(Debug)]
-pub struct RateLimitLayer<K, C = SystemClock> {
-    shared: Arc<Shared<C>>,
-    extractor: K,
-}
-
-impl<K: Clone, C> Clone for RateLimitLayer<K, C> {
-    fn clone(&self) -> Self {
-        Self {
-            shared: self.shared.clone(),
-            extractor: self.extractor.clone(),
+    fn key<'a>(&self, request: &'a Request<B>) -> Result<Cow<'a, str>, KeyError> {
+        let mut values = request.headers().get_all(&self.0).iter();
+        match (values.next(), values.next()) {
+            // One value, not empty: a second one would be a second identity.
+            (Some(value), None) => match value.to_str() {
+                Ok(v) if !v.is_empty() => Ok(Cow::Borrowed(v)),
+                _ => Err(KeyError::Missing),
+            },
+            _ => Err(KeyError::Missing),
         }
     }
 }
 
+/// The connection's peer address, from axum's `ConnectInfo<SocketAddr>` or a
+/// `SocketAddr` request extension.
+fn peer<B>(request: &Request<B>) -> Result<IpAddr, KeyError> {
+    let extensions = request.extensions();
+    let addr = extensions.get::<SocketAddr>().copied();
+    #[cfg(feature = "axum")]
+    let addr = addr.or_else(|| {
+        extensions
+            .get::<axum::extract::ConnectInfo<SocketAddr>>()
+            .map(|info| info.0)
+    });
+    addr.map(|a| a.ip()).ok_or(KeyError::Misconfigured(
+        "the peer address is not available: serve the app with `into_make_service_with_connect_info::<SocketAddr>()` (axum), or insert a `SocketAddr` request extension",
+    ))
+}
+
+/// The peer's IP address (not the port). Behind a proxy every client has
+/// the proxy's address: use [`ForwardedKey`] there.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PeerKey;
+
+impl<B> KeyExtractor<B> for PeerKey {
+    fn key<'a>(&self, request: &'a Request<B>) -> Result<Cow<'a, str>, KeyError> {
+        peer(request).map(|ip| Cow::Owned(ip.to_string()))
+    }
+}
+
+/// The client's address behind `hops` proxies you trust, each appending the
+/// address it received the request from: the `hops`-th address from the
+/// right of `X-Forwarded-For` (or of the `for=` items of `Forwarded`).
+/// Addresses further left are the client's own claims and are ignored; a
+/// request with fewer entries than `hops` did not come through the proxies
+/// and has no identity.
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardedKey {
+    hops: usize,
+    standard: bool,
+}
+
+impl ForwardedKey {
+    /// From `X-Forwarded-For`, behind `hops` (at least 1) trusted proxies.
+    pub fn x_forwarded_for(hops: usize) -> Self {
+        Self {
+            hops: hops.max(1),
+            standard: false,
+        }
+    }
+
+    /// From `Forwarded` (RFC 7239), behind `hops` (at least 1) trusted
+    /// proxies.
+    pub fn forwarded(hops: usize) -> Self {
+        Self {
+            hops: hops.max(1),
+            standard: true,
+        }
+    }
+}
+
+impl<B> KeyExtractor<B> for ForwardedKey {
+    fn key<'a>(&self, request: &'a Request<B>) -> Result<Cow<'a, str>, KeyError> {
+        let name = if self.standard {
+            http::header::FORWARDED
+        } else {
+            HeaderName::from_static("x-forwarded-for")
+        };
+        let mut entries: Vec<&str> = Vec::new();
+        for value in request.headers().get_all(name) {
+            let value = value.to_str().map_err(|_| KeyError::Missing)?;
+            entries.extend(value.split(',').map(str::trim));
+        }
+        let entry = entries
+            .len()
+            .checked_sub(self.hops)
+            .map(|i| entries[i])
+            .ok_or(KeyError::Missing)?;
+        let address = match self.standard {
+            false => entry,
+            true => entry
+                .split(';')
+                .find_map(|pair| {
+                    let (key, value) = pair.trim().split_once('=')?;
+                    key.eq_ignore_ascii_case("for").then_some(value)
+                })
+                .ok_or(KeyError::Missing)?,
+        };
+        // `"[2001:db8::1]:4711"`, `192.0.2.1:80`, `192.0.2.1`.
+        let address = address.trim_matches('"');
+        let ip = match address.strip_prefix('[') {
+            Some(rest) => rest.split(']').next().and_then(|a| a.parse().ok()),
+            None => address
+                .parse::<IpAddr>()
+                .ok()
+                .or_else(|| address.parse::<SocketAddr>().ok().map(|s| s.ip())),
+        };
+        ip.map(|ip: IpAddr| Cow::Owned(ip.to_string()))
+            .ok_or(KeyError::Missing)
+    }
+}
+
+/// What one request costs.
+pub trait Cost<B>: Clone + Send + Sync + 'static {
+    /// The charge for `request` (at least 1).
+    fn cost(&self, request: &Request<B>) -> u64;
+}
+
+/// Every request costs 1.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct One;
+
+impl<B> Cost<B> for One {
+    fn cost(&self, _: &Request<B>) -> u64 {
+        1
+    }
+}
+
+impl<B, F> Cost<B> for F
+where
+    F: Fn(&Request<B>) -> u64 + Clone + Send + Sync + 'static,
+{
+    fn cost(&self, request: &Request<B>) -> u64 {
+        self(request).max(1)
+    }
+}
+
+/// Where a layer's decisions are made.
 #[derive(Debug)]
-struct Shared<C> {
-    limiter: Arc<Limiter<C>>,
-    id: PolicyId,
-    policy: String,
-    /// `RateLimit-Policy`, the same for every response.
+pub enum Store<C = SystemClock> {
+    /// The in-process limiter.
+    Memory(Arc<Limiter<C>>),
+    /// A shared Redis (or Redis Cluster), with the policies it checks.
+    #[cfg(feature = "redis")]
+    Redis {
+        /// The store.
+        store: weir_redis::RedisStore,
+        /// The policies, by name.
+        policies: Vec<(String, Policy)>,
+    },
+}
+
+impl<C: Clock> Store<C> {
+    /// The in-process limiter, with every policy it has.
+    pub fn memory(limiter: Arc<Limiter<C>>) -> Self {
+        Self::Memory(limiter)
+    }
+
+    fn policy(&self, name: &str) -> Result<(Policy, Option<PolicyId>), Error> {
+        match self {
+            Self::Memory(limiter) => {
+                let id = limiter.policy(name)?;
+                let policy = limiter
+                    .policies()
+                    .nth(id.index())
+                    .map(|(_, p)| *p)
+                    .ok_or_else(|| CheckError::UnknownPolicy(name.to_owned()))?;
+                Ok((policy, Some(id)))
+            }
+            #[cfg(feature = "redis")]
+            Self::Redis { policies, .. } => policies
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, p)| (*p, None))
+                .ok_or_else(|| CheckError::UnknownPolicy(name.to_owned()).into()),
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl Store<SystemClock> {
+    /// A shared Redis store checking `policies` (name, policy).
+    pub fn redis(store: weir_redis::RedisStore, policies: Vec<(String, Policy)>) -> Self {
+        Self::Redis { store, policies }
+    }
+}
+
+/// Why a request got no decision from the store.
+#[derive(Debug)]
+enum Refused {
+    Invalid(CheckError),
+    Full,
+    Unavailable,
+}
+
+/// One policy of a layer, resolved once.
+#[derive(Debug)]
+struct Limit {
+    name: String,
+    policy: Policy,
+    id: Option<PolicyId>,
     field: http::HeaderValue,
     limit: u64,
 }
 
-impl<C> Shared<C> {
-    fn part(&self, decision: Decision) -> Part<'_> {
-        Part {
-            name: &self.policy,
-            field: &self.field,
-            limit: self.limit,
-            decision,
+#[derive(Debug)]
+struct Shared<C> {
+    store: Store<C>,
+    limits: Vec<Limit>,
+}
+
+impl<C: Clock> Shared<C> {
+    async fn decide(&self, key: &str, cost: u64) -> Result<AllDecision, Refused> {
+        match &self.store {
+            Store::Memory(limiter) => {
+                let checks: Vec<Check<'_>> = self
+                    .limits
+                    .iter()
+                    .filter_map(|l| l.id)
+                    .map(|id| Check::new(id, key).cost(cost))
+                    .collect();
+                limiter.check_all(&checks).map_err(|e| match e {
+                    Error::Invalid(e) => Refused::Invalid(e),
+                    // The key table is full of limited keys: refuse, never admit.
+                    _ => Refused::Full,
+                })
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis { store, .. } => {
+                let checks: Vec<(&str, &Policy, &str)> = self
+                    .limits
+                    .iter()
+                    .map(|l| (l.name.as_str(), &l.policy, key))
+                    .collect();
+                match store.check_all(&checks, cost, None).await {
+                    Ok(checked) => Ok(checked.all),
+                    Err(weir_redis::StoreError::Invalid(e)) => Err(Refused::Invalid(e)),
+                    Err(_) => Err(Refused::Unavailable),
+                }
+            }
+        }
+    }
+
+    fn parts(&self, all: &AllDecision) -> Vec<Part<'_>> {
+        self.limits
+            .iter()
+            .zip(&all.decisions)
+            .map(|(l, d)| Part {
+                name: &l.name,
+                field: &l.field,
+                limit: l.limit,
+                decision: *d,
+            })
+            .collect()
+    }
+
+    fn first_name(&self) -> &str {
+        self.limits.first().map_or("", |l| l.name.as_str())
+    }
+}
+
+/// Builds a [`RateLimitLayer`] over a [`Store`].
+#[derive(Debug)]
+pub struct Builder<C = SystemClock> {
+    store: Store<C>,
+    names: Vec<String>,
+}
+
+impl<C: Clock> Builder<C> {
+    /// Adds a policy of the store, by name: a request must pass all of them
+    /// (and is charged by all, or by none).
+    pub fn policy(mut self, name: impl Into<String>) -> Self {
+        self.names.push(name.into());
+        self
+    }
+
+    /// The layer, with identities from `extractor`, each request costing 1
+    /// (see [`RateLimitLayer::cost`]); fails on an unknown policy or none.
+    pub fn build<K>(self, extractor: K) -> Result<RateLimitLayer<K, C>, Error> {
+        if self.names.is_empty() {
+            return Err(Error::Config("name at least one policy".into()));
+        }
+        let limits = self
+            .names
+            .iter()
+            .map(|name| {
+                let (policy, id) = self.store.policy(name)?;
+                Ok(Limit {
+                    name: name.clone(),
+                    field: rate_limit_policy(name, &policy),
+                    limit: quota(&policy).0,
+                    policy,
+                    id,
+                })
+            })
+            .collect::<Result<_, Error>>()?;
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared {
+                store: self.store,
+                limits,
+            }),
+            extractor,
+            cost: One,
+        })
+    }
+}
+
+/// Rate-limits a service with one or more policies of a [`Store`].
+#[derive(Debug)]
+pub struct RateLimitLayer<K, C = SystemClock, F = One> {
+    shared: Arc<Shared<C>>,
+    extractor: K,
+    cost: F,
+}
+
+impl<K: Clone, C, F: Clone> Clone for RateLimitLayer<K, C, F> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            extractor: self.extractor.clone(),
+            cost: self.cost.clone(),
         }
     }
 }
@@ -145,63 +440,77 @@ impl<C> Shared<C> {
 impl<K, C: Clock> RateLimitLayer<K, C> {
     /// Limits requests under the limiter's policy `policy`, each costing 1.
     pub fn new(limiter: Arc<Limiter<C>>, policy: &str, extractor: K) -> Result<Self, Error> {
-        let id = limiter.policy(policy)?;
-        let found = limiter
-            .policies()
-            .nth(id.index())
-            .map(|(_, p)| *p)
-            .ok_or_else(|| CheckError::UnknownPolicy(policy.to_owned()))?;
-        Ok(Self {
-            shared: Arc::new(Shared {
-                limiter,
-                id,
-                policy: policy.to_owned(),
-                field: rate_limit_policy(policy, &found),
-                limit: quota(&found).0,
-            }),
-            extractor,
-        })
+        RateLimitLayer::builder(Store::memory(limiter))
+            .policy(policy)
+            .build(extractor)
     }
 }
 
-impl<S, K: Clone, C> Layer<S> for RateLimitLayer<K, C> {
-    type Service = RateLimit<S, K, C>;
+impl<C: Clock> RateLimitLayer<(), C> {
+    /// Starts a layer over `store`: name its policies, then
+    /// [`Builder::build`] it with a key extractor.
+    pub fn builder(store: Store<C>) -> Builder<C> {
+        Builder {
+            store,
+            names: Vec::new(),
+        }
+    }
+}
+
+impl<K, C, F> RateLimitLayer<K, C, F> {
+    /// Charges each request what `cost` says (a closure over the request,
+    /// at least 1) instead of 1.
+    pub fn cost<G>(self, cost: G) -> RateLimitLayer<K, C, G> {
+        RateLimitLayer {
+            shared: self.shared,
+            extractor: self.extractor,
+            cost,
+        }
+    }
+}
+
+impl<S, K: Clone, C, F: Clone> Layer<S> for RateLimitLayer<K, C, F> {
+    type Service = RateLimit<S, K, C, F>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit {
             inner,
             shared: self.shared.clone(),
             extractor: self.extractor.clone(),
+            cost: self.cost.clone(),
         }
     }
 }
 
 /// The service [`RateLimitLayer`] makes.
 #[derive(Debug)]
-pub struct RateLimit<S, K, C = SystemClock> {
+pub struct RateLimit<S, K, C = SystemClock, F = One> {
     inner: S,
     shared: Arc<Shared<C>>,
     extractor: K,
+    cost: F,
 }
 
-impl<S: Clone, K: Clone, C> Clone for RateLimit<S, K, C> {
+impl<S: Clone, K: Clone, C, F: Clone> Clone for RateLimit<S, K, C, F> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
             extractor: self.extractor.clone(),
+            cost: self.cost.clone(),
         }
     }
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-impl<S, K, C, ReqB, ResB> Service<Request<ReqB>> for RateLimit<S, K, C>
+impl<S, K, C, F, ReqB, ResB> Service<Request<ReqB>> for RateLimit<S, K, C, F>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
     S::Future: Send,
     K: KeyExtractor<ReqB>,
-    C: Clock + 'static,
+    C: Clock + Send + Sync + 'static,
+    F: Cost<ReqB>,
     ReqB: Send + 'static,
     ResB: From<String> + Send + 'static,
 {
@@ -215,60 +524,94 @@ where
 
     fn call(&mut self, request: Request<ReqB>) -> Self::Future {
         let shared = self.shared.clone();
-        let decision = match self.extractor.key(&request) {
-            None => Err(refusal(
-                StatusCode::BAD_REQUEST,
-                "MISSING_IDENTITY",
-                &shared.policy,
-            )),
-            Some(key) => shared
-                .limiter
-                .check_one(Check::new(shared.id, &key))
-                .map_err(|e| match e {
-                    Error::Invalid(CheckError::KeyTooLong { .. }) => refusal(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        "KEY_TOO_LONG",
-                        &shared.policy,
-                    ),
-                    // The key table is full of limited keys: refuse, never admit.
-                    _ => refusal(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "LIMITER_FULL",
-                        &shared.policy,
-                    ),
-                }),
-        };
-        let decision = match decision {
-            Ok(decision) => decision,
-            Err(response) => return Box::pin(async move { Ok(response) }),
-        };
-        if !decision.allowed {
-            let limited = Limited {
-                policy: &shared.policy,
-                retry_after: decision.retry_after,
-                parts: &[shared.part(decision)],
+        let policy = shared.first_name().to_owned();
+        let key = match self.extractor.key(&request) {
+            Ok(key) => key.into_owned(),
+            Err(KeyError::Missing) => {
+                let refused = refusal(StatusCode::BAD_REQUEST, "MISSING_IDENTITY", &policy, None);
+                return Box::pin(async move { Ok(refused) });
             }
-            .response();
-            return Box::pin(async move { Ok(limited) });
+            Err(KeyError::Misconfigured(fix)) => {
+                let refused = refusal(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "MISCONFIGURED",
+                    &policy,
+                    Some(fix),
+                );
+                return Box::pin(async move { Ok(refused) });
+            }
+        };
+        if key.len() > MAX_IDENTITY {
+            let detail = format!("an identity is at most {MAX_IDENTITY} bytes");
+            let refused = refusal(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "KEY_TOO_LONG",
+                &policy,
+                Some(&detail),
+            );
+            return Box::pin(async move { Ok(refused) });
         }
+        let cost = self.cost.cost(&request);
         // The service that was polled ready is the one that must be called.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
-            if decision.delay > 0 {
-                tokio::time::sleep(Duration::from_nanos(decision.delay)).await;
+            let all = match shared.decide(&key, cost).await {
+                Ok(all) => all,
+                Err(refused) => {
+                    let (status, code, detail) = match refused {
+                        Refused::Invalid(CheckError::KeyTooLong { .. }) => {
+                            (StatusCode::UNPROCESSABLE_ENTITY, "KEY_TOO_LONG", None)
+                        }
+                        Refused::Invalid(e) => (
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            "COST_NEVER_FITS",
+                            Some(e.to_string()),
+                        ),
+                        Refused::Full => (StatusCode::SERVICE_UNAVAILABLE, "LIMITER_FULL", None),
+                        Refused::Unavailable => {
+                            (StatusCode::SERVICE_UNAVAILABLE, "STORE_UNAVAILABLE", None)
+                        }
+                    };
+                    return Ok(refusal(status, code, &policy, detail.as_deref()));
+                }
+            };
+            let parts = shared.parts(&all);
+            if let Some(first) = all.decisions.iter().position(|d| !d.allowed) {
+                return Ok(Limited {
+                    policy: parts[first].name,
+                    retry_after: all.retry_after(),
+                    parts: &parts,
+                }
+                .response());
             }
+            let delay = all.decisions.iter().map(|d| d.delay).max().unwrap_or(0);
+            if delay > 0 {
+                tokio::time::sleep(Duration::from_nanos(delay)).await;
+            }
+            let headers = fields(&parts);
             let mut response = inner.call(request).await?;
-            response
-                .headers_mut()
-                .extend(fields(&[shared.part(decision)]));
+            response.headers_mut().extend(headers);
             Ok(response)
         })
     }
 }
 
-fn refusal<B: From<String>>(status: StatusCode, error: &str, policy: &str) -> Response<B> {
-    let mut response = Response::new(B::from(error_body(error, policy)));
+fn refusal<B: From<String>>(
+    status: StatusCode,
+    error: &str,
+    policy: &str,
+    detail: Option<&str>,
+) -> Response<B> {
+    let body = match detail {
+        None => error_body(error, policy),
+        Some(detail) => format!(
+            r#"{{"error":"{error}","policy":{},"detail":{}}}"#,
+            serde_json::Value::from(policy),
+            serde_json::Value::from(detail)
+        ),
+    };
+    let mut response = Response::new(B::from(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(

@@ -5,7 +5,7 @@ use axum::Router;
 use axum::routing::get;
 use weir_limiter::{FakeClock, Limiter, Policy};
 use weir_testkit::{Reply, send};
-use weir_tower::{HeaderKey, PeerKey, RateLimitLayer};
+use weir_tower::{ForwardedKey, HeaderKey, PeerKey, RateLimitLayer, Store};
 
 async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -140,4 +140,183 @@ async fn futures_join(addr: SocketAddr, user: Option<(&'static str, &'static str
 #[test]
 fn an_unknown_policy_is_an_error() {
     assert!(RateLimitLayer::new(limiter("gcra burst=1 rate=1/s"), "nope", PeerKey).is_err());
+}
+
+async fn serve_plain(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+fn hello() -> Router {
+    Router::new().route("/hello", get(|| async { "hello" }))
+}
+
+#[tokio::test]
+async fn several_policies_all_or_nothing_with_a_cost_per_request() {
+    let limiter = Arc::new(
+        Limiter::builder()
+            .policy(
+                "burst",
+                Policy::parse("token-bucket capacity=10 rate=1/h").unwrap(),
+            )
+            .policy(
+                "daily",
+                Policy::parse("fixed-window limit=6 window=1d").unwrap(),
+            )
+            .clock(FakeClock::at(0))
+            .build()
+            .unwrap(),
+    );
+    // A request's cost is its `x-units` header (1 without it).
+    let units = |request: &http::Request<axum::body::Body>| {
+        request
+            .headers()
+            .get("x-units")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(1)
+    };
+    let layer = RateLimitLayer::builder(Store::memory(limiter.clone()))
+        .policy("burst")
+        .policy("daily")
+        .build(HeaderKey::new("x-user"))
+        .unwrap()
+        .cost(units);
+    let addr = serve(hello().layer(layer)).await;
+    let url = format!("http://{addr}/hello");
+    let four = send("GET", &url, &[("x-user", "a"), ("x-units", "4")], "").await;
+    assert_eq!(four.status, 200);
+    assert_eq!(
+        four.header("ratelimit"),
+        "\"burst\";r=6;t=14400, \"daily\";r=2;t=86400"
+    );
+    // 3 more fit the bucket (6 left) but not the day (2 left): refused by
+    // "daily", and the bucket is not charged either.
+    let three = send("GET", &url, &[("x-user", "a"), ("x-units", "3")], "").await;
+    assert_eq!(three.status, 429);
+    assert_eq!(three.json()["policy"], "daily");
+    assert_eq!(three.header("retry-after"), "86400");
+    let two = send("GET", &url, &[("x-user", "a"), ("x-units", "2")], "").await;
+    assert_eq!(
+        two.header("ratelimit"),
+        "\"burst\";r=4;t=21600, \"daily\";r=0;t=86400"
+    );
+    // A second identity header is not a second chance: no identity at all.
+    let twice = send("GET", &url, &[("x-user", "a"), ("x-user", "b")], "").await;
+    assert_eq!(twice.status, 400);
+}
+
+#[tokio::test]
+async fn the_redis_store_shares_one_balance() {
+    let redis = weir_testkit::RedisServer::start(&[]);
+    let store = weir_redis::RedisStore::connect(&redis.url()).await.unwrap();
+    let policy = Policy::parse("token-bucket capacity=2 rate=1/h").unwrap();
+    let layer = || {
+        RateLimitLayer::builder(Store::redis(store.clone(), vec![("api".into(), policy)]))
+            .policy("api")
+            .build(HeaderKey::new("x-user"))
+            .unwrap()
+    };
+    // Two services, one Redis: one balance.
+    let one = serve(hello().layer(layer())).await;
+    let two = serve(hello().layer(layer())).await;
+    let user = [("x-user", "shared")];
+    assert_eq!(
+        send("GET", &format!("http://{one}/hello"), &user, "")
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        send("GET", &format!("http://{two}/hello"), &user, "")
+            .await
+            .status,
+        200
+    );
+    let third = send("GET", &format!("http://{one}/hello"), &user, "").await;
+    assert_eq!((third.status, third.header("retry-after")), (429, "3600"));
+    // Redis gone: refused with 503, never admitted unlimited.
+    drop(redis);
+    let down = send(
+        "GET",
+        &format!("http://{two}/hello"),
+        &[("x-user", "new")],
+        "",
+    )
+    .await;
+    assert_eq!(
+        (down.status, down.json()["error"].as_str()),
+        (503, Some("STORE_UNAVAILABLE"))
+    );
+}
+
+#[tokio::test]
+async fn the_client_behind_trusted_proxies_is_the_key() {
+    let layer = RateLimitLayer::new(
+        limiter("token-bucket capacity=1 rate=1/h"),
+        "api",
+        ForwardedKey::x_forwarded_for(1),
+    )
+    .unwrap();
+    let addr = serve(hello().layer(layer)).await;
+    let url = format!("http://{addr}/hello");
+    // One trusted proxy appended the client's address: the right-most entry.
+    let first = send(
+        "GET",
+        &url,
+        &[("x-forwarded-for", "6.6.6.6, 192.0.2.7")],
+        "",
+    )
+    .await;
+    assert_eq!(first.status, 200);
+    // A client cannot escape its bucket by claiming another address.
+    let spoofed = send(
+        "GET",
+        &url,
+        &[("x-forwarded-for", "1.2.3.4, 192.0.2.7")],
+        "",
+    )
+    .await;
+    assert_eq!(spoofed.status, 429);
+    assert_eq!(
+        send("GET", &url, &[("x-forwarded-for", "192.0.2.8")], "")
+            .await
+            .status,
+        200
+    );
+    // Not through the proxy at all: no identity.
+    assert_eq!(send("GET", &url, &[], "").await.status, 400);
+
+    let layer = RateLimitLayer::new(
+        limiter("token-bucket capacity=1 rate=1/h"),
+        "api",
+        ForwardedKey::forwarded(1),
+    )
+    .unwrap();
+    let addr = serve(hello().layer(layer)).await;
+    let url = format!("http://{addr}/hello");
+    let header = [(
+        "forwarded",
+        "for=6.6.6.6, for=\"[2001:db8::1]:4711\";proto=https",
+    )];
+    assert_eq!(send("GET", &url, &header, "").await.status, 200);
+    let again = [("forwarded", "for=\"[2001:db8::1]\"")];
+    assert_eq!(send("GET", &url, &again, "").await.status, 429);
+}
+
+#[tokio::test]
+async fn the_peer_address_without_connect_info_fails_loudly() {
+    let layer = RateLimitLayer::new(limiter("gcra burst=1 rate=1/s"), "api", PeerKey).unwrap();
+    let addr = serve_plain(hello().layer(layer)).await;
+    let reply = send("GET", &format!("http://{addr}/hello"), &[], "").await;
+    assert_eq!(reply.status, 500);
+    assert!(
+        reply.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("into_make_service_with_connect_info"),
+        "{}",
+        reply.body
+    );
 }
