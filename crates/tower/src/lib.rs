@@ -304,6 +304,7 @@ impl Store<SystemClock> {
 enum Refused {
     Invalid(CheckError),
     Full,
+    #[cfg(feature = "redis")]
     Unavailable,
 }
 
@@ -311,6 +312,8 @@ enum Refused {
 #[derive(Debug)]
 struct Limit {
     name: String,
+    /// What the Redis script is given (the limiter has its own).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     policy: Policy,
     id: Option<PolicyId>,
     field: http::HeaderValue,
@@ -569,6 +572,7 @@ where
                             Some(e.to_string()),
                         ),
                         Refused::Full => (StatusCode::SERVICE_UNAVAILABLE, "LIMITER_FULL", None),
+                        #[cfg(feature = "redis")]
                         Refused::Unavailable => {
                             (StatusCode::SERVICE_UNAVAILABLE, "STORE_UNAVAILABLE", None)
                         }
