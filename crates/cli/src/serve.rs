@@ -94,6 +94,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(grpc) = args.grpc {
         config.server.grpc = Some(grpc);
     }
+    weir_server::serve::raise_fd_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

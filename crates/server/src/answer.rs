@@ -42,6 +42,10 @@ pub(crate) enum ApiError {
     Unauthorized,
     /// The upstream could not be reached.
     Upstream(String),
+    /// The upstream did not answer in time.
+    UpstreamTimeout(std::time::Duration),
+    /// The client's request body failed (cut short, too slow).
+    BadBody(String),
 }
 
 impl From<Refusal> for ApiError {
@@ -139,6 +143,12 @@ impl ApiError {
                 "a valid bearer token is required".into(),
             ),
             Self::Upstream(m) => (S::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", m.clone()),
+            Self::UpstreamTimeout(t) => (
+                S::GATEWAY_TIMEOUT,
+                "UPSTREAM_TIMEOUT",
+                format!("the upstream did not answer within {t:?}"),
+            ),
+            Self::BadBody(m) => (S::BAD_REQUEST, "BAD_BODY", m.clone()),
         }
     }
 }

@@ -105,9 +105,16 @@ pub(crate) async fn check(
     State(state): State<Arc<AppState>>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let bytes = to_bytes(body, MAX_BODY)
-        .await
-        .map_err(|_| ApiError::BodyTooLarge(MAX_BODY))?;
+    let bytes = to_bytes(body, MAX_BODY).await.map_err(|e| {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        while let Some(c) = cause {
+            if c.is::<http_body_util::LengthLimitError>() {
+                return ApiError::BodyTooLarge(MAX_BODY);
+            }
+            cause = c.source();
+        }
+        ApiError::BadBody(e.to_string())
+    })?;
     let Read { named, cost, multi } = read(&bytes)?;
     let shared = state.current();
     let mut ids = Vec::with_capacity(named.len());

@@ -131,6 +131,16 @@ async fn through(
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0);
+    // A body announced over the route's bound is refused before anything
+    // is charged.
+    let announced = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > route.max_body) {
+        return ApiError::BodyTooLarge(usize::try_from(route.max_body).unwrap_or(usize::MAX))
+            .into_response();
+    }
     let key = match identity(route, &request, params, peer) {
         Ok(key) => key,
         Err(e) => return e.into_response(),
@@ -238,23 +248,65 @@ async fn send(
         HeaderName::from_static("x-forwarded-proto"),
         HeaderValue::from_static("http"),
     );
+    // A body without a length is cut at the bound as it streams.
+    let limit = usize::try_from(route.max_body).unwrap_or(usize::MAX);
+    let body = Body::new(http_body_util::Limited::new(body, limit));
     let started = std::time::Instant::now();
-    let answered = shared
-        .client
-        .request(Request::from_parts(parts, body))
-        .await;
-    Meters::upstream(&route.text, started, answered.is_ok());
-    match answered {
-        Ok(response) => {
+    let call = shared.client.request(Request::from_parts(parts, body));
+    let answered = tokio::time::timeout(route.timeout, call).await;
+    let failure = match answered {
+        Ok(Ok(response)) => {
+            Meters::upstream(&route.text, started, true);
             let (mut parts, body) = response.into_parts();
             // Clients are answered in HTTP/1.1, whatever the upstream spoke.
             parts.version = Version::HTTP_11;
             strip_hop_by_hop(&mut parts.headers);
-            Response::from_parts(parts, Body::new(body))
+            return Response::from_parts(parts, Body::new(body));
         }
-        Err(e) => {
-            tracing::warn!(route = %route.text, error = %e, "upstream unavailable");
-            ApiError::Upstream(format!("{}: {e}", route.upstream)).into_response()
+        Ok(Err(e)) => e,
+        Err(_) => {
+            Meters::upstream(&route.text, started, false);
+            tracing::warn!(route = %route.text, timeout = ?route.timeout, "upstream timed out");
+            return ApiError::UpstreamTimeout(route.timeout).into_response();
         }
+    };
+    // The client's side: its body was too large, too slow or cut short.
+    match client_fault(&failure) {
+        Some(ClientFault::TooLarge) => return ApiError::BodyTooLarge(limit).into_response(),
+        Some(ClientFault::Body) => {
+            tracing::debug!(route = %route.text, error = %failure, "client body failed");
+            return ApiError::BadBody(failure.to_string()).into_response();
+        }
+        None => {}
     }
+    Meters::upstream(&route.text, started, false);
+    tracing::warn!(route = %route.text, error = %failure, "upstream unavailable");
+    ApiError::Upstream(format!("{}: {failure}", route.upstream)).into_response()
+}
+
+/// What went wrong on the client's side of a forwarded request.
+enum ClientFault {
+    TooLarge,
+    Body,
+}
+
+/// Finds, in an upstream call's error, a fault of the client's body.
+fn client_fault(error: &(dyn std::error::Error + 'static)) -> Option<ClientFault> {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return Some(ClientFault::TooLarge);
+        }
+        if e.is::<crate::serve::BodyTimedOut>() {
+            return Some(ClientFault::Body);
+        }
+        if let Some(hyper) = e.downcast_ref::<hyper::Error>() {
+            // The client's connection broke while its body was read.
+            if hyper.is_incomplete_message() || hyper.is_body_write_aborted() {
+                return Some(ClientFault::Body);
+            }
+        }
+        cause = e.source();
+    }
+    None
 }

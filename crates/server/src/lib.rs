@@ -22,11 +22,11 @@ pub mod config;
 pub mod envoy;
 mod gateway;
 mod metrics;
+pub mod serve;
 pub mod state;
 pub mod table;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,8 +52,30 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/metrics", get(api::metrics))
         .fallback(gateway::forward)
         .layer(axum::middleware::from_fn(limit_headers))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            bound_body,
+        ))
         .layer(axum::middleware::from_fn(count_requests))
         .with_state(state)
+}
+
+/// Bounds the wait for each piece of a request body by `[server]
+/// body_timeout`: a client that stops sending mid-body fails the read
+/// (answered `400`, or `408` by the decision API) instead of holding the
+/// request.
+async fn bound_body(
+    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use hyper::body::Body as _;
+    if request.body().is_end_stream() {
+        return next.run(request).await;
+    }
+    let timeout = state.current().config.server.limits.body_timeout;
+    let request = request.map(|body| axum::body::Body::new(serve::TimeoutBody::new(body, timeout)));
+    next.run(request).await
 }
 
 /// The route an answer is counted under, set by the gateway.
@@ -134,10 +156,8 @@ pub async fn run(
             }
         })
     };
-    let service = app(state).into_make_service_with_connect_info::<SocketAddr>();
-    let served = axum::serve(listener, service)
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let limits = state.current().config.server.limits;
+    let served = serve::serve(listener, app(state), limits, shutdown).await;
     sweeper.abort();
     served
 }

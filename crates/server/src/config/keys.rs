@@ -7,9 +7,24 @@ use toml::de::{DeTable, DeValue};
 use super::Report;
 
 const TOP: &[&str] = &["server", "store", "policies", "routes", "descriptors"];
-const SERVER: &[&str] = &["listen", "grpc", "admin_token"];
+const SERVER: &[&str] = &[
+    "listen",
+    "internal",
+    "grpc",
+    "admin_token",
+    "header_timeout",
+    "idle_timeout",
+    "body_timeout",
+    "shutdown_timeout",
+    "max_connections",
+    "max_connections_per_ip",
+    "trusted_proxies",
+    "new_keys_per_ip",
+];
 const STORE: &[&str] = &["url", "timeout", "max_keys", "fallback_share"];
-const ROUTE: &[&str] = &["match", "identity", "policies", "upstream", "max_wait"];
+const ROUTE: &[&str] = &[
+    "match", "identity", "policies", "upstream", "max_wait", "timeout", "max_body",
+];
 const DESCRIPTOR: &[&str] = &["domain", "entries", "policy"];
 
 /// Reports every key of `table` that is not one of the known ones. A

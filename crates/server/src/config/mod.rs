@@ -19,7 +19,7 @@ use serde::Deserialize;
 pub use descriptors::DescriptorRule;
 pub use policies::{OnStateLoss, OnStoreError, PolicyConfig, PolicyId};
 pub use routes::{Identity, Route, Segment};
-pub use server::ServerConfig;
+pub use server::{ConnectionLimits, ServerConfig};
 pub use store::{StoreConfig, StoreUrl};
 
 /// The example served when `weir serve` is given no config, and printed by

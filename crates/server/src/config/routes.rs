@@ -26,6 +26,11 @@ pub struct Route {
     pub upstream: Uri,
     /// The longest a shaper may delay a request before it is refused.
     pub max_wait: Duration,
+    /// The longest wait for the upstream's response head (connecting
+    /// included): past it, `504`.
+    pub timeout: Duration,
+    /// The largest request body forwarded: past it, `413`.
+    pub max_body: u64,
 }
 
 /// One path segment of a route.
@@ -68,6 +73,32 @@ pub(super) struct Raw {
     policies: Spanned<Vec<String>>,
     upstream: Spanned<String>,
     max_wait: Option<Spanned<String>>,
+    timeout: Option<Spanned<String>>,
+    max_body: Option<Spanned<toml::Value>>,
+}
+
+/// The default upstream timeout and body bound.
+const TIMEOUT: Duration = Duration::from_secs(30);
+const MAX_BODY: u64 = 10 << 20;
+
+/// A size: bytes, or a number and a unit (`64KiB`, `10MiB`, `1GiB`).
+fn size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "kiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        _ => return None,
+    };
+    number.parse::<u64>().ok()?.checked_mul(scale)
 }
 
 /// The methods a route may name.
@@ -197,6 +228,25 @@ pub(super) fn parse(
             &place("max_wait"),
             report,
         );
+        let timeout = super::duration(raw.timeout.as_ref(), TIMEOUT, &place("timeout"), report);
+        let max_body = match &raw.max_body {
+            None => MAX_BODY,
+            Some(v) => {
+                let parsed = match v.get_ref() {
+                    toml::Value::Integer(n) => u64::try_from(*n).ok(),
+                    toml::Value::String(s) => size(s),
+                    _ => None,
+                };
+                parsed.unwrap_or_else(|| {
+                    report.error(
+                        &v.span(),
+                        &place("max_body"),
+                        "is not a size such as 1048576, \"64KiB\" or \"10MiB\"",
+                    );
+                    MAX_BODY
+                })
+            }
+        };
         if let (Some(identity), Some(upstream)) = (identity, upstream) {
             routes.push(Route {
                 text: pattern.to_owned(),
@@ -206,6 +256,8 @@ pub(super) fn parse(
                 policies,
                 upstream,
                 max_wait,
+                timeout,
+                max_body,
             });
         }
     }

@@ -1,7 +1,10 @@
-//! `[server]`: where weir listens, and the admin token.
+//! `[server]`: where weir listens, the admin token, and the bounds that
+//! keep a listener on the internet up (docs/SECURITY.md).
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
+use ipnet::IpNet;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -10,19 +13,68 @@ use super::Report;
 /// `[server]`.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// The decision API, gateway routes, metrics and health.
+    /// The gateway routes and `/healthz`; without `internal`, also the
+    /// decision API, metrics and admin endpoints.
     pub listen: SocketAddr,
+    /// Where the decision API, `/metrics`, `/v1/policies`, the admin
+    /// endpoints and `/readyz` are served instead of `listen`.
+    pub internal: Option<SocketAddr>,
     /// The Envoy rate limit service; none: off.
     pub grpc: Option<SocketAddr>,
     /// The bearer token of the admin endpoints; none turns them off.
     pub admin_token: Option<String>,
+    /// The bounds of every connection.
+    pub limits: ConnectionLimits,
+    /// Proxies whose forwarding headers are believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// New keys a client address may create per second; none: no cap.
+    pub new_keys_per_ip: Option<u32>,
+}
+
+/// How long and how many: the bounds of every connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// From the first byte of a request head to its end.
+    pub header_timeout: Duration,
+    /// A keep-alive connection with no request in flight and no bytes.
+    pub idle_timeout: Duration,
+    /// The longest wait for the next piece of a request body.
+    pub body_timeout: Duration,
+    /// Open connections in all.
+    pub max_connections: usize,
+    /// Open connections from one client address.
+    pub max_connections_per_ip: usize,
+    /// After SIGTERM, how long requests in flight may take to finish.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 10_000,
+            max_connections_per_ip: 256,
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct Raw {
     listen: Option<Spanned<String>>,
+    internal: Option<Spanned<String>>,
     admin_token: Option<Spanned<String>>,
     grpc: Option<Spanned<String>>,
+    header_timeout: Option<Spanned<String>>,
+    idle_timeout: Option<Spanned<String>>,
+    body_timeout: Option<Spanned<String>>,
+    shutdown_timeout: Option<Spanned<String>>,
+    max_connections: Option<Spanned<u64>>,
+    max_connections_per_ip: Option<Spanned<u64>>,
+    trusted_proxies: Option<Spanned<Vec<String>>>,
+    new_keys_per_ip: Option<Spanned<u64>>,
 }
 
 /// The shortest admin token accepted.
@@ -57,31 +109,126 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
         .grpc
         .as_ref()
         .and_then(|g| address(g, "[server] grpc", "127.0.0.1:8081", report));
+    let internal = raw
+        .internal
+        .as_ref()
+        .and_then(|g| address(g, "[server] internal", "127.0.0.1:9090", report));
+    let defaults = ConnectionLimits::default();
+    let duration =
+        |value: &Option<Spanned<String>>, default, key: &str, report: &mut Report<'_>| {
+            let d = super::duration(value.as_ref(), default, &format!("[server] {key}"), report);
+            if d.is_zero() {
+                if let Some(v) = value {
+                    report.error(&v.span(), &format!("[server] {key}"), "must be above 0");
+                }
+            }
+            d
+        };
+    let count =
+        |value: &Option<Spanned<u64>>, default: usize, key: &str, report: &mut Report<'_>| {
+            match value {
+                None => default,
+                Some(v) if *v.get_ref() == 0 => {
+                    report.error(&v.span(), &format!("[server] {key}"), "must be at least 1");
+                    default
+                }
+                Some(v) => usize::try_from(*v.get_ref()).unwrap_or(usize::MAX),
+            }
+        };
+    let limits = ConnectionLimits {
+        header_timeout: duration(
+            &raw.header_timeout,
+            defaults.header_timeout,
+            "header_timeout",
+            report,
+        ),
+        idle_timeout: duration(
+            &raw.idle_timeout,
+            defaults.idle_timeout,
+            "idle_timeout",
+            report,
+        ),
+        body_timeout: duration(
+            &raw.body_timeout,
+            defaults.body_timeout,
+            "body_timeout",
+            report,
+        ),
+        shutdown_timeout: duration(
+            &raw.shutdown_timeout,
+            defaults.shutdown_timeout,
+            "shutdown_timeout",
+            report,
+        ),
+        max_connections: count(
+            &raw.max_connections,
+            defaults.max_connections,
+            "max_connections",
+            report,
+        ),
+        max_connections_per_ip: count(
+            &raw.max_connections_per_ip,
+            defaults.max_connections_per_ip,
+            "max_connections_per_ip",
+            report,
+        ),
+    };
+    let mut trusted_proxies = Vec::new();
+    if let Some(list) = &raw.trusted_proxies {
+        for text in list.get_ref() {
+            let parsed = text
+                .parse::<IpNet>()
+                .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from));
+            match parsed {
+                Ok(net) => trusted_proxies.push(net),
+                Err(_) => report.error(
+                    &list.span(),
+                    "[server] trusted_proxies",
+                    format!("`{text}` is not an address or a network such as \"10.0.0.0/8\""),
+                ),
+            }
+        }
+    }
+    let new_keys_per_ip = raw
+        .new_keys_per_ip
+        .as_ref()
+        .map(|v| u32::try_from(*v.get_ref()).unwrap_or(u32::MAX).max(1));
     let admin_token = match raw.admin_token {
         Some(token) => {
-            if token.get_ref().len() < MIN_TOKEN {
-                report.error(
-                    &token.span(),
-                    "[server] admin_token",
-                    format!("must be at least {MIN_TOKEN} characters"),
-                );
+            if let Err(e) = check_token(token.get_ref()) {
+                report.error(&token.span(), "[server] admin_token", e);
             }
             Some(token.into_inner())
         }
         None => {
-            if token_env.as_ref().is_some_and(|t| t.len() < MIN_TOKEN) {
-                report.error(
-                    &(0..0),
-                    "[server] admin_token (from WEIR_ADMIN_TOKEN)",
-                    format!("must be at least {MIN_TOKEN} characters"),
-                );
+            if let Some(Err(e)) = token_env.as_deref().map(check_token) {
+                report.error(&(0..0), "[server] admin_token (from WEIR_ADMIN_TOKEN)", e);
             }
             token_env
         }
     };
     ServerConfig {
         listen,
+        internal,
         grpc,
         admin_token,
+        limits,
+        trusted_proxies,
+        new_keys_per_ip,
     }
+}
+
+/// An admin token long enough and not one repeated character.
+fn check_token(token: &str) -> Result<(), String> {
+    if token.len() < MIN_TOKEN {
+        return Err(format!("must be at least {MIN_TOKEN} characters"));
+    }
+    let mut chars = token.chars();
+    let first = chars.next();
+    if chars.all(|c| Some(c) == first) {
+        return Err(
+            "is one character repeated: use a random token (e.g. `openssl rand -hex 24`)".into(),
+        );
+    }
+    Ok(())
 }

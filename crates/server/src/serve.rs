@@ -1,0 +1,377 @@
+//! The HTTP listener: an accept loop that holds what a server on the
+//! internet must hold — a header timeout, an idle timeout, a cap on
+//! connections in all and per client address, counted accept errors, and a
+//! graceful shutdown with a deadline. HTTP/1.1 only: h2c is not offered.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tower_service::Service;
+
+use crate::config::ConnectionLimits;
+
+/// The largest request head hyper buffers (headers over
+/// [`crate::MAX_HEADER_BYTES`] are refused before that, with `431`).
+const MAX_BUF: usize = 64 * 1024;
+
+/// Raises the soft limit on open files to the hard limit, so that the
+/// connection caps, not the process's descriptors, bound connections.
+pub fn raise_fd_limit() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => tracing::debug!(limit, "open files limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open files limit"),
+    }
+}
+
+/// Open connections, in all and per client address.
+#[derive(Debug, Default)]
+struct Open {
+    total: usize,
+    per_ip: HashMap<IpAddr, usize>,
+}
+
+/// One admitted connection: counted until dropped.
+struct Slot {
+    open: Arc<Mutex<Open>>,
+    ip: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.total -= 1;
+        if let Some(n) = open.per_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.per_ip.remove(&self.ip);
+            }
+        }
+    }
+}
+
+fn admit(open: &Arc<Mutex<Open>>, ip: IpAddr, limits: &ConnectionLimits) -> Option<Slot> {
+    let mut guard = open.lock().unwrap_or_else(PoisonError::into_inner);
+    let mine = guard.per_ip.get(&ip).copied().unwrap_or(0);
+    if guard.total >= limits.max_connections || mine >= limits.max_connections_per_ip {
+        return None;
+    }
+    guard.total += 1;
+    *guard.per_ip.entry(ip).or_default() += 1;
+    Some(Slot {
+        open: open.clone(),
+        ip,
+    })
+}
+
+/// Nanoseconds since the connection was accepted.
+fn since(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// What a connection's watchdog needs to know: when bytes last moved, when
+/// the request head now being read began, and how many requests are in
+/// flight.
+#[derive(Debug)]
+struct Activity {
+    start: Instant,
+    last_io: AtomicU64,
+    /// 0: no head being read; else `since(start) + 1` at its first byte.
+    head_since: AtomicU64,
+    in_flight: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            last_io: AtomicU64::new(0),
+            head_since: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+        }
+    }
+
+    fn touched(&self) {
+        self.last_io.store(since(self.start), Ordering::Release);
+    }
+
+    /// Whether the connection has outlived its bounds now.
+    fn expired(&self, limits: &ConnectionLimits) -> Option<&'static str> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let now = since(self.start);
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        match self.head_since.load(Ordering::Acquire) {
+            0 => (now.saturating_sub(self.last_io.load(Ordering::Acquire))
+                > nanos(limits.idle_timeout))
+            .then_some("idle"),
+            began => {
+                (now.saturating_sub(began - 1) > nanos(limits.header_timeout)).then_some("header")
+            }
+        }
+    }
+}
+
+/// The socket, noting every read and write for the watchdog.
+struct Tracked {
+    stream: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let a = &self.activity;
+            a.touched();
+            if a.in_flight.load(Ordering::Acquire) == 0 {
+                let _ = a.head_since.compare_exchange(
+                    0,
+                    since(a.start) + 1,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+            }
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touched();
+        }
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// The app, counting requests in flight for the watchdog: a request's head
+/// is complete when it reaches the service.
+#[derive(Clone)]
+struct Counted<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+/// Decrements the in-flight count when the response (head) is ready or the
+/// request is dropped.
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.touched();
+    }
+}
+
+impl<S, R> Service<R> for Counted<S>
+where
+    S: Service<R> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        self.activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.activity.head_since.store(0, Ordering::Release);
+        let guard = InFlight(self.activity.clone());
+        let called = self.inner.call(request);
+        Box::pin(async move {
+            let response = called.await;
+            drop(guard);
+            response
+        })
+    }
+}
+
+/// Logs accept errors at most once a second; counts every one.
+fn accept_error(e: &std::io::Error, last: &mut Option<Instant>) {
+    metrics::counter!("weir_accept_errors_total").increment(1);
+    if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+        tracing::error!(error = %e, "accept failed (logged at most once a second; weir_accept_errors_total counts them)");
+        *last = Some(Instant::now());
+    }
+}
+
+/// Serves `router` on `listener` within `limits` until `shutdown`
+/// completes; then stops accepting and gives the connections in flight up
+/// to `shutdown_timeout` to finish.
+pub async fn serve(
+    listener: TcpListener,
+    router: axum::Router,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let mut make = router.into_make_service_with_connect_info::<SocketAddr>();
+    let open = Arc::new(Mutex::new(Open::default()));
+    let graceful = GracefulShutdown::new();
+    let mut last_error = None;
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    accept_error(&e, &mut last_error);
+                    // Out of descriptors or memory: let some go first.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        let Some(slot) = admit(&open, peer.ip(), &limits) else {
+            metrics::counter!("weir_connections_refused_total").increment(1);
+            // Over a cap: a 503 if the socket takes it at once, then close.
+            let _ = stream.try_write(
+                b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\nretry-after: 1\r\n\r\n",
+            );
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok(app) = make.call(peer).await;
+        let activity = Arc::new(Activity::new());
+        let io = TokioIo::new(Tracked {
+            stream,
+            activity: activity.clone(),
+        });
+        let service = TowerToHyperService::new(Counted {
+            inner: app,
+            activity: activity.clone(),
+        });
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .max_buf_size(MAX_BUF)
+            .serve_connection(io, service);
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _slot = slot;
+            let watchdog = async {
+                let mut tick = tokio::time::interval(Duration::from_millis(250));
+                loop {
+                    tick.tick().await;
+                    if let Some(why) = activity.expired(&limits) {
+                        return why;
+                    }
+                }
+            };
+            tokio::select! {
+                served = connection => {
+                    if let Err(e) = served {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                }
+                why = watchdog => {
+                    metrics::counter!("weir_connections_timed_out_total", "phase" => why).increment(1);
+                    tracing::debug!(%peer, phase = why, "connection closed: timeout");
+                }
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(limits.shutdown_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            after = ?limits.shutdown_timeout,
+            "shutdown deadline passed: closing the connections still open"
+        );
+    }
+    Ok(())
+}
+
+/// A body that fails when no frame arrives within `timeout` of the last.
+#[derive(Debug)]
+pub struct TimeoutBody<B> {
+    body: B,
+    timeout: Duration,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<B> TimeoutBody<B> {
+    /// `body`, each frame awaited at most `timeout`.
+    pub fn new(body: B, timeout: Duration) -> Self {
+        Self {
+            body,
+            timeout,
+            sleep: Box::pin(tokio::time::sleep(timeout)),
+        }
+    }
+}
+
+/// The body's next piece did not come in time.
+#[derive(Debug, thiserror::Error)]
+#[error("no request body data for {0:?}")]
+pub struct BodyTimedOut(pub Duration);
+
+impl<B> hyper::body::Body for TimeoutBody<B>
+where
+    B: hyper::body::Body + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
+    type Data = B::Data;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                let deadline = tokio::time::Instant::now() + this.timeout;
+                this.sleep.as_mut().reset(deadline);
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
+            Poll::Pending => match this.sleep.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimedOut(this.timeout))))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
