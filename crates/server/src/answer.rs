@@ -32,6 +32,8 @@ pub(crate) enum ApiError {
     MissingField(&'static str),
     /// No route.
     NotFound(String),
+    /// A path that could be read two ways.
+    BadPath(String),
     /// A route's path, but not its method: `allow` lists the methods.
     MethodNotAllowed { allow: String, detail: String },
     /// The request carries no usable identity.
@@ -128,6 +130,7 @@ impl ApiError {
             ),
             Self::MissingField(m) => (S::UNPROCESSABLE_ENTITY, "MISSING_FIELD", (*m).to_owned()),
             Self::NotFound(m) => (S::NOT_FOUND, "NOT_FOUND", m.clone()),
+            Self::BadPath(m) => (S::BAD_REQUEST, "BAD_PATH", m.clone()),
             Self::MethodNotAllowed { detail, .. } => {
                 (S::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED", detail.clone())
             }

@@ -11,6 +11,7 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderValue, Uri};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderName, Method, Version, header};
+use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use weir_core::Nanos;
 use weir_tower::{Limited, Part, fields};
 
@@ -50,6 +51,62 @@ fn path_matches<'a>(route: &'a Route, path: &'a str) -> Option<Vec<(&'a str, &'a
     Some(params)
 }
 
+/// What a path segment may hold unencoded when forwarded.
+const SEGMENT: &AsciiSet = &CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'/')
+    .add(b'<')
+    .add(b'>')
+    .add(b'?')
+    .add(b'`')
+    .add(b'{')
+    .add(b'}')
+    .add(b'\\')
+    .add(b'^')
+    .add(b'|')
+    .add(b';');
+
+/// The request path, percent-decoded once: what routes are matched against
+/// and identities taken from. Refused (`400 BAD_PATH`): an encoded `/` or
+/// `\`, a `\`, NUL or `;` anywhere, `.` and `..` segments, empty segments
+/// and anything that does not decode to UTF-8 — each a way to make the
+/// limiter and the upstream read one path as two.
+pub(crate) fn canonical(raw: &str) -> Result<String, ApiError> {
+    let bad = |why: &str| Err(ApiError::BadPath(format!("{why}: {}", raw.escape_debug())));
+    let lower = raw.to_ascii_lowercase();
+    if lower.contains("%2f") || lower.contains("%5c") {
+        return bad("an encoded `/` or `\\` in the path");
+    }
+    let Ok(decoded) = percent_decode_str(raw).decode_utf8() else {
+        return bad("the path does not decode to UTF-8");
+    };
+    if decoded.contains(['\\', '\0', ';']) {
+        return bad("`\\`, NUL or `;` in the path");
+    }
+    let segments: Vec<&str> = decoded.split('/').skip(1).collect();
+    let last = segments.len().saturating_sub(1);
+    for (i, segment) in segments.iter().enumerate() {
+        if *segment == "." || *segment == ".." {
+            return bad("a `.` or `..` segment in the path");
+        }
+        if segment.is_empty() && i != last {
+            return bad("an empty segment in the path");
+        }
+    }
+    Ok(decoded.into_owned())
+}
+
+/// A canonical path, encoded once for the upstream.
+fn encode(path: &str) -> String {
+    path.split('/')
+        .map(|segment| utf8_percent_encode(segment, SEGMENT).to_string())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
 /// The stored key of the caller's identity.
 fn identity(
     route: &Route,
@@ -58,11 +115,18 @@ fn identity(
     peer: Option<SocketAddr>,
 ) -> Result<String, ApiError> {
     let value = match &route.identity {
-        Identity::Header(name) => request
-            .headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned),
+        Identity::Header(name) => {
+            let mut values = request.headers().get_all(name).iter();
+            let (first, second) = (values.next(), values.next());
+            let text = first.and_then(|v| v.to_str().ok());
+            // Two values, or a list, would be two identities.
+            if second.is_some() || text.is_some_and(|t| t.contains(',')) {
+                return Err(ApiError::MissingIdentity(format!(
+                    "one `{name}` header with one value, not a list"
+                )));
+            }
+            text.map(str::to_owned)
+        }
         Identity::Path(name) => params
             .iter()
             .find(|(n, _)| n == name)
@@ -70,8 +134,12 @@ fn identity(
         Identity::Peer => peer.map(|p| p.ip().to_string()),
     };
     let scope = route.identity.scope();
+    let value = value.map(|v| match route.fold_case {
+        true => v.to_lowercase(),
+        false => v,
+    });
     match value {
-        Some(v) if !v.is_empty() => Ok(scoped_key(&scope, &v)?),
+        Some(v) if !v.trim().is_empty() => Ok(scoped_key(&scope, &v)?),
         Some(_) => Err(ApiError::MissingIdentity(format!("the {scope} is empty"))),
         None => Err(ApiError::MissingIdentity(format!("no {scope}"))),
     }
@@ -108,12 +176,15 @@ fn route<'a>(shared: &'a Shared, method: &Method, path: &'a str) -> Result<Match
 /// Every request that is not the API's: a gateway route, or `404`.
 pub(crate) async fn forward(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let shared = state.current();
-    let path = request.uri().path().to_owned();
+    let path = match canonical(request.uri().path()) {
+        Ok(path) => path,
+        Err(e) => return e.into_response(),
+    };
     let Matched { route, params } = match route(&shared, request.method(), &path) {
         Ok(found) => found,
         Err(e) => return e.into_response(),
     };
-    let mut response = through(&shared, route, &params, request).await;
+    let mut response = through(&shared, route, &params, &path, request).await;
     response
         .extensions_mut()
         .insert(RouteLabel(Arc::from(route.text.as_str())));
@@ -125,6 +196,7 @@ async fn through(
     shared: &Shared,
     route: &Route,
     params: &[(&str, &str)],
+    path: &str,
     request: Request,
 ) -> Response {
     let peer = request
@@ -189,7 +261,7 @@ async fn through(
         // never forwarded (its slot is not refunded).
         tokio::time::sleep(Duration::from_nanos(delay)).await;
     }
-    let mut response = send(shared, route, request, peer).await;
+    let mut response = send(shared, route, path, request, peer).await;
     response.headers_mut().extend(fields(&parts));
     response
 }
@@ -211,11 +283,18 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 async fn send(
     shared: &Shared,
     route: &Route,
+    path: &str,
     request: Request,
     peer: Option<SocketAddr>,
 ) -> Response {
     let (mut parts, body) = request.into_parts();
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    // The upstream gets the path that was matched, encoded once, and the
+    // query as sent.
+    let mut path = encode(path);
+    if let Some(query) = parts.uri.query() {
+        path.push('?');
+        path.push_str(query);
+    }
     let authority = route.upstream.authority().map_or("", |a| a.as_str());
     let uri = Uri::builder()
         .scheme("http")

@@ -292,3 +292,147 @@ async fn clients_get_http_1_1_and_the_upstream_gets_forwarding_headers() {
     );
     assert!(head.contains(&format!("host: {up}")), "{head}");
 }
+
+/// An upstream that records paths and answers at once, except `/hang`,
+/// which it never answers.
+async fn recording_upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let log = seen.clone();
+    let app = Router::new().fallback(any(move |request: Request| {
+        let log = log.clone();
+        async move {
+            let path = request.uri().to_string();
+            log.lock().unwrap().push(path.clone());
+            if path == "/hang" {
+                std::future::pending::<()>().await;
+            }
+            let body = axum::body::to_bytes(request.into_body(), 64 << 20)
+                .await
+                .map_or(0, |b| b.len());
+            format!("{path} {body}")
+        }
+    }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, seen)
+}
+
+fn hardened(up: SocketAddr) -> String {
+    format!(
+        r#"
+[policies.one]
+algorithm = "token-bucket"
+capacity = 1
+rate = "1/h"
+
+[policies.open]
+algorithm = "token-bucket"
+capacity = 1000
+rate = "1000/s"
+
+[[routes]]
+match = "GET /shops/{{shop}}/items"
+identity = "path:shop"
+policies = ["one"]
+upstream = "http://{up}"
+
+[[routes]]
+match = "GET /seller"
+identity = "header:x-seller-id"
+policies = ["one"]
+upstream = "http://{up}"
+
+[[routes]]
+match = "GET /files/{{name}}"
+identity = "peer"
+policies = ["open"]
+upstream = "http://{up}"
+
+[[routes]]
+match = "GET /hang"
+identity = "peer"
+policies = ["open"]
+upstream = "http://{up}"
+timeout = "300ms"
+
+[[routes]]
+match = "POST /upload"
+identity = "peer"
+policies = ["open"]
+upstream = "http://{up}"
+max_body = "1KiB"
+"#
+    )
+}
+
+#[tokio::test]
+async fn paths_and_identities_are_canonical() {
+    let (up, seen) = recording_upstream().await;
+    let (addr, _) = start(&hardened(up)).await;
+    let get = |path: &'static str| async move {
+        let url = format!("http://{addr}{path}");
+        send("GET", &url, &[], "").await
+    };
+    assert_eq!(get("/shops/carol/items").await.status, 200);
+    // The same shop, however it is spelled: the same (spent) bucket.
+    assert_eq!(get("/shops/%63arol/items").await.status, 429);
+    // Ways to read one path as two are refused, never forwarded.
+    for path in [
+        "/shops/carol;x=1/items",
+        "/files/..%2Fsecret.txt",
+        "/files/%2e%2e",
+        "/shops/carol%2Fx/items",
+        "/files/a%5Cb",
+        "/files/a%00b",
+        "/shops//items",
+    ] {
+        let reply = get(path).await;
+        assert_eq!(
+            (reply.status, reply.json()["error"].as_str()),
+            (400, Some("BAD_PATH")),
+            "{path}: {}",
+            reply.body
+        );
+    }
+    // The upstream receives exactly the path that was matched.
+    assert_eq!(get("/files/caf%C3%A9%20menu").await.status, 200);
+    let paths = seen.lock().unwrap().clone();
+    assert_eq!(paths, ["/shops/carol/items", "/files/caf%C3%A9%20menu"]);
+
+    // A second identity header, or a list, is no identity.
+    let url = format!("http://{addr}/seller");
+    let twice = send(
+        "GET",
+        &url,
+        &[("x-seller-id", "a"), ("x-seller-id", "b")],
+        "",
+    )
+    .await;
+    assert_eq!(twice.status, 400);
+    let list = send("GET", &url, &[("x-seller-id", "a, b")], "").await;
+    assert_eq!(list.status, 400);
+    assert_eq!(
+        send("GET", &url, &[("x-seller-id", " ")], "").await.status,
+        400
+    );
+}
+
+#[tokio::test]
+async fn the_upstream_side_is_bounded() {
+    let (up, _) = recording_upstream().await;
+    let (addr, _) = start(&hardened(up)).await;
+    let hang = send("GET", &format!("http://{addr}/hang"), &[], "").await;
+    assert_eq!(
+        (hang.status, hang.json()["error"].as_str()),
+        (504, Some("UPSTREAM_TIMEOUT"))
+    );
+    let url = format!("http://{addr}/upload");
+    let small = send("POST", &url, &[], &"x".repeat(1024)).await;
+    assert_eq!((small.status, small.body.as_str()), (200, "/upload 1024"));
+    let large = send("POST", &url, &[], &"x".repeat(1025)).await;
+    assert_eq!(
+        (large.status, large.json()["error"].as_str()),
+        (413, Some("BODY_TOO_LARGE"))
+    );
+}

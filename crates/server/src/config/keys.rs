@@ -23,7 +23,14 @@ const SERVER: &[&str] = &[
 ];
 const STORE: &[&str] = &["url", "timeout", "max_keys", "fallback_share"];
 const ROUTE: &[&str] = &[
-    "match", "identity", "policies", "upstream", "max_wait", "timeout", "max_body",
+    "match",
+    "identity",
+    "policies",
+    "upstream",
+    "max_wait",
+    "timeout",
+    "max_body",
+    "identity_case",
 ];
 const DESCRIPTOR: &[&str] = &["domain", "entries", "policy"];
 

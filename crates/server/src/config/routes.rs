@@ -31,6 +31,10 @@ pub struct Route {
     pub timeout: Duration,
     /// The largest request body forwarded: past it, `413`.
     pub max_body: u64,
+    /// `identity_case = "lower"`: identities are lower-cased (for an
+    /// upstream that ignores case); `"exact"` (the default): compared byte
+    /// for byte.
+    pub fold_case: bool,
 }
 
 /// One path segment of a route.
@@ -75,6 +79,7 @@ pub(super) struct Raw {
     max_wait: Option<Spanned<String>>,
     timeout: Option<Spanned<String>>,
     max_body: Option<Spanned<toml::Value>>,
+    identity_case: Option<Spanned<String>>,
 }
 
 /// The default upstream timeout and body bound.
@@ -247,6 +252,22 @@ pub(super) fn parse(
                 })
             }
         };
+        let fold_case = match raw
+            .identity_case
+            .as_ref()
+            .map(|c| (c, c.get_ref().as_str()))
+        {
+            None | Some((_, "exact")) => false,
+            Some((_, "lower")) => true,
+            Some((c, other)) => {
+                report.error(
+                    &c.span(),
+                    &place("identity_case"),
+                    format!("`{other}` is not valid (valid: \"exact\", \"lower\")"),
+                );
+                false
+            }
+        };
         if let (Some(identity), Some(upstream)) = (identity, upstream) {
             routes.push(Route {
                 text: pattern.to_owned(),
@@ -258,6 +279,7 @@ pub(super) fn parse(
                 max_wait,
                 timeout,
                 max_body,
+                fold_case,
             });
         }
     }
