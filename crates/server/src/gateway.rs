@@ -2,7 +2,7 @@
 //! policies all-or-nothing, then forward (after a shaper's delay) or answer
 //! `429` with `Retry-After` and the `RateLimit` fields.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +11,7 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderValue, Uri};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderName, Method, Version, header};
+use ipnet::IpNet;
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use weir_core::Nanos;
 use weir_tower::{Limited, Part, fields};
@@ -107,12 +108,40 @@ fn encode(path: &str) -> String {
         .join("/")
 }
 
+/// The client's address: the peer, or — when the peer is a trusted proxy —
+/// the right-most address of `X-Forwarded-For` that is not a trusted proxy
+/// (the addresses left of it are the client's own claims).
+pub(crate) fn client_ip(headers: &HeaderMap, peer: IpAddr, trusted: &[IpNet]) -> IpAddr {
+    let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(ip));
+    if !is_trusted(&peer) {
+        return peer;
+    }
+    let chain: Vec<&str> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .collect();
+    let mut client = peer;
+    for entry in chain.iter().rev() {
+        // Not an address where a trusted proxy wrote: keep the last hop.
+        let Ok(ip) = entry.trim().parse::<IpAddr>() else {
+            return client;
+        };
+        client = ip;
+        if !is_trusted(&ip) {
+            break;
+        }
+    }
+    client
+}
+
 /// The stored key of the caller's identity.
 fn identity(
     route: &Route,
     request: &Request,
     params: &[(&str, &str)],
-    peer: Option<SocketAddr>,
+    client: Option<IpAddr>,
 ) -> Result<String, ApiError> {
     let value = match &route.identity {
         Identity::Header(name) => {
@@ -131,7 +160,7 @@ fn identity(
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| (*v).to_owned()),
-        Identity::Peer => peer.map(|p| p.ip().to_string()),
+        Identity::Peer => client.map(|ip| ip.to_string()),
     };
     let scope = route.identity.scope();
     let value = value.map(|v| match route.fold_case {
@@ -213,7 +242,9 @@ async fn through(
         return ApiError::BodyTooLarge(usize::try_from(route.max_body).unwrap_or(usize::MAX))
             .into_response();
     }
-    let key = match identity(route, &request, params, peer) {
+    let trusted = &shared.config.server.trusted_proxies;
+    let client = peer.map(|p| client_ip(request.headers(), p.ip(), trusted));
+    let key = match identity(route, &request, params, client) {
         Ok(key) => key,
         Err(e) => return e.into_response(),
     };
@@ -315,13 +346,32 @@ async fn send(
     if let Ok(host) = HeaderValue::try_from(authority) {
         headers.insert(header::HOST, host);
     }
-    // No proxy in front of weir is trusted: what a client says about its
-    // address is replaced, never passed on.
-    headers.remove(HeaderName::from_static("forwarded"));
-    headers.remove(HeaderName::from_static("x-real-ip"));
-    headers.remove(HeaderName::from_static("x-forwarded-for"));
-    if let Some(ip) = peer.and_then(|p| HeaderValue::try_from(p.ip().to_string()).ok()) {
-        headers.insert(HeaderName::from_static("x-forwarded-for"), ip);
+    // What an untrusted peer says about addresses is replaced, never
+    // passed on; a trusted proxy's chain is extended with the peer.
+    let trusted = peer.is_some_and(|p| {
+        let nets = &shared.config.server.trusted_proxies;
+        nets.iter().any(|net| net.contains(&p.ip()))
+    });
+    let xff = HeaderName::from_static("x-forwarded-for");
+    let chain: Vec<String> = match trusted {
+        true => headers
+            .get_all(&xff)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .collect(),
+        false => {
+            headers.remove(header::FORWARDED);
+            headers.remove(HeaderName::from_static("x-real-ip"));
+            Vec::new()
+        }
+    };
+    headers.remove(&xff);
+    if let Some(ip) = peer.map(|p| p.ip().to_string()) {
+        let value = chain.into_iter().chain([ip]).collect::<Vec<_>>().join(", ");
+        if let Ok(value) = HeaderValue::try_from(value) {
+            headers.insert(xff, value);
+        }
     }
     headers.insert(
         HeaderName::from_static("x-forwarded-proto"),
@@ -388,4 +438,51 @@ fn client_fault(error: &(dyn std::error::Error + 'static)) -> Option<ClientFault
         cause = e.source();
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_client_is_the_right_most_untrusted_address() {
+        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let xff = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("x-forwarded-for", v.parse().unwrap());
+            h
+        };
+        // An untrusted peer's claims are ignored.
+        assert_eq!(
+            client_ip(&xff("1.1.1.1"), ip("203.0.113.9"), &trusted),
+            ip("203.0.113.9")
+        );
+        // Behind two trusted proxies: the first untrusted from the right.
+        let h = xff("6.6.6.6, 198.51.100.7, 10.0.0.2");
+        assert_eq!(client_ip(&h, ip("10.0.0.1"), &trusted), ip("198.51.100.7"));
+        // Garbage written left of the client changes nothing.
+        let h = xff("nonsense, 198.51.100.7");
+        assert_eq!(client_ip(&h, ip("10.0.0.1"), &trusted), ip("198.51.100.7"));
+        // A trusted proxy without a chain: the proxy itself.
+        assert_eq!(
+            client_ip(&HeaderMap::new(), ip("10.0.0.1"), &trusted),
+            ip("10.0.0.1")
+        );
+    }
+
+    #[test]
+    fn canonical_paths() {
+        assert_eq!(
+            canonical("/shops/%63arol/items").unwrap(),
+            "/shops/carol/items"
+        );
+        assert_eq!(canonical("/a/").unwrap(), "/a/");
+        for bad in [
+            "/a/../b", "/a/%2e", "/a%2Fb", "/a;b", "/a\\b", "/a%00", "/a//b", "/%ff",
+        ] {
+            assert!(canonical(bad).is_err(), "{bad}");
+        }
+        assert_eq!(encode("/café menu/a?b"), "/caf%C3%A9%20menu/a%3Fb");
+    }
 }

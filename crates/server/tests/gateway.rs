@@ -436,3 +436,31 @@ async fn the_upstream_side_is_bounded() {
         (413, Some("BODY_TOO_LARGE"))
     );
 }
+
+#[tokio::test]
+async fn behind_a_trusted_proxy_the_client_is_the_key_and_the_chain_is_kept() {
+    let (up, seen) = old_upstream().await;
+    let config = format!(
+        "[server]\ntrusted_proxies = [\"127.0.0.1/32\"]\n\n[policies.p]\nalgorithm = \"token-bucket\"\ncapacity = 1\nrate = \"1/h\"\n\n[[routes]]\nmatch = \"GET /old\"\nidentity = \"peer\"\npolicies = [\"p\"]\nupstream = \"http://{up}\"\n"
+    );
+    let (addr, _) = start(&config).await;
+    let url = format!("http://{addr}/old");
+    let from = |chain: &'static str| {
+        let url = url.clone();
+        async move {
+            send("GET", &url, &[("x-forwarded-for", chain)], "")
+                .await
+                .status
+        }
+    };
+    assert_eq!(from("198.51.100.7").await, 200);
+    // The same client, whatever it claims left of what the proxy wrote.
+    assert_eq!(from("1.2.3.4, 198.51.100.7").await, 429);
+    // Another client behind the same proxy: its own bucket.
+    assert_eq!(from("198.51.100.8").await, 200);
+    let head = seen.lock().unwrap().clone();
+    assert!(
+        head.contains("x-forwarded-for: 198.51.100.8, 127.0.0.1\r\n"),
+        "{head}"
+    );
+}
