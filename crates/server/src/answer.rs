@@ -42,6 +42,8 @@ pub(crate) enum ApiError {
     AdminDisabled,
     /// A bad or missing admin token.
     Unauthorized,
+    /// Too many failed admin attempts from this client: wait this long.
+    AdminThrottled(std::time::Duration),
     /// The upstream could not be reached.
     Upstream(String),
     /// The upstream did not answer in time.
@@ -145,6 +147,14 @@ impl ApiError {
                 "UNAUTHORIZED",
                 "a valid bearer token is required".into(),
             ),
+            Self::AdminThrottled(wait) => (
+                S::TOO_MANY_REQUESTS,
+                "ADMIN_THROTTLED",
+                format!(
+                    "too many failed admin attempts from this address; retry in {} s",
+                    wait.as_secs().max(1)
+                ),
+            ),
             Self::Upstream(m) => (S::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", m.clone()),
             Self::UpstreamTimeout(t) => (
                 S::GATEWAY_TIMEOUT,
@@ -170,6 +180,12 @@ impl IntoResponse for ApiError {
         let headers = response.headers_mut();
         if status == StatusCode::SERVICE_UNAVAILABLE {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if let Self::AdminThrottled(wait) = &self {
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(wait.as_secs().max(1)),
+            );
         }
         if let Self::MethodNotAllowed { allow, .. } = &self {
             if let Ok(allow) = HeaderValue::try_from(allow.as_str()) {

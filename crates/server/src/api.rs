@@ -1,12 +1,13 @@
 //! The decision API, admin, health and metrics endpoints.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use axum::Json;
 use axum::body::{Body, to_bytes};
-use axum::extract::{Path, State};
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use weir_core::Nanos;
 use weir_tower::{Part, fields};
@@ -267,8 +268,12 @@ pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 /// The current config and the named policy, once the request proves it may
 /// use the admin API (`Authorization: Bearer TOKEN`, compared in constant
 /// time).
+/// Failed attempts are throttled per client: after
+/// [`crate::state::ADMIN_FAILURES`] in a minute, its admin requests get
+/// `429` until the minute is over, whatever the token.
 fn authorize(
     state: &AppState,
+    peer: Option<IpAddr>,
     headers: &HeaderMap,
     policy: &str,
 ) -> Result<(Arc<Shared>, PolicyId), ApiError> {
@@ -279,11 +284,16 @@ fn authorize(
         .admin_token
         .as_deref()
         .ok_or(ApiError::AdminDisabled)?;
+    if let Some(wait) = peer.and_then(|ip| state.admin_locked(ip)) {
+        return Err(ApiError::AdminThrottled(wait));
+    }
+    // RFC 7235: the scheme is case-insensitive.
     let given = headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map_or("", |(_, token)| token.trim());
     let same = given.len() == token.len()
         && given
             .bytes()
@@ -291,6 +301,10 @@ fn authorize(
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
             == 0;
     if !same {
+        if let Some(ip) = peer {
+            state.admin_failed(ip);
+        }
+        tracing::warn!(peer = ?peer, "admin authentication failed");
         return Err(ApiError::Unauthorized);
     }
     let id = shared
@@ -316,10 +330,12 @@ struct Inspected<'a> {
 /// identities.
 pub(crate) async fn inspect_key(
     State(state): State<Arc<AppState>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     Path((policy, key)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let (shared, id) = authorize(&state, &headers, &policy)?;
+    let peer = peer.map(|p| p.0.0.ip());
+    let (shared, id) = authorize(&state, peer, &headers, &policy)?;
     let (decision, exists) = shared.backend.peek(&shared.table, id, &key).await?;
     let entry = shared.table.get(id);
     Ok(Json(Inspected {
@@ -344,10 +360,12 @@ struct Reset<'a> {
 /// fresh, full allowance.
 pub(crate) async fn reset_key(
     State(state): State<Arc<AppState>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     Path((policy, key)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let (shared, id) = authorize(&state, &headers, &policy)?;
+    let peer = peer.map(|p| p.0.0.ip());
+    let (shared, id) = authorize(&state, peer, &headers, &policy)?;
     let existed = shared.backend.reset(&shared.table, id, &key).await?;
     tracing::info!(policy, key, existed, "admin reset a key");
     Ok(Json(Reset {

@@ -2,7 +2,10 @@
 //! policy table, the backend, the upstream client and the metrics — swapped
 //! whole on reload.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use axum::body::Body;
@@ -52,11 +55,20 @@ impl Shared {
     }
 }
 
-/// The server's state: the current configuration and the metrics handle.
+/// Failed admin attempts a client may make in [`ADMIN_WINDOW`].
+pub const ADMIN_FAILURES: u32 = 5;
+/// The window failed admin attempts are counted in.
+pub const ADMIN_WINDOW: Duration = Duration::from_secs(60);
+/// Clients tracked for failed admin attempts (more: the oldest are dropped).
+const ADMIN_TRACKED: usize = 10_000;
+
+/// The server's state: the current configuration, the metrics handle, and
+/// failed admin attempts per client.
 #[derive(Debug)]
 pub struct AppState {
     current: ArcSwap<Shared>,
     pub(crate) metrics: PrometheusHandle,
+    admin_failures: Mutex<HashMap<IpAddr, (u32, Instant)>>,
 }
 
 impl AppState {
@@ -65,7 +77,40 @@ impl AppState {
         Arc::new(Self {
             current: ArcSwap::from_pointee(shared),
             metrics: crate::metrics::handle(),
+            admin_failures: Mutex::default(),
         })
+    }
+
+    /// How long `ip` must wait before trying the admin token again, if it
+    /// failed too often.
+    pub(crate) fn admin_locked(&self, ip: IpAddr) -> Option<Duration> {
+        let failures = self
+            .admin_failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let &(count, since) = failures.get(&ip)?;
+        let left = ADMIN_WINDOW.checked_sub(since.elapsed())?;
+        (count >= ADMIN_FAILURES).then_some(left)
+    }
+
+    /// Notes one failed admin attempt from `ip`.
+    pub(crate) fn admin_failed(&self, ip: IpAddr) {
+        metrics::counter!("weir_admin_auth_failures_total").increment(1);
+        let mut failures = self
+            .admin_failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if failures.len() >= ADMIN_TRACKED {
+            failures.retain(|_, (_, since)| since.elapsed() < ADMIN_WINDOW);
+            if failures.len() >= ADMIN_TRACKED {
+                failures.clear();
+            }
+        }
+        let entry = failures.entry(ip).or_insert((0, Instant::now()));
+        if entry.1.elapsed() >= ADMIN_WINDOW {
+            *entry = (0, Instant::now());
+        }
+        entry.0 += 1;
     }
 
     /// The metrics, in the Prometheus text format.

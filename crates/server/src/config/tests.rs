@@ -186,3 +186,14 @@ fn a_short_admin_token_names_its_line() {
         (2, "[server] admin_token")
     );
 }
+
+#[test]
+fn a_token_of_one_repeated_character_is_refused() {
+    let errors = parse(
+        "[server]\nadmin_token = \"aaaaaaaaaaaaaaaaaaaa\"\n[policies.a]\nalgorithm = \"gcra\"\nburst = 1\nrate = \"1/s\"\n",
+        None,
+    )
+    .unwrap_err()
+    .0;
+    assert!(errors[0].message.contains("repeated"), "{errors:?}");
+}
