@@ -19,6 +19,11 @@ pub(crate) struct Args {
     /// config's `[server] grpc`.
     #[arg(long, value_name = "ADDR")]
     grpc: Option<std::net::SocketAddr>,
+    /// Serve the decision API, admin endpoints and metrics here (and only
+    /// gateway routes and /healthz on --listen), instead of the config's
+    /// `[server] internal`.
+    #[arg(long, value_name = "ADDR")]
+    internal: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -94,6 +99,9 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(grpc) = args.grpc {
         config.server.grpc = Some(grpc);
     }
+    if let Some(internal) = args.internal {
+        config.server.internal = Some(internal);
+    }
     weir_server::serve::raise_fd_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -108,19 +116,28 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
-    let grpc = match config.server.grpc {
-        Some(at) => Some(
-            tokio::net::TcpListener::bind(at)
+    let bind = |at: Option<std::net::SocketAddr>, what: &'static str| async move {
+        match at {
+            Some(at) => tokio::net::TcpListener::bind(at)
                 .await
-                .with_context(|| format!("cannot listen on {at} (gRPC)"))?,
-        ),
-        None => None,
+                .map(Some)
+                .with_context(|| format!("cannot listen on {at} ({what})")),
+            None => Ok(None),
+        }
     };
+    let grpc = bind(config.server.grpc, "gRPC").await?;
+    let internal = bind(config.server.internal, "internal").await?;
     let state = AppState::new(Shared::new(config, None)?);
     tracing::info!(%addr, config = %path.as_ref().map_or("example".into(), |p| p.display().to_string()), "weir listening");
     eprintln!("weir listening on http://{addr}");
     if let Some(grpc) = &grpc {
         eprintln!("weir rate limit service (gRPC) on {}", grpc.local_addr()?);
+    }
+    if let Some(internal) = &internal {
+        eprintln!(
+            "weir internal (decision API, admin, metrics) on http://{}",
+            internal.local_addr()?
+        );
     }
 
     let mut terminate = signal(SignalKind::terminate())?;
@@ -141,6 +158,14 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     let grpc = grpc.map(|listener| {
         let (state, stopped) = (state.clone(), stopped.clone());
         tokio::spawn(weir_server::run_grpc(listener, state, shutdown(stopped)))
+    });
+    let internal = internal.map(|listener| {
+        let (state, stopped) = (state.clone(), stopped.clone());
+        tokio::spawn(weir_server::run_internal(
+            listener,
+            state,
+            shutdown(stopped),
+        ))
     });
     let reloader = {
         let state = state.clone();
@@ -171,6 +196,13 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         match grpc.await {
             Ok(Err(e)) => bail!("gRPC server failed: {e}"),
             Err(e) => bail!("gRPC server failed: {e}"),
+            Ok(Ok(())) => {}
+        }
+    }
+    if let Some(internal) = internal {
+        match internal.await {
+            Ok(Err(e)) => bail!("internal server failed: {e}"),
+            Err(e) => bail!("internal server failed: {e}"),
             Ok(Ok(())) => {}
         }
     }

@@ -217,3 +217,27 @@ fn serves_grpc_beside_http_and_stops_both_on_sigterm() {
     let exit = server.child.wait().unwrap();
     assert!(exit.success(), "{exit:?}");
 }
+
+#[test]
+fn a_half_sent_request_cannot_hold_a_stopping_weir_past_its_deadline() {
+    let config = "[server]\nshutdown_timeout = \"1s\"\nheader_timeout = \"1m\"\n\n[policies.a]\nalgorithm = \"gcra\"\nburst = 1\nrate = \"1/s\"\n";
+    let mut server = Server::start(&["--config", temp("shutdown.toml", config).to_str().unwrap()]);
+    let mut half = TcpStream::connect(&server.addr).unwrap();
+    half.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let stopping = std::time::Instant::now();
+    server.signal("TERM");
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            assert!(status.success(), "{status:?}");
+            break;
+        }
+        assert!(
+            stopping.elapsed() < Duration::from_secs(10),
+            "still running past the 1 s shutdown deadline"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(half);
+}

@@ -136,6 +136,8 @@ struct Named {
     /// Shared with the limiter this one was rebuilt from, when the policy
     /// is the same ([`Builder::keep_state_of`]).
     store: Arc<Store>,
+    /// The policy's own key budget, within the limiter's.
+    budget: Budget,
 }
 
 /// Builds a [`Limiter`].
@@ -143,6 +145,8 @@ struct Named {
 pub struct Builder<C = SystemClock> {
     policies: Vec<(String, Policy)>,
     max_keys: usize,
+    /// Per policy (by name), a key budget of its own.
+    policy_max_keys: HashMap<String, usize>,
     max_key_len: usize,
     shards: usize,
     clock: C,
@@ -155,6 +159,7 @@ impl Builder<SystemClock> {
         Self {
             policies: Vec::new(),
             max_keys: DEFAULT_MAX_KEYS,
+            policy_max_keys: HashMap::new(),
             max_key_len: DEFAULT_MAX_KEY_LEN,
             shards: (cores * 16).next_power_of_two(),
             clock: SystemClock::new(),
@@ -176,6 +181,14 @@ impl<C: Clock> Builder<C> {
         self
     }
 
+    /// The most keys the named policy may store (default: only the
+    /// limiter's `max_keys`): a flood of identities on one policy then
+    /// cannot refuse new identities on the others.
+    pub fn policy_max_keys(mut self, policy: impl Into<String>, max: usize) -> Self {
+        self.policy_max_keys.insert(policy.into(), max);
+        self
+    }
+
     /// The longest key accepted, in bytes (default 256).
     pub fn max_key_len(mut self, max: usize) -> Self {
         self.max_key_len = max;
@@ -193,6 +206,7 @@ impl<C: Clock> Builder<C> {
         Builder {
             policies: self.policies,
             max_keys: self.max_keys,
+            policy_max_keys: self.policy_max_keys,
             max_key_len: self.max_key_len,
             shards: self.shards,
             clock,
@@ -234,6 +248,8 @@ impl<C: Clock> Builder<C> {
             .map(|(i, (name, _))| (name.clone(), i))
             .collect();
         let kept = self.kept;
+        let global = Arc::new(Budget::new(self.max_keys, None));
+        let own = self.policy_max_keys;
         let policies: Vec<Named> = self
             .policies
             .into_iter()
@@ -247,16 +263,21 @@ impl<C: Clock> Builder<C> {
                         || Arc::new(Store::new(policy, self.shards, monotonic)),
                         |(_, s)| s.clone(),
                     );
-                Named { name, store }
+                let max = own.get(&name).copied().unwrap_or(usize::MAX);
+                let budget = Budget::new(max, Some(global.clone()));
+                // Kept keys count against the new budgets from the start.
+                budget.add(store.len());
+                Named {
+                    name,
+                    store,
+                    budget,
+                }
             })
             .collect();
-        // Kept keys count against the new budget from the start.
-        let budget = Budget::new(self.max_keys);
-        budget.add(policies.iter().map(|p| p.store.len()).sum());
         Limiter {
             policies,
             index,
-            budget,
+            budget: global,
             max_key_len: self.max_key_len,
             clock: self.clock,
             next_full_sweep: AtomicU64::new(0),
@@ -270,7 +291,7 @@ impl<C: Clock> Builder<C> {
 pub struct Limiter<C = SystemClock> {
     policies: Vec<Named>,
     index: HashMap<String, usize>,
-    budget: Budget,
+    budget: Arc<Budget>,
     max_key_len: usize,
     clock: C,
     /// The earliest time a sweep for room may run again.
@@ -317,14 +338,20 @@ impl<C: Clock> Limiter<C> {
                 error,
             })
         };
-        match named.store.check(check.key, check.cost, &now, &self.budget) {
+        match named
+            .store
+            .check(check.key, check.cost, &now, &named.budget)
+        {
             Ok(result) => result.map_err(cost_error),
             Err(Full) => {
-                self.sweep_when_full(now())?;
-                match named.store.check(check.key, check.cost, &now, &self.budget) {
+                self.sweep_when_full(now(), &named.budget)?;
+                match named
+                    .store
+                    .check(check.key, check.cost, &now, &named.budget)
+                {
                     Ok(result) => result.map_err(cost_error),
                     Err(Full) => Err(Error::TooManyKeys {
-                        max: self.budget.max(),
+                        max: named.budget.spent().unwrap_or(self.budget.max()),
                     }),
                 }
             }
@@ -372,11 +399,17 @@ impl<C: Clock> Limiter<C> {
         Ok((decision, stored))
     }
 
+    /// Whether `key` has state under `policy`.
+    pub fn contains(&self, policy: PolicyId, key: &str) -> bool {
+        self.named(policy)
+            .is_ok_and(|named| named.store.contains(key))
+    }
+
     /// Forgets `key` under `policy`, which **grants it a fresh allowance**;
     /// returns whether it was stored.
     pub fn reset(&self, policy: PolicyId, key: &str) -> Result<bool, Error> {
         let named = self.named(policy)?;
-        Ok(named.store.remove(key, &self.budget))
+        Ok(named.store.remove(key, &named.budget))
     }
 
     /// Removes every key that is idle now (by the limiter's clock); returns
@@ -385,7 +418,7 @@ impl<C: Clock> Limiter<C> {
         let now = self.clock.now();
         self.policies
             .iter()
-            .map(|p| p.store.sweep(now, &self.budget))
+            .map(|p| p.store.sweep(now, &p.budget))
             .sum()
     }
 
@@ -455,7 +488,7 @@ impl<C: Clock> Limiter<C> {
 
     /// With the budget spent: sweep everything, unless a sweep ran very
     /// recently, and fail if nothing could be freed.
-    fn sweep_when_full(&self, now: Nanos) -> Result<(), Error> {
+    fn sweep_when_full(&self, now: Nanos, budget: &Budget) -> Result<(), Error> {
         let next = self.next_full_sweep.load(Ordering::Acquire);
         // Due, or the clock went back far behind the last sweep.
         let due = now >= next || next - now > FULL_SWEEP_INTERVAL;
@@ -469,7 +502,7 @@ impl<C: Clock> Limiter<C> {
             let freed: usize = self
                 .policies
                 .iter()
-                .map(|p| p.store.sweep(now, &self.budget))
+                .map(|p| p.store.sweep(now, &p.budget))
                 .sum();
             if freed > 0 {
                 // Room again: the next exhaustion may sweep at once.
@@ -477,12 +510,10 @@ impl<C: Clock> Limiter<C> {
                 return Ok(());
             }
         }
-        if self.budget.used() < self.budget.max() {
-            return Ok(());
+        match budget.spent() {
+            None => Ok(()),
+            Some(max) => Err(Error::TooManyKeys { max }),
         }
-        Err(Error::TooManyKeys {
-            max: self.budget.max(),
-        })
     }
 
     fn decide_all(&self, checks: &[Check<'_>], max_delay: Nanos) -> Result<AllDecision, Error> {
@@ -554,14 +585,15 @@ impl<C: Clock> Limiter<C> {
             });
         }
         for &(p, s, key, _) in targets.iter().filter(|t| t.3 > 0) {
-            let store = &self.policies[p].store;
-            if store
-                .insert_locked(&mut guards[guard_of(p, s)], key, now, &self.budget)
+            let named = &self.policies[p];
+            if named
+                .store
+                .insert_locked(&mut guards[guard_of(p, s)], key, now, &named.budget)
                 .is_err()
             {
                 // Nothing charged yet (inserting a new key grants nothing).
                 return Err(Error::TooManyKeys {
-                    max: self.budget.max(),
+                    max: named.budget.spent().unwrap_or(self.budget.max()),
                 });
             }
         }

@@ -24,7 +24,7 @@
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use compact_str::CompactString;
 use hashbrown::HashTable;
@@ -39,35 +39,59 @@ const FIRST_SWEEP: usize = 64;
 /// long; sweeps for room (budget spent) take every idle key.
 const GROWTH_SWEEP_GRACE: Nanos = 1_000_000_000;
 
-/// The limit on keys across every policy of a limiter.
+/// A limit on keys: one policy's, within the limiter's across every policy
+/// (its `parent`), so that a flood on one policy cannot take every key.
 #[derive(Debug)]
 pub(crate) struct Budget {
     max: usize,
     used: AtomicUsize,
+    parent: Option<Arc<Budget>>,
 }
 
 impl Budget {
-    pub(crate) fn new(max: usize) -> Self {
+    pub(crate) fn new(max: usize, parent: Option<Arc<Budget>>) -> Self {
         Self {
             max,
             used: AtomicUsize::new(0),
+            parent,
         }
     }
 
     fn take(&self) -> bool {
-        self.used
+        let mine = self
+            .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 (used < self.max).then_some(used + 1)
             })
-            .is_ok()
+            .is_ok();
+        if mine && self.parent.as_ref().is_some_and(|p| !p.take()) {
+            self.used.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        mine
     }
 
+    /// Counts `n` keys already stored (kept across a rebuild).
     pub(crate) fn add(&self, n: usize) {
         self.used.fetch_add(n, Ordering::AcqRel);
+        if let Some(parent) = &self.parent {
+            parent.add(n);
+        }
     }
 
     fn give_back(&self, n: usize) {
         self.used.fetch_sub(n, Ordering::AcqRel);
+        if let Some(parent) = &self.parent {
+            parent.give_back(n);
+        }
+    }
+
+    /// The limit this budget or its parent has reached, if either has.
+    pub(crate) fn spent(&self) -> Option<usize> {
+        if self.used() >= self.max {
+            return Some(self.max);
+        }
+        self.parent.as_ref().and_then(|p| p.spent())
     }
 
     pub(crate) fn used(&self) -> usize {

@@ -1,7 +1,7 @@
 //! A flood of distinct identities: memory stays bounded, and a key that is
 //! still limited is never evicted to make room.
 
-use weir_limiter::{Error, FakeClock, Limiter, Policy};
+use weir_limiter::{Check, Error, FakeClock, Limiter, Policy};
 
 const MILLION: u64 = 1_000_000;
 
@@ -75,4 +75,36 @@ fn a_million_short_lived_identities_stay_bounded() {
         }
         assert!(largest <= bound, "cap {max_keys}: {largest} keys held");
     }
+}
+
+#[test]
+fn a_flood_on_one_policy_leaves_the_others_new_keys() {
+    let slow = Policy::parse("token-bucket capacity=1 rate=1/h").unwrap();
+    let limiter = Limiter::builder()
+        .policy("flooded", slow)
+        .policy("other", slow)
+        .max_keys(1_000)
+        .policy_max_keys("flooded", 100)
+        .build()
+        .unwrap();
+    let (flooded, other) = (
+        limiter.policy("flooded").unwrap(),
+        limiter.policy("other").unwrap(),
+    );
+    let mut refused = 0;
+    for i in 0..500 {
+        match limiter.check_one(Check::new(flooded, &format!("f-{i}"))) {
+            Ok(d) => assert!(d.allowed),
+            Err(Error::TooManyKeys { max: 100 }) => refused += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(refused, 400, "the flooded policy holds its own 100");
+    for i in 0..500 {
+        let d = limiter
+            .check_one(Check::new(other, &format!("o-{i}")))
+            .unwrap();
+        assert!(d.allowed, "new identities elsewhere are admitted");
+    }
+    assert_eq!(limiter.len(), 600);
 }

@@ -42,6 +42,8 @@ pub(crate) enum ApiError {
     AdminDisabled,
     /// A bad or missing admin token.
     Unauthorized,
+    /// This client created its share of new keys: wait this long.
+    NewKeys(Nanos),
     /// Too many failed admin attempts from this client: wait this long.
     AdminThrottled(std::time::Duration),
     /// The upstream could not be reached.
@@ -147,6 +149,11 @@ impl ApiError {
                 "UNAUTHORIZED",
                 "a valid bearer token is required".into(),
             ),
+            Self::NewKeys(_) => (
+                S::TOO_MANY_REQUESTS,
+                "NEW_KEYS_LIMITED",
+                "this address created its share of new identities ([server] new_keys_per_ip)".into(),
+            ),
             Self::AdminThrottled(wait) => (
                 S::TOO_MANY_REQUESTS,
                 "ADMIN_THROTTLED",
@@ -186,6 +193,10 @@ impl IntoResponse for ApiError {
                 header::RETRY_AFTER,
                 HeaderValue::from(wait.as_secs().max(1)),
             );
+        }
+        if let Self::NewKeys(wait) = &self {
+            let seconds = weir_tower::retry_after_seconds(*wait);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         if let Self::MethodNotAllowed { allow, .. } = &self {
             if let Ok(allow) = HeaderValue::try_from(allow.as_str()) {

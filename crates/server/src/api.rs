@@ -104,6 +104,7 @@ fn read(bytes: &[u8]) -> Result<Read, ApiError> {
 /// `POST /v1/check`: one policy, or several all-or-nothing.
 pub(crate) async fn check(
     State(state): State<Arc<AppState>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     body: Body,
 ) -> Result<Response, ApiError> {
     let bytes = to_bytes(body, MAX_BODY).await.map_err(|e| {
@@ -134,6 +135,9 @@ pub(crate) async fn check(
         .zip(&keys)
         .map(|(&policy, key)| Check { policy, key, cost })
         .collect();
+    shared
+        .may_create(&checks, peer.map(|p| p.0.0.ip()))
+        .map_err(ApiError::NewKeys)?;
     let verdict = shared
         .backend
         .decide(

@@ -127,6 +127,9 @@ impl Local {
         let mut builder = Limiter::builder().max_keys(max_keys).max_key_len(MAX_KEY);
         for (_, entry) in table.iter() {
             builder = builder.policy(entry.name.clone(), entry.local);
+            if let Some(max) = entry.max_keys {
+                builder = builder.policy_max_keys(entry.name.clone(), max);
+            }
         }
         if let Some(previous) = previous {
             builder = builder.keep_state_of(&previous.limiter);
@@ -150,6 +153,11 @@ impl Local {
             limiter: Arc::new(limiter),
             ids,
         })
+    }
+
+    /// Whether the check's key is stored.
+    pub(crate) fn contains(&self, check: &Check<'_>) -> bool {
+        self.limiter.contains(self.ids[check.policy.0], check.key)
     }
 
     fn check<'a>(&self, check: &Check<'a>) -> weir_limiter::Check<'a> {

@@ -257,6 +257,9 @@ async fn through(
             cost: 1,
         })
         .collect();
+    if let Err(wait) = shared.may_create(&checks, client) {
+        return ApiError::NewKeys(wait).into_response();
+    }
     let max_wait = Nanos::try_from(route.max_wait.as_nanos()).unwrap_or(Nanos::MAX);
     let decided = shared
         .backend

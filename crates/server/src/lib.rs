@@ -37,20 +37,39 @@ pub use state::{AppState, Shared};
 
 use crate::answer::ApiError;
 
-/// The router: decision API, admin, health, metrics; every other path goes
-/// to the gateway routes.
-pub fn app(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/v1/check", post(api::check))
-        .route("/v1/policies", get(api::policies))
-        .route(
-            "/v1/keys/{policy}/{key}",
-            get(api::inspect_key).delete(api::reset_key),
-        )
-        .route("/healthz", get(api::healthz))
-        .route("/readyz", get(api::readyz))
-        .route("/metrics", get(api::metrics))
-        .fallback(gateway::forward)
+/// Which endpoints a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Face {
+    /// Everything: the decision API, admin, metrics, health and the
+    /// gateway routes (no `[server] internal` listener).
+    All,
+    /// The gateway routes and `/healthz` (the public side when there is an
+    /// internal listener).
+    Public,
+    /// The decision API, admin, `/metrics`, `/v1/policies`, `/readyz` and
+    /// `/healthz` (`[server] internal`).
+    Internal,
+}
+
+/// The router of one listener. Every path no API route takes goes to the
+/// gateway routes (on the public side).
+pub fn app(state: Arc<AppState>, face: Face) -> Router {
+    let mut router = Router::new().route("/healthz", get(api::healthz));
+    if face != Face::Public {
+        router = router
+            .route("/v1/check", post(api::check))
+            .route("/v1/policies", get(api::policies))
+            .route(
+                "/v1/keys/{policy}/{key}",
+                get(api::inspect_key).delete(api::reset_key),
+            )
+            .route("/readyz", get(api::readyz))
+            .route("/metrics", get(api::metrics));
+    }
+    if face != Face::Internal {
+        router = router.fallback(gateway::forward);
+    }
+    router
         .layer(axum::middleware::from_fn(limit_headers))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -156,10 +175,33 @@ pub async fn run(
             }
         })
     };
-    let limits = state.current().config.server.limits;
-    let served = serve::serve(listener, app(state), limits, shutdown).await;
+    let config = &state.current().config;
+    let face = match config.server.internal {
+        Some(_) => Face::Public,
+        None => {
+            if !config.routes.is_empty() {
+                tracing::warn!(
+                    "gateway routes share their listener with the decision API and metrics: any client can call /v1/check; set [server] internal to move them to a listener of their own"
+                );
+            }
+            Face::All
+        }
+    };
+    let limits = config.server.limits;
+    let served = serve::serve(listener, app(state, face), limits, shutdown).await;
     sweeper.abort();
     served
+}
+
+/// Serves the internal face (`[server] internal`: the decision API, admin,
+/// metrics) on `listener` until `shutdown` completes.
+pub async fn run_internal(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let limits = state.current().config.server.limits;
+    serve::serve(listener, app(state, Face::Internal), limits, shutdown).await
 }
 
 /// Serves the Envoy rate limit service and the standard gRPC health service

@@ -14,7 +14,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::backend::Backend;
+use weir_core::{Nanos, Policy, Rate};
+use weir_limiter::Limiter;
+
+use crate::backend::{Backend, Check};
 use crate::config::{Config, StoreUrl};
 use crate::metrics::Meters;
 use crate::table::PolicyTable;
@@ -31,6 +34,8 @@ pub struct Shared {
     /// Pooled keep-alive connections to the upstreams.
     pub(crate) client: Client<HttpConnector, Body>,
     pub(crate) meters: Meters,
+    /// `[server] new_keys_per_ip`: new keys each client address may create.
+    new_keys: Option<Limiter>,
 }
 
 impl Shared {
@@ -45,15 +50,60 @@ impl Shared {
         });
         let table = PolicyTable::new(&config.policies, &config.store);
         let backend = Backend::new(&config, &table, previous.map(|p| &p.backend))?;
+        let new_keys = match config.server.new_keys_per_ip {
+            None => None,
+            Some(n) => {
+                let rate = Rate::per_second(u64::from(n)).ok_or_else(|| {
+                    weir_limiter::Error::Config("new_keys_per_ip must be at least 1".into())
+                })?;
+                let policy = Policy::token_bucket(u64::from(n), rate)
+                    .map_err(|e| weir_limiter::Error::Config(e.to_string()))?;
+                Some(
+                    Limiter::builder()
+                        .policy("new-keys", policy)
+                        .max_keys(NEW_KEY_CLIENTS)
+                        .build()?,
+                )
+            }
+        };
         Ok(Self {
             client: Client::builder(TokioExecutor::new()).build_http(),
             meters,
             config,
             table,
             backend,
+            new_keys,
         })
     }
+
+    /// `Err(wait)` when `checks` would store a new key and `client` has
+    /// created its `new_keys_per_ip` this second: refused before anything
+    /// is stored. In process only: on Redis whether a key is new is not
+    /// known without asking it.
+    pub(crate) fn may_create(
+        &self,
+        checks: &[Check<'_>],
+        client: Option<IpAddr>,
+    ) -> Result<(), Nanos> {
+        let (Some(new_keys), Some(client), Backend::Memory(local)) =
+            (&self.new_keys, client, &self.backend)
+        else {
+            return Ok(());
+        };
+        if checks.iter().all(|c| local.contains(c)) {
+            return Ok(());
+        }
+        match new_keys.check(&client.to_string(), 1) {
+            Ok(d) if d.allowed => Ok(()),
+            Ok(d) => Err(d.retry_after),
+            // Too many clients tracked at once: refuse, never wave through.
+            Err(_) => Err(1_000_000_000),
+        }
+    }
 }
+
+/// Client addresses tracked by `new_keys_per_ip` at once.
+const NEW_KEY_CLIENTS: usize = 100_000;
 
 /// Failed admin attempts a client may make in [`ADMIN_WINDOW`].
 pub const ADMIN_FAILURES: u32 = 5;

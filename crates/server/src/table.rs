@@ -52,6 +52,8 @@ pub struct Entry {
     pub on_store_error: Option<OnStoreError>,
     /// `on_state_loss`.
     pub on_state_loss: OnStateLoss,
+    /// The policy's own in-process key budget.
+    pub max_keys: Option<usize>,
     pub(crate) fields: Fields,
     /// The fields of the local fallback's policy, for degraded answers.
     pub(crate) local_fields: Fields,
@@ -101,6 +103,7 @@ impl Entry {
             local,
             on_store_error: config.on_store_error,
             on_state_loss: config.on_state_loss,
+            max_keys: config.max_keys,
             name,
         }
     }

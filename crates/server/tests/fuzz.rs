@@ -57,7 +57,7 @@ proptest! {
         let status = runtime.block_on(async {
             let state = AppState::new(Shared::new(config::parse(CONFIG, None).unwrap(), None).unwrap());
             let request = http::Request::post("/v1/check").body(Body::from(body.clone())).unwrap();
-            app(state).oneshot(request).await.unwrap().status().as_u16()
+            app(state, weir_server::Face::All).oneshot(request).await.unwrap().status().as_u16()
         });
         prop_assert!(status == 200 || (400..500).contains(&status), "{status} for {body}");
     }

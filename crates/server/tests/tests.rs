@@ -7,6 +7,7 @@ mod api;
 mod envoy;
 mod fuzz;
 mod gateway;
+mod hardening;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -29,6 +29,9 @@ pub struct PolicyConfig {
     pub on_store_error: Option<OnStoreError>,
     /// `on_state_loss`.
     pub on_state_loss: OnStateLoss,
+    /// `max_keys`: the most in-process keys this policy may hold (within
+    /// `[store] max_keys`); none: only the store's bound.
+    pub max_keys: Option<usize>,
 }
 
 /// `on_store_error`: what a policy does when the shared store fails.
@@ -123,11 +126,16 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
         }
         let mut params = Vec::new();
         let (mut on_store_error, mut on_state_loss) = (None, OnStateLoss::Full);
+        let mut max_keys = None;
         for (key, value) in table {
             let at = format!("{place} {key}");
             match key.as_str() {
                 "on_store_error" => on_store_error = rule(value, &at, report),
                 "on_state_loss" => on_state_loss = rule(value, &at, report).unwrap_or_default(),
+                "max_keys" => match value.get_ref() {
+                    Value::Integer(n) if *n > 0 => max_keys = usize::try_from(*n).ok(),
+                    _ => report.error(&value.span(), &at, "must be a number of keys, at least 1"),
+                },
                 _ => match value.get_ref() {
                     Value::String(s) => params.push((key.as_str(), s.clone(), value.span())),
                     Value::Integer(i) => params.push((key.as_str(), i.to_string(), value.span())),
@@ -155,6 +163,7 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
                 policy,
                 on_store_error,
                 on_state_loss,
+                max_keys,
             }),
             Err(e) => {
                 let span = table.get(&e.field).map_or(first, Spanned::span);
