@@ -112,6 +112,10 @@ pub struct Check<'a> {
     pub key: &'a str,
     /// The charge.
     pub cost: u64,
+    /// Decided and charged as if enforced, but never a reason to refuse
+    /// the request: a shadow check that would refuse charges nothing and
+    /// keeps its refusal in its decision.
+    pub shadow: bool,
 }
 
 impl<'a> Check<'a> {
@@ -121,12 +125,21 @@ impl<'a> Check<'a> {
             policy,
             key,
             cost: 1,
+            shadow: false,
         }
     }
 
     /// This check with another cost.
     pub fn cost(self, cost: u64) -> Self {
         Self { cost, ..self }
+    }
+
+    /// This check in shadow mode (see [`Check::shadow`]).
+    pub fn shadow(self) -> Self {
+        Self {
+            shadow: true,
+            ..self
+        }
     }
 }
 
@@ -321,11 +334,7 @@ impl<C: Clock> Limiter<C> {
 
     /// Checks `key` against the first policy added, at the clock's time.
     pub fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.check_one(Check {
-            policy: PolicyId(0),
-            key,
-            cost,
-        })
+        self.check_one(Check::new(PolicyId(0), key).cost(cost))
     }
 
     /// Decides one check at the clock's time.
@@ -523,7 +532,7 @@ impl<C: Clock> Limiter<C> {
             .map(|c| self.resolve(c))
             .collect::<Result<Vec<_>, _>>()?;
         weir_core::check::validate(&resolved, self.max_key_len)?;
-        let targets: Vec<(usize, usize, store::Hashed<'_>, u64)> = checks
+        let mut targets: Vec<(usize, usize, store::Hashed<'_>, u64)> = checks
             .iter()
             .map(|c| {
                 let store = &self.policies[c.policy.0].store;
@@ -569,7 +578,12 @@ impl<C: Clock> Limiter<C> {
                     .map_err(cost_error(p))?
             });
         }
-        if !decisions.iter().all(|d| d.allowed && d.delay <= max_delay) {
+        let refuses = |d: &Decision| !d.allowed || d.delay > max_delay;
+        let enforced_refuse = decisions
+            .iter()
+            .zip(checks)
+            .any(|(d, c)| !c.shadow && refuses(d));
+        if enforced_refuse {
             // Nothing is charged: the policies that would have allowed report
             // their standing as it is.
             for (decision, &(p, s, key, _)) in decisions.iter_mut().zip(&targets) {
@@ -583,6 +597,12 @@ impl<C: Clock> Limiter<C> {
                 allowed: false,
                 decisions,
             });
+        }
+        // A shadow check that would refuse charges nothing (cost 0 below).
+        for ((target, decision), check) in targets.iter_mut().zip(&decisions).zip(checks) {
+            if check.shadow && refuses(decision) {
+                target.3 = 0;
+            }
         }
         for &(p, s, key, _) in targets.iter().filter(|t| t.3 > 0) {
             let named = &self.policies[p];

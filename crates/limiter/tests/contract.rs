@@ -308,3 +308,42 @@ fn a_rebuilt_limiter_keeps_the_keys_of_unchanged_policies() {
     assert!(!check("same").allowed, "still limited");
     assert_eq!(check("changed").remaining, 1, "afresh under its new limit");
 }
+
+#[test]
+fn a_shadow_policy_never_refuses_and_charges_only_what_it_would_admit() {
+    let limiter = Limiter::builder()
+        .policy(
+            "enforced",
+            Policy::parse("token-bucket capacity=5 rate=1/h").unwrap(),
+        )
+        .policy(
+            "trial",
+            Policy::parse("fixed-window limit=1 window=1h").unwrap(),
+        )
+        .clock(FakeClock::at(0))
+        .build()
+        .unwrap();
+    let (enforced, trial) = (
+        limiter.policy("enforced").unwrap(),
+        limiter.policy("trial").unwrap(),
+    );
+    let request = [Check::new(enforced, "k"), Check::new(trial, "k").shadow()];
+    let first = limiter.check_all(&request).unwrap();
+    assert!(first.allowed && first.decisions[1].allowed);
+    // The trial window is spent: it would refuse, but only the enforced
+    // policy is charged and the request is admitted.
+    let second = limiter.check_all(&request).unwrap();
+    assert!(second.allowed && !second.decisions[1].allowed);
+    assert_eq!(second.decisions[0].remaining, 3);
+    assert_eq!(second.decisions[1].retry_after, 3_600_000_000_000);
+    // An enforced refusal still refuses, and charges nothing.
+    let big = [
+        Check::new(enforced, "k").cost(5),
+        Check::new(trial, "k").shadow(),
+    ];
+    assert!(!limiter.check_all(&big).unwrap().allowed);
+    assert_eq!(
+        limiter.check_all(&request).unwrap().decisions[0].remaining,
+        2
+    );
+}

@@ -88,6 +88,9 @@ pub struct Check<'a> {
     pub check: weir_core::Check<'a>,
     /// What the key counts as when lost (needs [`RedisStore::with_marker`]).
     pub on_loss: OnLoss,
+    /// Decided and charged as if enforced, but never refusing the request
+    /// (a shadow check that would refuse charges nothing).
+    pub shadow: bool,
 }
 
 impl<'a> From<weir_core::Check<'a>> for Check<'a> {
@@ -95,6 +98,7 @@ impl<'a> From<weir_core::Check<'a>> for Check<'a> {
         Self {
             check,
             on_loss: OnLoss::Full,
+            shadow: false,
         }
     }
 }
@@ -369,11 +373,19 @@ impl RedisStore {
             Mode::Peek => invocation.arg("peek"),
         };
         invocation.arg(if self.marker { "m" } else { "-" });
-        for Check { check, on_loss } in checks {
+        for Check {
+            check,
+            on_loss,
+            shadow,
+        } in checks
+        {
             invocation.key(key(check.name, check.key));
             let mut spec = check.policy.script_spec();
             if *on_loss == OnLoss::Empty {
                 spec.push_str(" e");
+            }
+            if *shadow {
+                spec.push_str(" s");
             }
             let _ = write!(spec, " c={}", check.cost);
             invocation.arg(spec);

@@ -8,8 +8,10 @@
 --          impose (ns); a longer one refuses the request, charging nothing
 -- ARGV[4]  "m" when the last key is the generation marker, else "-"
 -- ARGV[4+i] the policy of check i, then " e" when a lost key counts as empty,
---          and " c=K" for a cost of its own (0: report the standing, charge
---          nothing, never refuse):
+--          " c=K" for a cost of its own (0: report the standing, charge
+--          nothing, never refuse), and " s" for a shadow check (decided and
+--          charged as if enforced, but never refusing the request; when it
+--          would refuse it charges nothing):
 --          "tb C n p"  token bucket / GCRA: capacity C, rate reduced to n/p ns
 --          "lb Q n p"  leaky bucket: queue Q, rate n/p
 --          "fw L W"    fixed window      "sc L W" sliding counter
@@ -130,10 +132,11 @@ for i = 1, count_keys do
   for w in string.gmatch(ARGV[4 + i], '%S+') do spec[#spec + 1] = w end
   local kind = spec[1]
   local a, b, c = tonumber(spec[2]), tonumber(spec[3]), tonumber(spec[4])
-  local cost, empty = base_cost, false
+  local cost, empty, shadow = base_cost, false, false
   local flags = (kind == 'tb' or kind == 'lb') and 5 or 4
   for k = flags, #spec do
     if spec[k] == 'e' then empty = true
+    elseif spec[k] == 's' then shadow = true
     elseif string.sub(spec[k], 1, 2) == 'c=' then cost = tonumber(string.sub(spec[k], 3)) end
   end
   local raw = redis.call('GET', KEYS[i])
@@ -288,13 +291,13 @@ for i = 1, count_keys do
     d = { allowed = 1, remaining = status[1], retry = 0, reset = status[2], delay = 0 }
     new = nil
   end
-  checks[i] = { d = d, new = new, fresh = fresh, status = status }
+  checks[i] = { d = d, new = new, fresh = fresh, status = status, shadow = shadow }
 end
 
+local function refuses(d) return d.allowed == 0 or d.delay > max_delay end
 local all = 1
 for i = 1, #checks do
-  local d = checks[i].d
-  if d.allowed == 0 or d.delay > max_delay then all = 0 end
+  if not checks[i].shadow and refuses(checks[i].d) then all = 0 end
 end
 if peek then all = -1 end
 
@@ -314,7 +317,7 @@ local out = { math.max(all, 0), lost }
 for i = 1, #checks do
   local c = checks[i]
   local d = c.d
-  if all == 1 and c.new then
+  if all == 1 and c.new and not (c.shadow and refuses(d)) then
     store(KEYS[i], c.new, d.reset)
   elseif all == 0 and #checks == 1 and d.allowed == 0 then
     store(KEYS[i], c.fresh, d.reset) -- a rejection refreshes accounting

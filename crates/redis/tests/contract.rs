@@ -232,6 +232,7 @@ fn several_policies_decide_as_the_in_process_limiter() {
             prop::sample::subsequence(vec![0usize, 1, 2, 3], 1..=3),
             prop::collection::vec(0u64..=2, 3),
             prop::sample::select(vec![0u64, 400, 2000]),
+            prop::collection::vec(prop::bool::weighted(0.3), 4),
         ),
         1..60,
     );
@@ -258,7 +259,7 @@ fn several_policies_decide_as_the_in_process_limiter() {
                 .map(|(_, s)| Policy::parse(s).unwrap())
                 .collect();
             let identity = format!("multi-{n}");
-            for (gap, chosen, costs, max_delay_ms) in trace {
+            for (gap, chosen, costs, max_delay_ms, shadows) in trace {
                 now = now.saturating_add_signed(gap * 1_000_000);
                 clock.set(now);
                 let max_delay = max_delay_ms * 1_000_000;
@@ -268,14 +269,16 @@ fn several_policies_decide_as_the_in_process_limiter() {
                     .zip(&costs)
                     .map(|(&i, &c)| {
                         let policy = limiter.policy(specs[i].0).unwrap();
-                        weir_limiter::Check::new(policy, &identity).cost(c)
+                        let check = weir_limiter::Check::new(policy, &identity).cost(c);
+                        if shadows[i] { check.shadow() } else { check }
                     })
                     .collect();
                 let checks: Vec<Check<'_>> = chosen
                     .iter()
                     .zip(&costs)
-                    .map(|(&i, &c)| {
-                        Check::from(weir_core::Check {
+                    .map(|(&i, &c)| Check {
+                        shadow: shadows[i],
+                        ..Check::from(weir_core::Check {
                             name: specs[i].0,
                             policy: &policies[i],
                             key: &identity,
@@ -353,6 +356,7 @@ fn a_lost_state_is_detected_and_empty_keys_refill_from_then() {
                 cost: 1,
             },
             on_loss,
+            shadow: false,
         }];
         let checked = runtime
             .block_on(store.decide(&check, Some(at), Mode::Charge { max_delay: 0 }))

@@ -225,6 +225,9 @@ pub(crate) struct DecisionBody<'a> {
     pub(crate) retry_after_ms: u64,
     pub(crate) reset_ms: u64,
     pub(crate) delay_ms: u64,
+    /// A shadow policy that would have refused this request.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) shadow_limited: bool,
 }
 
 impl<'a> DecisionBody<'a> {
@@ -238,6 +241,7 @@ impl<'a> DecisionBody<'a> {
             retry_after_ms: ms(d.retry_after),
             reset_ms: ms(d.reset),
             delay_ms: ms(d.delay),
+            shadow_limited: false,
         }
     }
 }

@@ -150,9 +150,18 @@ pub(crate) async fn check(
         .await?;
     let degraded = verdict.degraded;
     let decided: Vec<_> = ids.iter().zip(verdict.decisions()).collect();
-    let bodies = decided
-        .iter()
-        .map(|(id, d)| DecisionBody::new(shared.table.get(**id), d, degraded));
+    let bodies = decided.iter().enumerate().map(|(i, (id, d))| {
+        let body = DecisionBody::new(shared.table.get(**id), d, degraded);
+        match verdict.shadow_limited(i) {
+            // Admitted: the shadow policy only says it would have refused.
+            true => DecisionBody {
+                allowed: true,
+                shadow_limited: true,
+                ..body
+            },
+            false => body,
+        }
+    });
     let mut response = if multi {
         Json(Multi {
             allowed: verdict.all.allowed,
@@ -168,10 +177,7 @@ pub(crate) async fn check(
             .ok_or(ApiError::InvalidRequest("give `policy` and `key`".into()))?;
         Json(Single { decision, degraded }).into_response()
     };
-    let parts: Vec<Part<'_>> = decided
-        .iter()
-        .map(|(id, d)| shared.table.get(**id).part(*d, degraded))
-        .collect();
+    let parts: Vec<Part<'_>> = verdict.visible(&shared.table, &ids);
     response.headers_mut().extend(fields(&parts));
     Ok(response)
 }

@@ -15,6 +15,7 @@ use crate::breaker::Remote;
 use crate::config::{Config, OnStoreError, PolicyId, StoreUrl};
 use crate::metrics::Meters;
 use crate::table::{Outcome, PolicyTable};
+use weir_tower::Part;
 
 /// The longest stored key: a scope (`header:NAME:`, `path:PARAM:`,
 /// `envoy:…`) and an identity of at most [`MAX_IDENTITY`] bytes, escaped
@@ -68,34 +69,84 @@ pub(crate) struct Verdict {
     pub(crate) degraded: bool,
     /// The longest shaper delay the caller accepted.
     max_delay: Nanos,
+    /// Per check: its policy is in shadow mode.
+    shadow: Vec<bool>,
 }
 
 impl Verdict {
-    /// Whether `decision` is a refusal: a policy refused, or a shaper would
-    /// delay longer than the caller accepts.
-    pub(crate) fn refuses(&self, decision: &Decision) -> bool {
+    /// Whether `decision` would refuse: its policy refused, or a shaper
+    /// would delay longer than the caller accepts.
+    fn would_refuse(&self, decision: &Decision) -> bool {
         !decision.allowed || decision.delay > self.max_delay
+    }
+
+    /// Whether check `i` is in shadow mode.
+    pub(crate) fn is_shadow(&self, i: usize) -> bool {
+        self.shadow.get(i).copied().unwrap_or(false)
+    }
+
+    /// Whether check `i` refuses the request (an enforced policy that
+    /// would refuse).
+    pub(crate) fn refuses(&self, i: usize) -> bool {
+        !self.is_shadow(i)
+            && self
+                .all
+                .decisions
+                .get(i)
+                .is_some_and(|d| self.would_refuse(d))
+    }
+
+    /// Whether check `i` is a shadow policy that would have refused.
+    pub(crate) fn shadow_limited(&self, i: usize) -> bool {
+        self.is_shadow(i)
+            && self
+                .all
+                .decisions
+                .get(i)
+                .is_some_and(|d| self.would_refuse(d))
     }
 
     /// The index of the first refusing policy.
     pub(crate) fn refusing(&self) -> Option<usize> {
-        self.all.decisions.iter().position(|d| self.refuses(d))
+        (0..self.all.decisions.len()).find(|&i| self.refuses(i))
     }
 
     /// The earliest wait after which every refusing policy could admit: the
     /// largest among them (a shaper's: its delay beyond `max_delay`). The
     /// same in every face.
     pub(crate) fn retry_after(&self) -> Nanos {
-        self.all
-            .decisions
-            .iter()
-            .filter(|d| self.refuses(d))
-            .map(|d| match d.allowed {
-                true => d.delay.saturating_sub(self.max_delay),
-                false => d.retry_after,
+        (0..self.all.decisions.len())
+            .filter(|&i| self.refuses(i))
+            .map(|i| {
+                let d = &self.all.decisions[i];
+                match d.allowed {
+                    true => d.delay.saturating_sub(self.max_delay),
+                    false => d.retry_after,
+                }
             })
             .max()
             .unwrap_or(0)
+    }
+
+    /// The longest delay an enforced shaper imposes (shadow policies never
+    /// hold a request).
+    pub(crate) fn delay(&self) -> Nanos {
+        (0..self.all.decisions.len())
+            .filter(|&i| !self.is_shadow(i))
+            .map(|i| self.all.decisions[i].delay)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The `RateLimit` parts of the enforced policies among `ids` (the
+    /// request's, in order): shadow policies are not shown to clients.
+    pub(crate) fn visible<'t>(&self, table: &'t PolicyTable, ids: &[PolicyId]) -> Vec<Part<'t>> {
+        ids.iter()
+            .zip(self.decisions())
+            .enumerate()
+            .filter(|(i, _)| !self.is_shadow(*i))
+            .map(|(_, (id, d))| table.get(*id).part(d, self.degraded))
+            .collect()
     }
 
     /// The decisions as answered: a shaper that refused for its delay has
@@ -114,6 +165,8 @@ pub struct Local {
     /// The limiter.
     pub limiter: Arc<Limiter>,
     ids: Vec<weir_limiter::PolicyId>,
+    /// Per policy: in shadow mode.
+    shadow: Vec<bool>,
 }
 
 impl Local {
@@ -152,6 +205,7 @@ impl Local {
         Ok(Self {
             limiter: Arc::new(limiter),
             ids,
+            shadow: table.iter().map(|(_, e)| e.shadow).collect(),
         })
     }
 
@@ -165,6 +219,7 @@ impl Local {
             policy: self.ids[check.policy.0],
             key: check.key,
             cost: check.cost,
+            shadow: self.shadow[check.policy.0],
         }
     }
 
@@ -264,6 +319,7 @@ impl Backend {
                 all,
                 degraded: false,
                 max_delay,
+                shadow: shadows(table, checks),
             }),
             Self::Redis { remote, fallback } => {
                 decide_remote(table, remote, fallback, checks, max_delay, default).await
@@ -272,8 +328,9 @@ impl Backend {
         meters.observe(started);
         match &decided {
             Ok(verdict) => {
-                for (check, d) in checks.iter().zip(&verdict.all.decisions) {
-                    let outcome = match (verdict.all.allowed, verdict.refuses(d)) {
+                for (i, (check, d)) in checks.iter().zip(&verdict.all.decisions).enumerate() {
+                    let outcome = match (verdict.all.allowed, verdict.refuses(i)) {
+                        _ if verdict.shadow_limited(i) => Outcome::ShadowLimited,
                         (true, _) => Outcome::Allowed,
                         (false, false) => Outcome::Uncharged,
                         (false, true) => Outcome::Rejected,
@@ -360,6 +417,10 @@ fn refusal(e: StoreError) -> Refusal {
     }
 }
 
+fn shadows(table: &PolicyTable, checks: &[Check<'_>]) -> Vec<bool> {
+    checks.iter().map(|c| table.get(c.policy).shadow).collect()
+}
+
 fn redis_check<'a>(table: &'a PolicyTable, check: &Check<'a>) -> weir_redis::Check<'a> {
     let entry = table.get(check.policy);
     weir_redis::Check {
@@ -370,6 +431,7 @@ fn redis_check<'a>(table: &'a PolicyTable, check: &Check<'a>) -> weir_redis::Che
             cost: check.cost,
         },
         on_loss: entry.on_state_loss.into(),
+        shadow: entry.shadow,
     }
 }
 
@@ -400,6 +462,7 @@ async fn decide_remote(
                     all: checked.all,
                     degraded: false,
                     max_delay,
+                    shadow: shadows(table, checks),
                 });
             }
             Err(StoreError::Invalid(e)) => return Err(Refusal::Invalid(e)),
@@ -476,6 +539,7 @@ fn fall_back(
         },
         degraded: true,
         max_delay,
+        shadow: shadows(table, checks),
     })
 }
 

@@ -237,17 +237,20 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
             return Ok(response);
         }
     };
-    let parts: Vec<Part<'_>> = checks
+    let ids: Vec<PolicyId> = checks.iter().map(|c| c.policy).collect();
+    let decided: Vec<Part<'_>> = ids
         .iter()
         .zip(verdict.decisions())
-        .map(|(c, d)| shared.table.get(c.policy).part(d, verdict.degraded))
+        .map(|(id, d)| shared.table.get(*id).part(d, verdict.degraded))
         .collect();
+    let parts = verdict.visible(&shared.table, &ids);
     for (status, s) in response.statuses.iter_mut().zip(&slot) {
         let Some(i) = *s else { continue };
-        let (part, check) = (&parts[i], &checks[i]);
+        let (part, check) = (&decided[i], &checks[i]);
         let (requests_per_unit, unit) = per_unit(&shared.table.get(check.policy).policy);
         *status = DescriptorStatus {
-            code: match verdict.refuses(&part.decision) {
+            // A shadow policy that would refuse answers OK.
+            code: match verdict.refuses(i) {
                 true => Code::OverLimit,
                 false => Code::Ok,
             }
@@ -270,7 +273,7 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
         Some(first) => {
             response.overall_code = Code::OverLimit.into();
             let limited = Limited {
-                policy: parts[first].name,
+                policy: decided[first].name,
                 retry_after: verdict.retry_after(),
                 parts: &parts,
             };

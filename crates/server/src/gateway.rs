@@ -275,21 +275,16 @@ async fn through(
         Ok(verdict) => verdict,
         Err(refusal) => return ApiError::from(refusal).into_response(),
     };
-    let parts: Vec<Part<'_>> = route
-        .policies
-        .iter()
-        .zip(verdict.decisions())
-        .map(|(&id, d)| shared.table.get(id).part(d, verdict.degraded))
-        .collect();
+    let parts: Vec<Part<'_>> = verdict.visible(&shared.table, &route.policies);
     if let Some(first) = verdict.refusing() {
         return Limited {
-            policy: parts[first].name,
+            policy: &shared.table.get(route.policies[first]).name,
             retry_after: verdict.retry_after(),
             parts: &parts,
         }
         .response();
     }
-    let delay = parts.iter().map(|p| p.decision.delay).max().unwrap_or(0);
+    let delay = verdict.delay();
     if delay > 0 {
         // A client that goes away while waiting drops this future: it is
         // never forwarded (its slot is not refunded).

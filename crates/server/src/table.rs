@@ -20,6 +20,8 @@ pub(crate) enum Outcome {
     /// Would have allowed, but another policy of the same request refused.
     Uncharged,
     Error,
+    /// A shadow policy would have refused (and admitted instead).
+    ShadowLimited,
 }
 
 /// What a policy answers with: its `RateLimit-Policy` item and limit.
@@ -54,10 +56,12 @@ pub struct Entry {
     pub on_state_loss: OnStateLoss,
     /// The policy's own in-process key budget.
     pub max_keys: Option<usize>,
+    /// Decides and keeps state as if enforced, but never refuses.
+    pub shadow: bool,
     pub(crate) fields: Fields,
     /// The fields of the local fallback's policy, for degraded answers.
     pub(crate) local_fields: Fields,
-    decisions: [Counter; 4],
+    decisions: [Counter; 5],
     fallbacks: Counter,
     /// A shaper's gauge and its slots (queue + the one being served).
     queue: Option<(Gauge, u64)>,
@@ -96,6 +100,7 @@ impl Entry {
                 counter("rejected"),
                 counter("uncharged"),
                 counter("error"),
+                counter("shadow_limited"),
             ],
             fallbacks: metrics::counter!("weir_fallback_decisions_total", "policy" => name.clone()),
             queue,
@@ -104,6 +109,7 @@ impl Entry {
             on_store_error: config.on_store_error,
             on_state_loss: config.on_state_loss,
             max_keys: config.max_keys,
+            shadow: config.shadow,
             name,
         }
     }

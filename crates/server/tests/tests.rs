@@ -8,6 +8,7 @@ mod envoy;
 mod fuzz;
 mod gateway;
 mod hardening;
+mod rollout;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

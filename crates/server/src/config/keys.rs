@@ -20,6 +20,7 @@ const SERVER: &[&str] = &[
     "max_connections_per_ip",
     "trusted_proxies",
     "new_keys_per_ip",
+    "shadow",
 ];
 const STORE: &[&str] = &["url", "timeout", "max_keys", "fallback_share"];
 const ROUTE: &[&str] = &[

@@ -139,7 +139,10 @@ pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, Conf
     let raw: Raw = toml::from_str(text).map_err(|e| syntax(&mut report, e))?;
     let server = server::parse(raw.server, admin_token_env, &mut report);
     let store = store::parse(raw.store, &mut report);
-    let policies = policies::parse(&raw.policies, &mut report);
+    let mut policies = policies::parse(&raw.policies, &mut report);
+    if server.shadow {
+        policies.iter_mut().for_each(|p| p.shadow = true);
+    }
     let names = &raw.policies.0;
     let resolve = |name: &str| names.keys().position(|n| n == name).map(PolicyId);
     let known = || {

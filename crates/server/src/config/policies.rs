@@ -32,6 +32,9 @@ pub struct PolicyConfig {
     /// `max_keys`: the most in-process keys this policy may hold (within
     /// `[store] max_keys`); none: only the store's bound.
     pub max_keys: Option<usize>,
+    /// `shadow = true` (or `[server] shadow = true`): decided and charged as
+    /// if enforced, but never refusing a request.
+    pub shadow: bool,
 }
 
 /// `on_store_error`: what a policy does when the shared store fails.
@@ -127,11 +130,16 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
         let mut params = Vec::new();
         let (mut on_store_error, mut on_state_loss) = (None, OnStateLoss::Full);
         let mut max_keys = None;
+        let mut shadow = false;
         for (key, value) in table {
             let at = format!("{place} {key}");
             match key.as_str() {
                 "on_store_error" => on_store_error = rule(value, &at, report),
                 "on_state_loss" => on_state_loss = rule(value, &at, report).unwrap_or_default(),
+                "shadow" => match value.get_ref() {
+                    Value::Boolean(b) => shadow = *b,
+                    _ => report.error(&value.span(), &at, "must be true or false"),
+                },
                 "max_keys" => match value.get_ref() {
                     Value::Integer(n) if *n > 0 => max_keys = usize::try_from(*n).ok(),
                     _ => report.error(&value.span(), &at, "must be a number of keys, at least 1"),
@@ -164,6 +172,7 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
                 on_store_error,
                 on_state_loss,
                 max_keys,
+                shadow,
             }),
             Err(e) => {
                 let span = table.get(&e.field).map_or(first, Spanned::span);

@@ -29,6 +29,8 @@ pub struct ServerConfig {
     pub trusted_proxies: Vec<IpNet>,
     /// New keys a client address may create per second; none: no cap.
     pub new_keys_per_ip: Option<u32>,
+    /// Every policy in shadow mode.
+    pub shadow: bool,
 }
 
 /// How long and how many: the bounds of every connection.
@@ -75,6 +77,7 @@ pub(super) struct Raw {
     max_connections_per_ip: Option<Spanned<u64>>,
     trusted_proxies: Option<Spanned<Vec<String>>>,
     new_keys_per_ip: Option<Spanned<u64>>,
+    shadow: Option<Spanned<bool>>,
 }
 
 /// The shortest admin token accepted.
@@ -215,6 +218,7 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
         limits,
         trusted_proxies,
         new_keys_per_ip,
+        shadow: raw.shadow.is_some_and(|s| *s.get_ref()),
     }
 }
 
