@@ -4,8 +4,9 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, anyhow, bail};
-use weir_server::config::{self, Config, EXAMPLE};
-use weir_server::{AppState, Shared};
+use weir_server::AppState;
+use weir_server::config::{Config, EXAMPLE};
+use weir_server::reload::Source;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -24,6 +25,10 @@ pub(crate) struct Args {
     /// `[server] internal`.
     #[arg(long, value_name = "ADDR")]
     internal: Option<std::net::SocketAddr>,
+    /// Do not watch the config file; reload it only on SIGHUP or `POST
+    /// /v1/admin/reload`.
+    #[arg(long)]
+    no_watch: bool,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -41,21 +46,21 @@ pub(crate) enum ConfigCommand {
 /// the file, line, table and key. `weir simulate --policies` reads its
 /// `[policies.NAME]` tables the same way.
 pub(crate) fn load(path: Option<&PathBuf>) -> anyhow::Result<Config> {
-    let env_token = std::env::var("WEIR_ADMIN_TOKEN")
-        .ok()
-        .filter(|t| !t.is_empty());
-    let (name, text) = match path {
-        Some(path) => (
-            path.display().to_string(),
-            std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read {}", path.display()))?,
-        ),
-        None => ("the example config".to_owned(), EXAMPLE.to_owned()),
-    };
-    config::parse(&text, env_token).map_err(|errors| {
-        let lines: Vec<String> = errors.0.iter().map(|e| format!("{name}:{e}")).collect();
-        anyhow!("{}", lines.join("\n"))
-    })
+    source(path)
+        .load()
+        .map(|(config, _)| config)
+        .map_err(|e| anyhow!("{e}"))
+}
+
+/// Where the config comes from: the file, and `WEIR_ADMIN_TOKEN`.
+fn source(path: Option<&PathBuf>) -> Source {
+    Source {
+        path: path.cloned(),
+        admin_token_env: std::env::var("WEIR_ADMIN_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty()),
+        ..Source::default()
+    }
 }
 
 pub(crate) fn config(command: &ConfigCommand) -> anyhow::Result<()> {
@@ -92,25 +97,26 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .init();
-    let mut config = load(args.config.as_ref())?;
-    if let Some(listen) = args.listen {
-        config.server.listen = listen;
-    }
-    if let Some(grpc) = args.grpc {
-        config.server.grpc = Some(grpc);
-    }
-    if let Some(internal) = args.internal {
-        config.server.internal = Some(internal);
-    }
+    let source = Source {
+        listen: args.listen,
+        grpc: args.grpc,
+        internal: args.internal,
+        ..source(args.config.as_ref())
+    };
+    // The file's errors, each with its line, before anything starts.
+    source.load().map_err(|e| anyhow!("{e}"))?;
     weir_server::serve::raise_fd_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(serve(config, args.config.clone()))
+    runtime.block_on(serve(source, !args.no_watch))
 }
 
-async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
+async fn serve(source: Source, watch: bool) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
+    let path = source.path.clone();
+    let state = AppState::from_source(source).map_err(|e| anyhow!("{e}"))?;
+    let config = &state.current().config;
     let listen = config.server.listen;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -127,7 +133,6 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     };
     let grpc = bind(config.server.grpc, "gRPC").await?;
     let internal = bind(config.server.internal, "internal").await?;
-    let state = AppState::new(Shared::new(config, None)?);
     tracing::info!(%addr, config = %path.as_ref().map_or("example".into(), |p| p.display().to_string()), "weir listening");
     eprintln!("weir listening on http://{addr}");
     if let Some(grpc) = &grpc {
@@ -167,23 +172,21 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
             shutdown(stopped),
         ))
     });
+    // Reloads: the file watcher (unless --no-watch) and SIGHUP, one way.
+    let _watcher = match watch {
+        true => weir_server::reload::watch(state.clone()).map_err(|e| anyhow!("{e}"))?,
+        false => None,
+    };
     let reloader = {
         let state = state.clone();
         tokio::spawn(async move {
             while hangup.recv().await.is_some() {
-                let Some(path) = &path else {
+                if path.is_none() {
                     tracing::warn!("SIGHUP: no --config file to reload; still serving the example");
                     continue;
-                };
-                match load(Some(path)).and_then(|c| {
-                    if c.server.listen != listen {
-                        tracing::warn!(old = %listen, new = %c.server.listen, "SIGHUP: a new listen address needs a restart");
-                    }
-                    state.reload(c).map_err(|e| anyhow!("{e}"))
-                }) {
-                    Ok(()) => tracing::info!(config = %path.display(), "reloaded"),
-                    Err(e) => tracing::error!(error = %e, "reload rejected; the old config keeps serving"),
                 }
+                let state = state.clone();
+                let _ = tokio::task::spawn_blocking(move || state.reload_from_source()).await;
             }
         })
     };

@@ -241,3 +241,97 @@ fn a_half_sent_request_cannot_hold_a_stopping_weir_past_its_deadline() {
     }
     drop(half);
 }
+
+/// Polls `probe` until it holds or `within` passes.
+fn eventually(within: Duration, mut probe: impl FnMut() -> bool) -> bool {
+    let started = std::time::Instant::now();
+    while started.elapsed() < within {
+        if probe() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+fn bucket(capacity: u32) -> String {
+    format!(
+        "[server]\nadmin_token = \"a-long-enough-admin-token\"\n\n[policies.a]\nalgorithm = \"token-bucket\"\ncapacity = {capacity}\nrate = \"1/h\"\n"
+    )
+}
+
+fn spec(server: &Server) -> String {
+    server.request("GET", "/v1/policies", "").1
+}
+
+#[test]
+fn the_config_file_is_watched_edited_in_place_or_swapped_like_a_configmap() {
+    // Kubernetes' layout: weir.toml -> ..data/weir.toml, ..data -> ..v1.
+    let dir = std::env::temp_dir().join(format!("weir-watch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("..v1")).unwrap();
+    std::fs::write(dir.join("..v1/weir.toml"), bucket(1)).unwrap();
+    std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/weir.toml", dir.join("weir.toml")).unwrap();
+    let file = dir.join("weir.toml");
+    let server = Server::start(&["--config", file.to_str().unwrap()]);
+    assert!(spec(&server).contains("capacity=1 "), "{}", spec(&server));
+
+    // The ConfigMap is updated: a new directory, and ..data swapped to it.
+    std::fs::create_dir_all(dir.join("..v2")).unwrap();
+    std::fs::write(dir.join("..v2/weir.toml"), bucket(2)).unwrap();
+    std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    assert!(
+        eventually(Duration::from_secs(2), || spec(&server)
+            .contains("capacity=2 ")),
+        "the swap was seen within 2 s: {}",
+        spec(&server)
+    );
+
+    // A broken edit (in place) changes nothing; a good one is applied.
+    std::fs::write(
+        dir.join("..v2/weir.toml"),
+        "[policies.a]\nalgorithm = \"nope\"\n",
+    )
+    .unwrap();
+    server.wait_for_log("reload rejected");
+    assert!(spec(&server).contains("capacity=2 "));
+    std::fs::write(dir.join("..v2/weir.toml"), bucket(3)).unwrap();
+    assert!(
+        eventually(Duration::from_secs(2), || spec(&server)
+            .contains("capacity=3 ")),
+        "the edit was seen within 2 s"
+    );
+    let (_, metrics) = server.request("GET", "/metrics", "");
+    assert!(
+        metrics.contains("weir_config_reloads_total{result=\"error\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("weir_config_info{hash="), "{metrics}");
+    assert!(
+        metrics.contains("weir_config_last_reload_timestamp_seconds"),
+        "{metrics}"
+    );
+
+    // An operator asks for a reload: answered with the result.
+    let auth = "Authorization: Bearer a-long-enough-admin-token\r\n";
+    let (status, body) = server.request_with("POST", "/v1/admin/reload", auth, "");
+    assert_eq!(
+        (status, body.contains(r#""reloaded":"unchanged""#)),
+        (200, true),
+        "{body}"
+    );
+    std::fs::write(
+        dir.join("..v2/weir.toml"),
+        "[policies.a]\nalgorithm = \"nope\"\n",
+    )
+    .unwrap();
+    let (status, body) = server.request_with("POST", "/v1/admin/reload", auth, "");
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.contains("CONFIG_INVALID") && body.contains("weir.toml:"),
+        "{body}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -46,6 +46,8 @@ pub(crate) enum ApiError {
     NewKeys(Nanos),
     /// Too many failed admin attempts from this client: wait this long.
     AdminThrottled(std::time::Duration),
+    /// A configuration that does not parse or validate (every error).
+    InvalidConfig(String),
     /// The upstream could not be reached.
     Upstream(String),
     /// The upstream did not answer in time.
@@ -162,6 +164,7 @@ impl ApiError {
                     wait.as_secs().max(1)
                 ),
             ),
+            Self::InvalidConfig(m) => (S::UNPROCESSABLE_ENTITY, "CONFIG_INVALID", m.clone()),
             Self::Upstream(m) => (S::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", m.clone()),
             Self::UpstreamTimeout(t) => (
                 S::GATEWAY_TIMEOUT,

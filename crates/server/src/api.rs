@@ -287,6 +287,20 @@ fn authorize(
     headers: &HeaderMap,
     policy: &str,
 ) -> Result<(Arc<Shared>, PolicyId), ApiError> {
+    let shared = authenticate(state, peer, headers)?;
+    let id = shared
+        .table
+        .find(policy)
+        .ok_or_else(|| ApiError::UnknownPolicy(policy.to_owned()))?;
+    Ok((shared, id))
+}
+
+/// The current config, once the request proves it may use the admin API.
+fn authenticate(
+    state: &AppState,
+    peer: Option<IpAddr>,
+    headers: &HeaderMap,
+) -> Result<Arc<Shared>, ApiError> {
     let shared = state.current();
     let token = shared
         .config
@@ -317,11 +331,7 @@ fn authorize(
         tracing::warn!(peer = ?peer, "admin authentication failed");
         return Err(ApiError::Unauthorized);
     }
-    let id = shared
-        .table
-        .find(policy)
-        .ok_or_else(|| ApiError::UnknownPolicy(policy.to_owned()))?;
-    Ok((shared, id))
+    Ok(shared)
 }
 
 #[derive(Debug, Serialize)]
@@ -384,6 +394,36 @@ pub(crate) async fn reset_key(
         reset: true,
         existed,
         effect: "the key starts afresh with its full allowance",
+    })
+    .into_response())
+}
+
+#[derive(Debug, Serialize)]
+struct ReloadBody {
+    reloaded: &'static str,
+    hash: String,
+}
+
+/// `POST /v1/admin/reload`: reads the configuration file again and serves
+/// it if it is valid; a file with errors changes nothing and is answered
+/// with every error.
+pub(crate) async fn reload(
+    State(state): State<Arc<AppState>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authenticate(&state, peer.map(|p| p.0.0.ip()), &headers)?;
+    let reloading = state.clone();
+    let result = tokio::task::spawn_blocking(move || reloading.reload_from_source())
+        .await
+        .map_err(|e| ApiError::InvalidConfig(e.to_string()))?;
+    let reloaded = match result.map_err(ApiError::InvalidConfig)? {
+        crate::reload::Reloaded::Applied => "applied",
+        crate::reload::Reloaded::Unchanged => "unchanged",
+    };
+    Ok(Json(ReloadBody {
+        reloaded,
+        hash: format!("{:016x}", state.current().hash),
     })
     .into_response())
 }

@@ -22,6 +22,7 @@ pub mod config;
 pub mod envoy;
 mod gateway;
 mod metrics;
+pub mod reload;
 pub mod serve;
 pub mod state;
 pub mod table;
@@ -63,6 +64,7 @@ pub fn app(state: Arc<AppState>, face: Face) -> Router {
                 "/v1/keys/{policy}/{key}",
                 get(api::inspect_key).delete(api::reset_key),
             )
+            .route("/v1/admin/reload", post(api::reload))
             .route("/readyz", get(api::readyz))
             .route("/metrics", get(api::metrics));
     }

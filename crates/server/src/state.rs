@@ -20,6 +20,7 @@ use weir_limiter::Limiter;
 use crate::backend::{Backend, Check};
 use crate::config::{Config, StoreUrl};
 use crate::metrics::Meters;
+use crate::reload::Source;
 use crate::table::PolicyTable;
 
 /// One configuration, ready to serve.
@@ -36,6 +37,8 @@ pub struct Shared {
     pub(crate) meters: Meters,
     /// `[server] new_keys_per_ip`: new keys each client address may create.
     new_keys: Option<Limiter>,
+    /// The fingerprint of the configuration's text (0: not from a file).
+    pub hash: u64,
 }
 
 impl Shared {
@@ -73,6 +76,7 @@ impl Shared {
             table,
             backend,
             new_keys,
+            hash: 0,
         })
     }
 
@@ -119,6 +123,8 @@ pub struct AppState {
     current: ArcSwap<Shared>,
     pub(crate) metrics: PrometheusHandle,
     admin_failures: Mutex<HashMap<IpAddr, (u32, Instant)>>,
+    /// Where the configuration is read again from on reload.
+    pub(crate) source: Source,
 }
 
 impl AppState {
@@ -128,7 +134,23 @@ impl AppState {
             current: ArcSwap::from_pointee(shared),
             metrics: crate::metrics::handle(),
             admin_failures: Mutex::default(),
+            source: Source::default(),
         })
+    }
+
+    /// The state for the configuration `source` holds, which reloads read
+    /// again (the file watcher, SIGHUP, `POST /v1/admin/reload`).
+    pub fn from_source(source: Source) -> Result<Arc<Self>, String> {
+        let (config, hash) = source.load()?;
+        let mut shared = Shared::new(config, None).map_err(|e| e.to_string())?;
+        shared.hash = hash;
+        crate::reload::record(&Ok(crate::reload::Reloaded::Applied), Some((hash, hash)));
+        Ok(Arc::new(Self {
+            current: ArcSwap::from_pointee(shared),
+            metrics: crate::metrics::handle(),
+            admin_failures: Mutex::default(),
+            source,
+        }))
     }
 
     /// How long `ip` must wait before trying the admin token again, if it
@@ -177,10 +199,12 @@ impl AppState {
         self.current.load_full()
     }
 
-    /// Serves `config` from now on (requests in flight finish on the old
-    /// one); unchanged policies keep their keys.
-    pub fn reload(&self, config: Config) -> Result<(), weir_limiter::Error> {
-        let next = Shared::new(config, Some(&self.current()))?;
+    /// Serves `config` (whose text has fingerprint `hash`) from now on:
+    /// requests in flight finish on the old one; unchanged policies keep
+    /// their keys.
+    pub fn reload(&self, config: Config, hash: u64) -> Result<(), weir_limiter::Error> {
+        let mut next = Shared::new(config, Some(&self.current()))?;
+        next.hash = hash;
         self.current.store(Arc::new(next));
         Ok(())
     }

@@ -1,0 +1,182 @@
+//! Changing limits while traffic flows: a configuration file read, checked
+//! and applied as one step — by the file watcher, SIGHUP or `POST
+//! /v1/admin/reload` alike. A file that fails to parse or validate changes
+//! nothing: every error is logged and the old configuration keeps serving.
+//! Unchanged policies keep their keys (see `Builder::keep_state_of`).
+
+use std::collections::BTreeSet;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use notify_debouncer_mini::notify::{RecursiveMode, Watcher};
+use notify_debouncer_mini::{DebounceEventResult, Debouncer, new_debouncer};
+
+use crate::config::{self, Config};
+use crate::state::AppState;
+
+/// Where a configuration comes from.
+#[derive(Debug, Clone, Default)]
+pub struct Source {
+    /// The file; none: the built-in example.
+    pub path: Option<PathBuf>,
+    /// `WEIR_ADMIN_TOKEN`, which stands in for an absent `admin_token`.
+    pub admin_token_env: Option<String>,
+    /// Listeners given on the command line, which override the file's.
+    pub listen: Option<std::net::SocketAddr>,
+    /// `--grpc`.
+    pub grpc: Option<std::net::SocketAddr>,
+    /// `--internal`.
+    pub internal: Option<std::net::SocketAddr>,
+}
+
+impl Source {
+    /// Reads and validates the configuration; every error names the file,
+    /// line, table and key.
+    pub fn load(&self) -> Result<(Config, u64), String> {
+        let (name, text) = match &self.path {
+            Some(path) => (
+                path.display().to_string(),
+                std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+            ),
+            None => ("the example config".to_owned(), config::EXAMPLE.to_owned()),
+        };
+        let mut config = config::parse(&text, self.admin_token_env.clone()).map_err(|errors| {
+            let lines: Vec<String> = errors.0.iter().map(|e| format!("{name}:{e}")).collect();
+            lines.join("\n")
+        })?;
+        let server = &mut config.server;
+        server.listen = self.listen.unwrap_or(server.listen);
+        server.grpc = self.grpc.or(server.grpc);
+        server.internal = self.internal.or(server.internal);
+        Ok((config, fingerprint(&text)))
+    }
+}
+
+/// A fingerprint of a configuration's text, for `weir_config_info{hash}`:
+/// two instances of one weir version serving the same file show the same.
+pub fn fingerprint(text: &str) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    text.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reloaded {
+    /// The new configuration serves.
+    Applied,
+    /// The file is the one already served.
+    Unchanged,
+}
+
+/// Counts a reload's result and records the configuration served.
+pub(crate) fn record(result: &Result<Reloaded, String>, hash: Option<(u64, u64)>) {
+    let label = if result.is_ok() { "ok" } else { "error" };
+    metrics::counter!("weir_config_reloads_total", "result" => label).increment(1);
+    if let Some((old, new)) = hash {
+        metrics::gauge!("weir_config_info", "hash" => format!("{old:016x}")).set(0.0);
+        metrics::gauge!("weir_config_info", "hash" => format!("{new:016x}")).set(1.0);
+    }
+    if result.is_ok() {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        metrics::gauge!("weir_config_last_reload_timestamp_seconds").set(now.as_secs_f64());
+    }
+}
+
+impl AppState {
+    /// Reads the source again and serves it if it is valid and changed.
+    pub fn reload_from_source(&self) -> Result<Reloaded, String> {
+        let loaded = self.source.load();
+        let outcome = loaded.and_then(|(config, hash)| {
+            let old = self.current().hash;
+            if hash == old {
+                return Ok((Reloaded::Unchanged, None));
+            }
+            let listen = self.current().config.server.listen;
+            if config.server.listen != listen {
+                tracing::warn!(old = %listen, new = %config.server.listen, "a new listen address needs a restart");
+            }
+            self.reload(config, hash).map_err(|e| e.to_string())?;
+            Ok((Reloaded::Applied, Some((old, hash))))
+        });
+        let result = outcome
+            .as_ref()
+            .map(|(r, _)| r.clone())
+            .map_err(Clone::clone);
+        record(&result, outcome.ok().and_then(|(_, h)| h));
+        match &result {
+            Ok(Reloaded::Applied) => {
+                tracing::info!(source = ?self.source.path, "configuration reloaded")
+            }
+            Ok(Reloaded::Unchanged) => tracing::debug!("configuration unchanged"),
+            Err(e) => {
+                tracing::error!(errors = %e, "reload rejected; the old configuration keeps serving")
+            }
+        }
+        result
+    }
+}
+
+/// Watches the configuration file and reloads within [`DEBOUNCE`] of a
+/// change. Two directories are watched: the one the path names (an
+/// editor's rename, a Kubernetes ConfigMap's swapped `..data` symlink) and
+/// the one the file resolves to (an edit in place behind a symlink),
+/// followed as the symlink moves. The task runs as long as the process.
+pub fn watch(state: Arc<AppState>) -> Result<Option<tokio::task::JoinHandle<()>>, String> {
+    let Some(path) = state.source.path.clone() else {
+        return Ok(None);
+    };
+    let (tx, mut changed) = tokio::sync::mpsc::unbounded_channel();
+    let mut debouncer = new_debouncer(DEBOUNCE, move |events: DebounceEventResult| {
+        if events.is_ok() {
+            let _ = tx.send(());
+        }
+    })
+    .map_err(|e| format!("cannot watch {}: {e}", path.display()))?;
+    let mut watched = BTreeSet::new();
+    follow(&mut debouncer, &mut watched, &path)?;
+    tracing::info!(file = %path.display(), "watching the configuration file");
+    Ok(Some(tokio::spawn(async move {
+        while changed.recv().await.is_some() {
+            let reloading = state.clone();
+            let _ = tokio::task::spawn_blocking(move || reloading.reload_from_source()).await;
+            if let Err(e) = follow(&mut debouncer, &mut watched, &path) {
+                tracing::warn!(error = %e, "the configuration file is no longer watched fully");
+            }
+        }
+    })))
+}
+
+/// Watches the directories of `path` and of the file it resolves to.
+fn follow<W: Watcher>(
+    debouncer: &mut Debouncer<W>,
+    watched: &mut BTreeSet<PathBuf>,
+    path: &Path,
+) -> Result<(), String> {
+    let parent = |p: &Path| match p.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let mut dirs = vec![parent(path)];
+    if let Ok(resolved) = std::fs::canonicalize(path) {
+        dirs.push(parent(&resolved));
+    }
+    for dir in dirs {
+        if !watched.contains(&dir) {
+            debouncer
+                .watcher()
+                .watch(&dir, RecursiveMode::NonRecursive)
+                .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
+            watched.insert(dir);
+        }
+    }
+    Ok(())
+}
+
+/// Changes closer together than this are one reload.
+pub const DEBOUNCE: Duration = Duration::from_millis(250);
