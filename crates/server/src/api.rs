@@ -122,12 +122,12 @@ pub(crate) async fn check(
     let mut ids = Vec::with_capacity(named.len());
     let mut keys = Vec::with_capacity(named.len());
     for (policy, key) in &named {
-        ids.push(
-            shared
-                .table
-                .find(policy)
-                .ok_or_else(|| ApiError::UnknownPolicy(policy.clone()))?,
-        );
+        let id = shared
+            .table
+            .find(policy)
+            .ok_or_else(|| ApiError::UnknownPolicy(policy.clone()))?;
+        // An overridden identity is decided by its override.
+        ids.push(shared.table.resolve(id, key));
         keys.push(scoped_key(API_SCOPE, key)?);
     }
     let checks: Vec<Check<'_>> = ids

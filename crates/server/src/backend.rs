@@ -138,6 +138,38 @@ impl Verdict {
             .unwrap_or(0)
     }
 
+    /// This verdict over every check of `checks`: the unlimited overrides,
+    /// left out of the store call, put back in their places, admitted with
+    /// their full limit.
+    fn with_unlimited(self, table: &PolicyTable, checks: &[Check<'_>]) -> Self {
+        let mut decided = self.all.decisions.into_iter();
+        let mut shadows = self.shadow.into_iter();
+        let mut decisions = Vec::with_capacity(checks.len());
+        let mut shadow = Vec::with_capacity(checks.len());
+        for check in checks {
+            let entry = table.get(check.policy);
+            if entry.unlimited {
+                decisions.push(Decision {
+                    allowed: true,
+                    remaining: entry.limit(false),
+                    ..Decision::default()
+                });
+                shadow.push(false);
+            } else {
+                decisions.push(decided.next().unwrap_or_default());
+                shadow.push(shadows.next().unwrap_or(false));
+            }
+        }
+        Self {
+            all: AllDecision {
+                allowed: self.all.allowed,
+                decisions,
+            },
+            shadow,
+            ..self
+        }
+    }
+
     /// The `RateLimit` parts of the enforced policies among `ids` (the
     /// request's, in order): shadow policies are not shown to clients.
     pub(crate) fn visible<'t>(&self, table: &'t PolicyTable, ids: &[PolicyId]) -> Vec<Part<'t>> {
@@ -179,9 +211,9 @@ impl Local {
     ) -> Result<Self, weir_limiter::Error> {
         let mut builder = Limiter::builder().max_keys(max_keys).max_key_len(MAX_KEY);
         for (_, entry) in table.iter() {
-            builder = builder.policy(entry.name.clone(), entry.local);
+            builder = builder.policy(entry.stored_as.clone(), entry.local);
             if let Some(max) = entry.max_keys {
-                builder = builder.policy_max_keys(entry.name.clone(), max);
+                builder = builder.policy_max_keys(entry.stored_as.clone(), max);
             }
         }
         if let Some(previous) = previous {
@@ -190,12 +222,12 @@ impl Local {
         let limiter = builder.build()?;
         let ids = table
             .iter()
-            .map(|(_, e)| limiter.policy(&e.name))
+            .map(|(_, e)| limiter.policy(&e.stored_as))
             .collect::<Result<_, _>>()?;
         if let Some(previous) = previous {
             let fresh: Vec<&str> = table
                 .iter()
-                .map(|(_, e)| e.name.as_str())
+                .map(|(_, e)| e.stored_as.as_str())
                 .filter(|name| !limiter.shares_state_with(&previous.limiter, name))
                 .collect();
             if !fresh.is_empty() {
@@ -314,22 +346,41 @@ impl Backend {
         default: Option<OnStoreError>,
     ) -> Result<Verdict, Refusal> {
         let started = Instant::now();
+        // Unlimited overrides are admitted without a store call.
+        let unlimited = |c: &Check<'_>| table.get(c.policy).unlimited;
+        let counted: Vec<Check<'_>> = checks.iter().filter(|c| !unlimited(c)).copied().collect();
         let decided = match self {
-            Self::Memory(local) => local.decide(checks, max_delay).map(|all| Verdict {
+            _ if counted.is_empty() => Ok(Verdict {
+                all: AllDecision {
+                    allowed: true,
+                    decisions: Vec::new(),
+                },
+                degraded: false,
+                max_delay,
+                shadow: Vec::new(),
+            }),
+            Self::Memory(local) => local.decide(&counted, max_delay).map(|all| Verdict {
                 all,
                 degraded: false,
                 max_delay,
-                shadow: shadows(table, checks),
+                shadow: shadows(table, &counted),
             }),
             Self::Redis { remote, fallback } => {
-                decide_remote(table, remote, fallback, checks, max_delay, default).await
+                decide_remote(table, remote, fallback, &counted, max_delay, default).await
             }
+        };
+        let decided = match decided {
+            Ok(verdict) if counted.len() < checks.len() => {
+                Ok(verdict.with_unlimited(table, checks))
+            }
+            other => other,
         };
         meters.observe(started);
         match &decided {
             Ok(verdict) => {
                 for (i, (check, d)) in checks.iter().zip(&verdict.all.decisions).enumerate() {
                     let outcome = match (verdict.all.allowed, verdict.refuses(i)) {
+                        _ if unlimited(check) => Outcome::Unlimited,
                         _ if verdict.shadow_limited(i) => Outcome::ShadowLimited,
                         (true, _) => Outcome::Allowed,
                         (false, false) => Outcome::Uncharged,
@@ -368,7 +419,7 @@ impl Backend {
                     .available()
                     .ok_or(Refusal::Unavailable { denied: true })?;
                 let checks = [redis_check(table, &check)];
-                let exists = store.exists(&table.get(policy).name, key);
+                let exists = store.exists(&table.get(policy).stored_as, key);
                 let (checked, exists) =
                     tokio::join!(store.decide(&checks, None, Mode::Peek), exists);
                 let decision = checked
@@ -400,7 +451,7 @@ impl Backend {
             .available()
             .ok_or(Refusal::Unavailable { denied: true })?;
         store
-            .reset(&table.get(policy).name, key)
+            .reset(&table.get(policy).stored_as, key)
             .await
             .map_err(|e| {
                 tracing::warn!(error = %e, "admin reset failed");
@@ -425,7 +476,7 @@ fn redis_check<'a>(table: &'a PolicyTable, check: &Check<'a>) -> weir_redis::Che
     let entry = table.get(check.policy);
     weir_redis::Check {
         check: weir_core::Check {
-            name: &entry.name,
+            name: &entry.stored_as,
             policy: &entry.policy,
             key: check.key,
             cost: check.cost,

@@ -19,7 +19,7 @@ use weir_tower::{Limited, Part, fields};
 use crate::RouteLabel;
 use crate::answer::ApiError;
 use crate::backend::{Check, scoped_key};
-use crate::config::{Identity, OnStoreError, Route, Segment};
+use crate::config::{Identity, OnStoreError, PolicyId, Route, Segment};
 use crate::metrics::Meters;
 use crate::state::{AppState, Shared};
 
@@ -136,13 +136,13 @@ pub(crate) fn client_ip(headers: &HeaderMap, peer: IpAddr, trusted: &[IpNet]) ->
     client
 }
 
-/// The stored key of the caller's identity.
+/// The caller's identity as sent, and its stored key.
 fn identity(
     route: &Route,
     request: &Request,
     params: &[(&str, &str)],
     client: Option<IpAddr>,
-) -> Result<String, ApiError> {
+) -> Result<(String, String), ApiError> {
     let value = match &route.identity {
         Identity::Header(name) => {
             let mut values = request.headers().get_all(name).iter();
@@ -168,7 +168,10 @@ fn identity(
         false => v,
     });
     match value {
-        Some(v) if !v.trim().is_empty() => Ok(scoped_key(&scope, &v)?),
+        Some(v) if !v.trim().is_empty() => {
+            let key = scoped_key(&scope, &v)?;
+            Ok((v, key))
+        }
         Some(_) => Err(ApiError::MissingIdentity(format!("the {scope} is empty"))),
         None => Err(ApiError::MissingIdentity(format!("no {scope}"))),
     }
@@ -244,12 +247,17 @@ async fn through(
     }
     let trusted = &shared.config.server.trusted_proxies;
     let client = peer.map(|p| client_ip(request.headers(), p.ip(), trusted));
-    let key = match identity(route, &request, params, client) {
-        Ok(key) => key,
+    let (sent, key) = match identity(route, &request, params, client) {
+        Ok(identity) => identity,
         Err(e) => return e.into_response(),
     };
-    let checks: Vec<Check<'_>> = route
+    // An overridden identity is decided by its override.
+    let ids: Vec<PolicyId> = route
         .policies
+        .iter()
+        .map(|&policy| shared.table.resolve(policy, &sent))
+        .collect();
+    let checks: Vec<Check<'_>> = ids
         .iter()
         .map(|&policy| Check {
             policy,
@@ -275,10 +283,10 @@ async fn through(
         Ok(verdict) => verdict,
         Err(refusal) => return ApiError::from(refusal).into_response(),
     };
-    let parts: Vec<Part<'_>> = verdict.visible(&shared.table, &route.policies);
+    let parts: Vec<Part<'_>> = verdict.visible(&shared.table, &ids);
     if let Some(first) = verdict.refusing() {
         return Limited {
-            policy: &shared.table.get(route.policies[first]).name,
+            policy: &shared.table.get(ids[first]).name,
             retry_after: verdict.retry_after(),
             parts: &parts,
         }

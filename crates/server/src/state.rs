@@ -51,7 +51,7 @@ impl Shared {
             StoreUrl::Memory => "memory",
             StoreUrl::Redis(_) => "redis",
         });
-        let table = PolicyTable::new(&config.policies, &config.store);
+        let table = PolicyTable::new(&config.policies, &config.overrides, &config.store);
         let backend = Backend::new(&config, &table, previous.map(|p| &p.backend))?;
         let new_keys = match config.server.new_keys_per_ip {
             None => None,

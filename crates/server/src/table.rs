@@ -10,7 +10,9 @@ use metrics::{Counter, Gauge};
 use weir_core::{Decision, Policy};
 use weir_tower::{Part, quota, rate_limit_policy};
 
-use crate::config::{OnStateLoss, OnStoreError, PolicyConfig, PolicyId, StoreConfig, StoreUrl};
+use crate::config::{
+    OnStateLoss, OnStoreError, Override, PolicyConfig, PolicyId, Quota, StoreConfig, StoreUrl,
+};
 
 /// How a policy's part in a decision ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +24,8 @@ pub(crate) enum Outcome {
     Error,
     /// A shadow policy would have refused (and admitted instead).
     ShadowLimited,
+    /// An unlimited override admitted it without counting.
+    Unlimited,
 }
 
 /// What a policy answers with: its `RateLimit-Policy` item and limit.
@@ -43,8 +47,13 @@ impl Fields {
 /// One policy, resolved.
 #[derive(Debug)]
 pub struct Entry {
-    /// Its name.
+    /// Its name (an override's is its policy's).
     pub name: String,
+    /// The name its keys are stored under: the name, or `NAME@override-N`
+    /// for an override's keys, which are its own.
+    pub stored_as: String,
+    /// An unlimited override: admitted, not counted.
+    pub unlimited: bool,
     /// The algorithm and parameters (on the shared store, if any).
     pub policy: Policy,
     /// With a shared store: the local fallback's policy (`fallback_share`
@@ -61,14 +70,14 @@ pub struct Entry {
     pub(crate) fields: Fields,
     /// The fields of the local fallback's policy, for degraded answers.
     pub(crate) local_fields: Fields,
-    decisions: [Counter; 5],
+    decisions: [Counter; 6],
     fallbacks: Counter,
     /// A shaper's gauge and its slots (queue + the one being served).
     queue: Option<(Gauge, u64)>,
 }
 
 impl Entry {
-    fn new(config: &PolicyConfig, store: &StoreConfig) -> Self {
+    fn new(config: &PolicyConfig, stored_as: String, store: &StoreConfig) -> Self {
         let name = config.name.clone();
         let local = match store.url {
             StoreUrl::Memory => config.policy,
@@ -101,6 +110,7 @@ impl Entry {
                 counter("uncharged"),
                 counter("error"),
                 counter("shadow_limited"),
+                counter("unlimited"),
             ],
             fallbacks: metrics::counter!("weir_fallback_decisions_total", "policy" => name.clone()),
             queue,
@@ -110,6 +120,8 @@ impl Entry {
             on_state_loss: config.on_state_loss,
             max_keys: config.max_keys,
             shadow: config.shadow,
+            stored_as,
+            unlimited: false,
             name,
         }
     }
@@ -151,23 +163,62 @@ impl Entry {
     }
 }
 
-/// Every policy of a configuration, by [`PolicyId`].
+/// Every policy of a configuration, by [`PolicyId`]; then one entry per
+/// `[[overrides]]` table.
 #[derive(Debug)]
 pub struct PolicyTable {
     entries: Vec<Entry>,
     by_name: HashMap<String, PolicyId>,
+    /// Per policy, the identities overridden and the entry they use instead.
+    overrides: HashMap<PolicyId, HashMap<String, PolicyId>>,
 }
 
 impl PolicyTable {
-    /// The table of `policies` (ids are their indexes).
-    pub fn new(policies: &[PolicyConfig], store: &StoreConfig) -> Self {
-        let entries: Vec<Entry> = policies.iter().map(|p| Entry::new(p, store)).collect();
+    /// The table of `policies` (ids are their indexes) and `overrides`.
+    pub fn new(policies: &[PolicyConfig], overrides: &[Override], store: &StoreConfig) -> Self {
+        let mut entries: Vec<Entry> = policies
+            .iter()
+            .map(|p| Entry::new(p, p.name.clone(), store))
+            .collect();
         let by_name = entries
             .iter()
             .enumerate()
             .map(|(i, e)| (e.name.clone(), PolicyId(i)))
             .collect();
-        Self { entries, by_name }
+        let mut table: HashMap<PolicyId, HashMap<String, PolicyId>> = HashMap::new();
+        for (n, o) in overrides.iter().enumerate() {
+            let base = &policies[o.policy.0];
+            let config = PolicyConfig {
+                policy: match o.quota {
+                    Quota::Policy(policy) => policy,
+                    Quota::Unlimited => base.policy,
+                },
+                max_keys: None,
+                ..base.clone()
+            };
+            let mut entry = Entry::new(&config, format!("{}@override-{}", base.name, n + 1), store);
+            entry.unlimited = o.quota == Quota::Unlimited;
+            let id = PolicyId(entries.len());
+            entries.push(entry);
+            let keys = table.entry(o.policy).or_default();
+            keys.extend(o.keys.iter().map(|k| (k.clone(), id)));
+        }
+        Self {
+            entries,
+            by_name,
+            overrides: table,
+        }
+    }
+
+    /// The entry that decides `identity` (as the client sent it) under
+    /// `policy`: its override's, or the policy's own. One hash lookup,
+    /// however many overrides.
+    pub fn resolve(&self, policy: PolicyId, identity: &str) -> PolicyId {
+        self.overrides
+            .get(&policy)
+            .and_then(|keys| keys.get(identity))
+            .copied()
+            .unwrap_or(policy)
     }
 
     /// The policy `id` (ids come from the same configuration).

@@ -83,3 +83,93 @@ upstream = "http://{up}"
         "charged all three: {again}"
     );
 }
+
+#[tokio::test]
+async fn overridden_keys_get_their_own_quota_or_none() {
+    let up = upstream().await;
+    let mut config = format!(
+        r#"
+[policies.api]
+algorithm = "token-bucket"
+capacity = 1
+rate = "1/h"
+
+[[routes]]
+match = "GET /items"
+identity = "header:x-tenant"
+policies = ["api"]
+upstream = "http://{up}"
+
+[[overrides]]
+policy = "api"
+keys = ["big"]
+capacity = 3
+
+[[overrides]]
+policy = "api"
+keys = ["internal-batch"]
+unlimited = true
+"#
+    );
+    // A thousand more: each a hash entry, not a scan.
+    for i in 0..1000 {
+        config.push_str(&format!(
+            "\n[[overrides]]\npolicy = \"api\"\nkeys = [\"tenant-{i}\"]\ncapacity = 2\n"
+        ));
+    }
+    let (addr, _) = start(&config).await;
+    let get = |tenant: &'static str| {
+        let url = format!("http://{addr}/items");
+        async move { send("GET", &url, &[("x-tenant", tenant)], "").await }
+    };
+    let statuses = |tenant: &'static str, n: usize| async move {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(get(tenant).await.status);
+        }
+        out
+    };
+    assert_eq!(statuses("small", 2).await, [200, 429]);
+    assert_eq!(statuses("big", 4).await, [200, 200, 200, 429]);
+    assert_eq!(statuses("tenant-500", 3).await, [200, 200, 429]);
+    let batch = statuses("internal-batch", 50).await;
+    assert!(batch.iter().all(|s| *s == 200), "unlimited: {batch:?}");
+    let big = get("big").await;
+    assert_eq!(big.header("ratelimit-policy"), "\"api\";q=3;w=10800");
+    let metrics = send("GET", &format!("http://{addr}/metrics"), &[], "")
+        .await
+        .body;
+    assert_eq!(
+        series(
+            &metrics,
+            "weir_decisions_total{policy=\"api\",outcome=\"unlimited\"}"
+        ),
+        50.0
+    );
+    // The decision API applies them too.
+    let check = |key: &'static str| {
+        let url = format!("http://{addr}/v1/check");
+        async move {
+            let body = format!(r#"{{"policy":"api","key":"{key}"}}"#);
+            send("POST", &url, &[], &body).await.json()
+        }
+    };
+    assert_eq!(check("big").await["limit"], 3);
+    assert_eq!(check("small").await["limit"], 1);
+}
+
+#[test]
+fn overrides_are_validated_like_policies() {
+    let text = "[policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 1\nrate = \"1/h\"\n\n[[overrides]]\npolicy = \"api\"\nkeys = [\"a\"]\ncapacity = 0\n\n[[overrides]]\npolicy = \"nope\"\nkeys = [\"b\"]\nunlimited = true\n\n[[overrides]]\npolicy = \"api\"\nkeys = [\"a\"]\nunlimited = true\n";
+    let errors = weir_server::config::parse(text, None).unwrap_err().0;
+    let found: Vec<(usize, &str)> = errors.iter().map(|e| (e.line, e.place.as_str())).collect();
+    assert_eq!(
+        found,
+        [
+            (9, "[[overrides]] #1 capacity"),
+            (12, "[[overrides]] #2 policy"),
+            (18, "[[overrides]] #3 keys"),
+        ],
+        "{errors:#?}"
+    );
+}

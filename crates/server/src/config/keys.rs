@@ -6,7 +6,14 @@ use toml::de::{DeTable, DeValue};
 
 use super::Report;
 
-const TOP: &[&str] = &["server", "store", "policies", "routes", "descriptors"];
+const TOP: &[&str] = &[
+    "server",
+    "store",
+    "policies",
+    "routes",
+    "descriptors",
+    "overrides",
+];
 const SERVER: &[&str] = &[
     "listen",
     "internal",

@@ -6,6 +6,7 @@
 
 mod descriptors;
 mod keys;
+mod overrides;
 mod policies;
 mod routes;
 mod server;
@@ -17,6 +18,7 @@ use std::ops::Range;
 use serde::Deserialize;
 
 pub use descriptors::DescriptorRule;
+pub use overrides::{Override, Quota};
 pub use policies::{OnStateLoss, OnStoreError, PolicyConfig, PolicyId};
 pub use routes::{Identity, Route, Segment};
 pub use server::{ConnectionLimits, ServerConfig};
@@ -39,6 +41,8 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// `[[descriptors]]`, in file order (the first match wins).
     pub descriptors: Vec<DescriptorRule>,
+    /// `[[overrides]]`: identities with a quota of their own.
+    pub overrides: Vec<Override>,
 }
 
 impl Config {
@@ -120,6 +124,8 @@ struct Raw {
     routes: Vec<routes::Raw>,
     #[serde(default)]
     descriptors: Vec<descriptors::Raw>,
+    #[serde(default)]
+    overrides: overrides::Raw,
 }
 
 /// Parses and validates `text`; `admin_token_env` stands in for an absent
@@ -154,6 +160,7 @@ pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, Conf
     };
     let routes = routes::parse(&raw.routes, &resolve, &known, &mut report);
     let descriptors = descriptors::parse(&raw.descriptors, &resolve, &known, &mut report);
+    let overrides = overrides::parse(&raw.overrides, &policies, &resolve, &known, &mut report);
     if names.is_empty() {
         report.error(
             &(text.len()..text.len()),
@@ -171,6 +178,7 @@ pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, Conf
         policies,
         routes,
         descriptors,
+        overrides,
     })
 }
 
