@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use weir_core::Nanos;
-use weir_tower::{Part, fields};
+use weir_tower::{Part, fields_in};
 
 use crate::answer::{ApiError, DecisionBody, ms};
 use crate::backend::{Check, scoped_key};
@@ -178,7 +178,8 @@ pub(crate) async fn check(
         Json(Single { decision, degraded }).into_response()
     };
     let parts: Vec<Part<'_>> = verdict.visible(&shared.table, &ids);
-    response.headers_mut().extend(fields(&parts));
+    let style = shared.config.server.headers;
+    response.headers_mut().extend(fields_in(style, &parts));
     Ok(response)
 }
 

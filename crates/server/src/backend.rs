@@ -388,6 +388,11 @@ impl Backend {
                     };
                     let entry = table.get(check.policy);
                     entry.count(outcome);
+                    if outcome == Outcome::Allowed
+                        && table.near_limit(entry, d.remaining, verdict.degraded)
+                    {
+                        entry.count(Outcome::NearLimit);
+                    }
                     entry.queue(d.remaining);
                 }
             }

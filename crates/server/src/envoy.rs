@@ -26,7 +26,7 @@ use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use tonic::{Request, Response, Status};
 use weir_core::check::escape;
 use weir_core::{MAX_IDENTITY, NANOS_PER_SEC, Nanos, Policy};
-use weir_tower::{Limited, Part, fields};
+use weir_tower::{Limited, Part, fields_in};
 
 use crate::backend::{Check, Refusal};
 use crate::config::{Config, PolicyId};
@@ -269,13 +269,17 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
         header(name.as_str(), value.to_str().unwrap_or_default().to_owned())
     };
     response.response_headers_to_add = match verdict.refusing() {
-        None => fields(&parts).into_iter().map(to_envoy).collect(),
+        None => fields_in(shared.config.server.headers, &parts)
+            .into_iter()
+            .map(to_envoy)
+            .collect(),
         Some(first) => {
             response.overall_code = Code::OverLimit.into();
             let limited = Limited {
                 policy: decided[first].name,
                 retry_after: verdict.retry_after(),
                 parts: &parts,
+                style: shared.config.server.headers,
             };
             response.raw_body = limited.body().into_bytes();
             limited.headers().into_iter().map(to_envoy).collect()

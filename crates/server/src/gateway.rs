@@ -14,7 +14,7 @@ use http::{HeaderMap, HeaderName, Method, Version, header};
 use ipnet::IpNet;
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use weir_core::Nanos;
-use weir_tower::{Limited, Part, fields};
+use weir_tower::{Limited, Part, fields_in};
 
 use crate::RouteLabel;
 use crate::answer::ApiError;
@@ -289,6 +289,7 @@ async fn through(
             policy: &shared.table.get(ids[first]).name,
             retry_after: verdict.retry_after(),
             parts: &parts,
+            style: shared.config.server.headers,
         }
         .response();
     }
@@ -299,7 +300,8 @@ async fn through(
         tokio::time::sleep(Duration::from_nanos(delay)).await;
     }
     let mut response = send(shared, route, path, request, peer).await;
-    response.headers_mut().extend(fields(&parts));
+    let style = shared.config.server.headers;
+    response.headers_mut().extend(fields_in(style, &parts));
     response
 }
 

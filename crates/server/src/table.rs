@@ -26,6 +26,9 @@ pub(crate) enum Outcome {
     ShadowLimited,
     /// An unlimited override admitted it without counting.
     Unlimited,
+    /// Admitted, leaving less than the near-limit share (counted besides
+    /// `Allowed`).
+    NearLimit,
 }
 
 /// What a policy answers with: its `RateLimit-Policy` item and limit.
@@ -70,7 +73,7 @@ pub struct Entry {
     pub(crate) fields: Fields,
     /// The fields of the local fallback's policy, for degraded answers.
     pub(crate) local_fields: Fields,
-    decisions: [Counter; 6],
+    decisions: [Counter; 7],
     fallbacks: Counter,
     /// A shaper's gauge and its slots (queue + the one being served).
     queue: Option<(Gauge, u64)>,
@@ -111,6 +114,7 @@ impl Entry {
                 counter("error"),
                 counter("shadow_limited"),
                 counter("unlimited"),
+                counter("near_limit"),
             ],
             fallbacks: metrics::counter!("weir_fallback_decisions_total", "policy" => name.clone()),
             queue,
@@ -171,6 +175,8 @@ pub struct PolicyTable {
     by_name: HashMap<String, PolicyId>,
     /// Per policy, the identities overridden and the entry they use instead.
     overrides: HashMap<PolicyId, HashMap<String, PolicyId>>,
+    /// `[server] near_limit_ratio`, in parts per million.
+    near_limit: Option<u64>,
 }
 
 impl PolicyTable {
@@ -207,7 +213,23 @@ impl PolicyTable {
             entries,
             by_name,
             overrides: table,
+            near_limit: None,
         }
+    }
+
+    /// Counts admissions that leave less than `1 - ratio` of the limit
+    /// (`ratio` in parts per million) as `near_limit` too.
+    pub fn with_near_limit(mut self, ratio: Option<u64>) -> Self {
+        self.near_limit = ratio;
+        self
+    }
+
+    /// Whether an admission leaving `remaining` of `entry`'s limit is near it.
+    pub(crate) fn near_limit(&self, entry: &Entry, remaining: u64, degraded: bool) -> bool {
+        self.near_limit.is_some_and(|ratio| {
+            let limit = u128::from(entry.limit(degraded));
+            u128::from(remaining) * 1_000_000 < limit * u128::from(1_000_000 - ratio.min(1_000_000))
+        })
     }
 
     /// The entry that decides `identity` (as the client sent it) under

@@ -173,3 +173,63 @@ fn overrides_are_validated_like_policies() {
         "{errors:#?}"
     );
 }
+
+#[tokio::test]
+async fn header_styles_and_the_near_limit_signal() {
+    let up = upstream().await;
+    let config = |style: &str| {
+        format!(
+            "[server]\nheaders = \"{style}\"\nnear_limit_ratio = 0.8\n\n[policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 10\nrate = \"1/h\"\n\n[[routes]]\nmatch = \"GET /items\"\nidentity = \"header:x-tenant\"\npolicies = [\"api\"]\nupstream = \"http://{up}\"\n"
+        )
+    };
+    let (addr, _) = start(&config("x-ratelimit")).await;
+    let url = format!("http://{addr}/items");
+    let mut last = None;
+    for _ in 0..11 {
+        last = Some(send("GET", &url, &[("x-tenant", "t")], "").await);
+    }
+    let limited = last.unwrap();
+    assert_eq!(limited.status, 429);
+    assert_eq!(limited.header("x-ratelimit-limit"), "10");
+    assert_eq!(limited.header("x-ratelimit-remaining"), "0");
+    assert_eq!(limited.header("x-ratelimit-reset"), "36000");
+    assert_eq!(limited.header("ratelimit"), "", "only the older fields");
+    let api = send(
+        "POST",
+        &format!("http://{addr}/v1/check"),
+        &[],
+        r#"{"policy":"api","key":"k"}"#,
+    )
+    .await;
+    assert_eq!(api.header("x-ratelimit-remaining"), "9");
+    // 10 admitted by the gateway: those leaving 0 and 1 are under 20 %.
+    let metrics = send("GET", &format!("http://{addr}/metrics"), &[], "")
+        .await
+        .body;
+    assert_eq!(
+        series(
+            &metrics,
+            "weir_decisions_total{policy=\"api\",outcome=\"near_limit\"}"
+        ),
+        2.0,
+        "{metrics}"
+    );
+    let (addr, _) = start(&config("both")).await;
+    let both = send(
+        "GET",
+        &format!("http://{addr}/items"),
+        &[("x-tenant", "t")],
+        "",
+    )
+    .await;
+    assert!(!both.header("ratelimit").is_empty() && !both.header("x-ratelimit-limit").is_empty());
+    let (addr, _) = start(&config("none")).await;
+    let none = send(
+        "GET",
+        &format!("http://{addr}/items"),
+        &[("x-tenant", "t")],
+        "",
+    )
+    .await;
+    assert!(none.header("ratelimit").is_empty() && none.header("x-ratelimit-limit").is_empty());
+}

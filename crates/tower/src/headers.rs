@@ -70,6 +70,66 @@ pub struct Part<'a> {
     pub decision: Decision,
 }
 
+/// Which rate-limit header fields an answer carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HeaderStyle {
+    /// The IETF draft's `RateLimit-Policy` and `RateLimit` (the default).
+    #[default]
+    Ietf,
+    /// The older `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+    /// `X-RateLimit-Reset` (seconds), of the most restrictive policy.
+    XRateLimit,
+    /// Both.
+    Both,
+    /// None (`Retry-After` is still sent with a `429`).
+    None,
+}
+
+impl std::str::FromStr for HeaderStyle {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ietf" => Ok(Self::Ietf),
+            "x-ratelimit" => Ok(Self::XRateLimit),
+            "both" => Ok(Self::Both),
+            "none" => Ok(Self::None),
+            _ => Err(format!(
+                "`{s}` is not valid (valid: \"ietf\", \"x-ratelimit\", \"both\", \"none\")"
+            )),
+        }
+    }
+}
+
+/// The rate-limit fields of these parts in `style`.
+pub fn fields_in(style: HeaderStyle, parts: &[Part<'_>]) -> Vec<(HeaderName, HeaderValue)> {
+    let mut out = Vec::new();
+    if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
+        out.extend(fields(parts));
+    }
+    // The most restrictive policy: the fewest left, then the longest reset.
+    let tightest = parts.iter().min_by_key(|p| {
+        (
+            p.decision.remaining.min(p.limit),
+            std::cmp::Reverse(p.decision.reset),
+        )
+    });
+    if let (HeaderStyle::XRateLimit | HeaderStyle::Both, Some(p)) = (style, tightest) {
+        out.push((
+            HeaderName::from_static("x-ratelimit-limit"),
+            HeaderValue::from(p.limit),
+        ));
+        out.push((
+            HeaderName::from_static("x-ratelimit-remaining"),
+            HeaderValue::from(p.decision.remaining.min(p.limit)),
+        ));
+        out.push((
+            HeaderName::from_static("x-ratelimit-reset"),
+            HeaderValue::from(ceil_seconds(p.decision.reset)),
+        ));
+    }
+    out
+}
+
 /// The `RateLimit-Policy` and `RateLimit` fields of these parts, as one
 /// list item per policy: `"api";r=R;t=T` with `t` the reset in whole
 /// seconds, rounded up.
@@ -107,6 +167,8 @@ pub struct Limited<'a> {
     pub retry_after: Nanos,
     /// Every policy of the request.
     pub parts: &'a [Part<'a>],
+    /// Which rate-limit fields to send.
+    pub style: HeaderStyle,
 }
 
 impl Limited<'_> {
@@ -120,7 +182,7 @@ impl Limited<'_> {
                 HeaderValue::from(retry_after_seconds(self.retry_after)),
             ),
         ];
-        headers.extend(fields(self.parts));
+        headers.extend(fields_in(self.style, self.parts));
         headers
     }
 
@@ -196,6 +258,7 @@ mod tests {
             policy: "api",
             retry_after: 1_500_000_000,
             parts: &parts,
+            style: HeaderStyle::Ietf,
         };
         let response: Response<String> = limited.response();
         assert_eq!(response.status(), 429);
@@ -205,5 +268,39 @@ mod tests {
             response.body(),
             r#"{"error":"RATE_LIMITED","policy":"api"}"#
         );
+    }
+
+    #[test]
+    fn the_older_fields_name_the_tightest_policy() {
+        let policy = Policy::parse("token-bucket capacity=10 rate=2/s").unwrap();
+        let field = rate_limit_policy("a", &policy);
+        let part = |remaining, reset| Part {
+            name: "a",
+            field: &field,
+            limit: 10,
+            decision: Decision {
+                remaining,
+                reset,
+                ..Decision::default()
+            },
+        };
+        let parts = [part(7, SECOND), part(2, 3 * SECOND + 1)];
+        let names = |style| {
+            fields_in(style, &parts)
+                .into_iter()
+                .map(|(n, v)| format!("{n}: {}", v.to_str().unwrap()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(HeaderStyle::XRateLimit),
+            [
+                "x-ratelimit-limit: 10",
+                "x-ratelimit-remaining: 2",
+                "x-ratelimit-reset: 4"
+            ]
+        );
+        assert_eq!(names(HeaderStyle::Both).len(), 5);
+        assert!(names(HeaderStyle::None).is_empty());
+        assert_eq!("x-ratelimit".parse(), Ok(HeaderStyle::XRateLimit));
     }
 }

@@ -67,7 +67,8 @@ use weir_limiter::{
 };
 
 pub use headers::{
-    Limited, Part, error_body, fields, quota, rate_limit_policy, retry_after_seconds,
+    HeaderStyle, Limited, Part, error_body, fields, fields_in, quota, rate_limit_policy,
+    retry_after_seconds,
 };
 
 /// Why a request has no identity.
@@ -586,6 +587,7 @@ where
                     policy: parts[first].name,
                     retry_after: all.retry_after(),
                     parts: &parts,
+                    style: HeaderStyle::Ietf,
                 }
                 .response());
             }

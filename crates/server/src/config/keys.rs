@@ -28,6 +28,8 @@ const SERVER: &[&str] = &[
     "trusted_proxies",
     "new_keys_per_ip",
     "shadow",
+    "headers",
+    "near_limit_ratio",
 ];
 const STORE: &[&str] = &["url", "timeout", "max_keys", "fallback_share"];
 const ROUTE: &[&str] = &[

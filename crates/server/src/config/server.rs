@@ -31,6 +31,11 @@ pub struct ServerConfig {
     pub new_keys_per_ip: Option<u32>,
     /// Every policy in shadow mode.
     pub shadow: bool,
+    /// Which rate-limit header fields answers carry.
+    pub headers: weir_tower::HeaderStyle,
+    /// An admitted decision leaving less than `1 - near_limit_ratio` of the
+    /// limit counts as `near_limit` too (parts per million); none: off.
+    pub near_limit_ratio: Option<u64>,
 }
 
 /// How long and how many: the bounds of every connection.
@@ -78,6 +83,8 @@ pub(super) struct Raw {
     trusted_proxies: Option<Spanned<Vec<String>>>,
     new_keys_per_ip: Option<Spanned<u64>>,
     shadow: Option<Spanned<bool>>,
+    headers: Option<Spanned<String>>,
+    near_limit_ratio: Option<Spanned<toml::Value>>,
 }
 
 /// The shortest admin token accepted.
@@ -192,6 +199,32 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
             }
         }
     }
+    let headers = match &raw.headers {
+        None => weir_tower::HeaderStyle::default(),
+        Some(h) => h.get_ref().parse().unwrap_or_else(|e: String| {
+            report.error(&h.span(), "[server] headers", e);
+            weir_tower::HeaderStyle::default()
+        }),
+    };
+    let near_limit_ratio = raw.near_limit_ratio.as_ref().and_then(|v| {
+        let ratio = match v.get_ref() {
+            toml::Value::Float(f) => Some(*f),
+            toml::Value::Integer(i) => Some(*i as f64),
+            _ => None,
+        };
+        match ratio {
+            // Parts per million: configuration, never a decision.
+            Some(r) if r > 0.0 && r < 1.0 => Some((r * 1e6).round() as u64),
+            _ => {
+                report.error(
+                    &v.span(),
+                    "[server] near_limit_ratio",
+                    "must be a number above 0 and below 1, e.g. 0.8",
+                );
+                None
+            }
+        }
+    });
     let new_keys_per_ip = raw
         .new_keys_per_ip
         .as_ref()
@@ -219,6 +252,8 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
         trusted_proxies,
         new_keys_per_ip,
         shadow: raw.shadow.is_some_and(|s| *s.get_ref()),
+        headers,
+        near_limit_ratio,
     }
 }
 
