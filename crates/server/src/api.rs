@@ -3,11 +3,12 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use axum::Json;
 use axum::body::{Body, to_bytes};
-use axum::extract::{ConnectInfo, Path, State};
+use axum::extract::{ConnectInfo, FromRequestParts, Path, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use http::request::Parts;
 use serde::{Deserialize, Serialize};
 use weir_core::Nanos;
 use weir_tower::{Part, fields_in};
@@ -16,6 +17,18 @@ use crate::answer::{ApiError, DecisionBody, ms};
 use crate::backend::{Check, scoped_key};
 use crate::config::{OnStoreError, PolicyId};
 use crate::state::{AppState, Shared};
+
+/// The client's address, when the listener knows it.
+pub(crate) struct Peer(pub(crate) Option<IpAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let info = parts.extensions.get::<ConnectInfo<SocketAddr>>();
+        Ok(Self(info.map(|c| c.0.ip())))
+    }
+}
 
 /// The largest decision request body.
 const MAX_BODY: usize = 64 * 1024;
@@ -104,7 +117,7 @@ fn read(bytes: &[u8]) -> Result<Read, ApiError> {
 /// `POST /v1/check`: one policy, or several all-or-nothing.
 pub(crate) async fn check(
     State(state): State<Arc<AppState>>,
-    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    Peer(peer): Peer,
     body: Body,
 ) -> Result<Response, ApiError> {
     let bytes = to_bytes(body, MAX_BODY).await.map_err(|e| {
@@ -136,7 +149,7 @@ pub(crate) async fn check(
         .map(|(&policy, key)| Check { policy, key, cost })
         .collect();
     shared
-        .may_create(&checks, peer.map(|p| p.0.0.ip()))
+        .may_create(&checks, peer)
         .map_err(ApiError::NewKeys)?;
     let verdict = shared
         .backend
@@ -351,11 +364,10 @@ struct Inspected<'a> {
 /// identities.
 pub(crate) async fn inspect_key(
     State(state): State<Arc<AppState>>,
-    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    Peer(peer): Peer,
     Path((policy, key)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let peer = peer.map(|p| p.0.0.ip());
     let (shared, id) = authorize(&state, peer, &headers, &policy)?;
     let (decision, exists) = shared.backend.peek(&shared.table, id, &key).await?;
     let entry = shared.table.get(id);
@@ -381,11 +393,10 @@ struct Reset<'a> {
 /// fresh, full allowance.
 pub(crate) async fn reset_key(
     State(state): State<Arc<AppState>>,
-    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    Peer(peer): Peer,
     Path((policy, key)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let peer = peer.map(|p| p.0.0.ip());
     let (shared, id) = authorize(&state, peer, &headers, &policy)?;
     let existed = shared.backend.reset(&shared.table, id, &key).await?;
     tracing::info!(policy, key, existed, "admin reset a key");
@@ -410,10 +421,10 @@ struct ReloadBody {
 /// with every error.
 pub(crate) async fn reload(
     State(state): State<Arc<AppState>>,
-    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    Peer(peer): Peer,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, peer.map(|p| p.0.0.ip()), &headers)?;
+    authenticate(&state, peer, &headers)?;
     let reloading = state.clone();
     let result = tokio::task::spawn_blocking(move || reloading.reload_from_source())
         .await
