@@ -47,8 +47,8 @@
 mod store;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use thiserror::Error;
 pub use weir_core::{
@@ -59,6 +59,9 @@ use store::{Budget, Full, Store};
 
 /// The default bound on stored keys, across every policy.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// The most policies [`Limiter::ad_hoc`] adds.
+pub const AD_HOC: usize = 256;
 
 /// The default bound on a key's length, in bytes.
 pub const DEFAULT_MAX_KEY_LEN: usize = weir_core::MAX_IDENTITY;
@@ -290,8 +293,11 @@ impl<C: Clock> Builder<C> {
         Limiter {
             policies,
             index,
+            ad_hoc: (0..AD_HOC).map(|_| OnceLock::new()).collect(),
+            ad_hoc_names: Mutex::default(),
             budget: global,
             max_key_len: self.max_key_len,
+            shards: self.shards,
             clock: self.clock,
             next_full_sweep: AtomicU64::new(0),
         }
@@ -304,8 +310,12 @@ impl<C: Clock> Builder<C> {
 pub struct Limiter<C = SystemClock> {
     policies: Vec<Named>,
     index: HashMap<String, usize>,
+    /// Policies added by name after the build ([`Limiter::ad_hoc`]).
+    ad_hoc: Box<[OnceLock<Named>]>,
+    ad_hoc_names: Mutex<HashMap<String, usize>>,
     budget: Arc<Budget>,
     max_key_len: usize,
+    shards: usize,
     clock: C,
     /// The earliest time a sweep for room may run again.
     next_full_sweep: AtomicU64,
@@ -425,15 +435,12 @@ impl<C: Clock> Limiter<C> {
     /// how many. Checks sweep as they go; call this to reclaim memory sooner.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now();
-        self.policies
-            .iter()
-            .map(|p| p.store.sweep(now, &p.budget))
-            .sum()
+        self.all().map(|p| p.store.sweep(now, &p.budget)).sum()
     }
 
     /// Keys stored now, across every policy.
     pub fn len(&self) -> usize {
-        self.policies.iter().map(|p| p.store.len()).sum()
+        self.all().map(|p| p.store.len()).sum()
     }
 
     /// Whether no key is stored.
@@ -464,9 +471,60 @@ impl<C: Clock> Limiter<C> {
     }
 
     fn named(&self, policy: PolicyId) -> Result<&Named, Error> {
-        self.policies
-            .get(policy.0)
+        self.get(policy.0)
             .ok_or_else(|| CheckError::UnknownPolicy(format!("#{}", policy.0)).into())
+    }
+
+    /// A policy by index: those built in, then the ad-hoc ones.
+    fn get(&self, index: usize) -> Option<&Named> {
+        match index.checked_sub(self.policies.len()) {
+            None => self.policies.get(index),
+            Some(i) => self.ad_hoc.get(i)?.get(),
+        }
+    }
+
+    /// A policy known to exist (checked by `named` when resolving).
+    fn at(&self, index: usize) -> &Named {
+        // Every index reaching here was resolved by `named` first.
+        self.get(index).unwrap_or(&self.policies[0])
+    }
+
+    /// Every policy: those built in, then the ad-hoc ones.
+    fn all(&self) -> impl Iterator<Item = &Named> {
+        self.policies
+            .iter()
+            .chain(self.ad_hoc.iter().filter_map(OnceLock::get))
+    }
+
+    /// The policy called `name`, added if it is new: for limits known only
+    /// when a request names them (Envoy's per-descriptor `limit`). The same
+    /// name is always the same policy and state; at most [`AD_HOC`] of them,
+    /// each with its keys in the limiter's budget.
+    pub fn ad_hoc(&self, name: &str, policy: Policy) -> Result<PolicyId, Error> {
+        if let Some(&i) = self.index.get(name) {
+            return Ok(PolicyId(i));
+        }
+        let mut names = self
+            .ad_hoc_names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(&slot) = names.get(name) {
+            return Ok(PolicyId(self.policies.len() + slot));
+        }
+        let slot = names.len();
+        let cell = self.ad_hoc.get(slot).ok_or_else(|| {
+            Error::Config(format!(
+                "at most {AD_HOC} ad-hoc policies; `{name}` is one more"
+            ))
+        })?;
+        let monotonic = self.clock.is_monotonic();
+        let _ = cell.set(Named {
+            name: name.to_owned(),
+            store: Arc::new(Store::new(policy, self.shards, monotonic)),
+            budget: Budget::new(usize::MAX, Some(self.budget.clone())),
+        });
+        names.insert(name.to_owned(), slot);
+        Ok(PolicyId(self.policies.len() + slot))
     }
 
     /// The check as `weir-core` validates it, with its policy's name.
@@ -508,11 +566,7 @@ impl<C: Clock> Limiter<C> {
                 .compare_exchange(next, after, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         {
-            let freed: usize = self
-                .policies
-                .iter()
-                .map(|p| p.store.sweep(now, &p.budget))
-                .sum();
+            let freed: usize = self.all().map(|p| p.store.sweep(now, &p.budget)).sum();
             if freed > 0 {
                 // Room again: the next exhaustion may sweep at once.
                 self.next_full_sweep.store(0, Ordering::Release);
@@ -535,7 +589,7 @@ impl<C: Clock> Limiter<C> {
         let mut targets: Vec<(usize, usize, store::Hashed<'_>, u64)> = checks
             .iter()
             .map(|c| {
-                let store = &self.policies[c.policy.0].store;
+                let store = &self.at(c.policy.0).store;
                 let hashed = store.hashed(c.key);
                 (c.policy.0, store.shard_of(hashed), hashed, c.cost)
             })
@@ -547,14 +601,14 @@ impl<C: Clock> Limiter<C> {
         order.dedup();
         let mut guards: Vec<_> = order
             .iter()
-            .map(|&(p, s)| self.policies[p].store.lock(s))
+            .map(|&(p, s)| self.at(p).store.lock(s))
             .collect();
         let now = self.clock.now();
         let guard_of = |p: usize, s: usize| order.binary_search(&(p, s)).unwrap_or(0);
         let cost_error = |p: usize| {
             move |error| {
                 Error::from(CheckError::Cost {
-                    policy: self.policies[p].name.clone(),
+                    policy: self.at(p).name.clone(),
                     error,
                 })
             }
@@ -562,7 +616,7 @@ impl<C: Clock> Limiter<C> {
 
         let mut decisions = Vec::with_capacity(targets.len());
         for &(p, s, key, cost) in &targets {
-            let store = &self.policies[p].store;
+            let store = &self.at(p).store;
             let guard = &guards[guard_of(p, s)];
             decisions.push(if cost == 0 {
                 let (remaining, reset) = store.status_locked(guard, key, now);
@@ -588,7 +642,7 @@ impl<C: Clock> Limiter<C> {
             // their standing as it is.
             for (decision, &(p, s, key, _)) in decisions.iter_mut().zip(&targets) {
                 if decision.allowed {
-                    let store = &self.policies[p].store;
+                    let store = &self.at(p).store;
                     (decision.remaining, decision.reset) =
                         store.status_locked(&guards[guard_of(p, s)], key, now);
                 }
@@ -605,7 +659,7 @@ impl<C: Clock> Limiter<C> {
             }
         }
         for &(p, s, key, _) in targets.iter().filter(|t| t.3 > 0) {
-            let named = &self.policies[p];
+            let named = self.at(p);
             if named
                 .store
                 .insert_locked(&mut guards[guard_of(p, s)], key, now, &named.budget)
@@ -619,7 +673,7 @@ impl<C: Clock> Limiter<C> {
         }
         for (decision, &(p, s, key, cost)) in decisions.iter_mut().zip(&targets) {
             if cost > 0 {
-                let store = &self.policies[p].store;
+                let store = &self.at(p).store;
                 *decision = store
                     .check_locked(&guards[guard_of(p, s)], key, cost, now)
                     .map_err(cost_error(p))?;

@@ -347,3 +347,32 @@ fn a_shadow_policy_never_refuses_and_charges_only_what_it_would_admit() {
         2
     );
 }
+
+#[test]
+fn ad_hoc_policies_are_found_by_name_and_decided_with_the_others() {
+    let limiter = Limiter::builder()
+        .policy(
+            "base",
+            Policy::parse("token-bucket capacity=5 rate=1/h").unwrap(),
+        )
+        .clock(FakeClock::at(0))
+        .build()
+        .unwrap();
+    let one = Policy::parse("fixed-window limit=1 window=1m").unwrap();
+    let id = limiter.ad_hoc("base@limit-1/minute", one).unwrap();
+    assert_eq!(
+        limiter.ad_hoc("base@limit-1/minute", one).unwrap(),
+        id,
+        "the same name, the same policy"
+    );
+    let base = limiter.policy("base").unwrap();
+    let both = [Check::new(base, "k"), Check::new(id, "k")];
+    assert!(limiter.check_all(&both).unwrap().allowed);
+    let second = limiter.check_all(&both).unwrap();
+    assert!(!second.allowed, "the ad-hoc window is spent");
+    assert_eq!(
+        second.decisions[0].remaining, 4,
+        "and the base was not charged"
+    );
+    assert_eq!(limiter.len(), 2);
+}

@@ -197,8 +197,6 @@ pub struct Local {
     /// The limiter.
     pub limiter: Arc<Limiter>,
     ids: Vec<weir_limiter::PolicyId>,
-    /// Per policy: in shadow mode.
-    shadow: Vec<bool>,
 }
 
 impl Local {
@@ -237,26 +235,46 @@ impl Local {
         Ok(Self {
             limiter: Arc::new(limiter),
             ids,
-            shadow: table.iter().map(|(_, e)| e.shadow).collect(),
         })
     }
 
     /// Whether the check's key is stored.
     pub(crate) fn contains(&self, check: &Check<'_>) -> bool {
-        self.limiter.contains(self.ids[check.policy.0], check.key)
+        self.ids
+            .get(check.policy.0)
+            .is_some_and(|&id| self.limiter.contains(id, check.key))
     }
 
-    fn check<'a>(&self, check: &Check<'a>) -> weir_limiter::Check<'a> {
-        weir_limiter::Check {
-            policy: self.ids[check.policy.0],
+    /// The limiter's check for `check`; an ad-hoc policy of the table (an
+    /// Envoy descriptor's own `limit`) is added to the limiter by its name.
+    fn check<'a>(
+        &self,
+        table: &PolicyTable,
+        check: &Check<'a>,
+    ) -> Result<weir_limiter::Check<'a>, Refusal> {
+        let entry = table.get(check.policy);
+        let policy = match self.ids.get(check.policy.0) {
+            Some(&id) => id,
+            None => self.limiter.ad_hoc(&entry.stored_as, entry.local)?,
+        };
+        Ok(weir_limiter::Check {
+            policy,
             key: check.key,
             cost: check.cost,
-            shadow: self.shadow[check.policy.0],
-        }
+            shadow: entry.shadow,
+        })
     }
 
-    fn decide(&self, checks: &[Check<'_>], max_delay: Nanos) -> Result<AllDecision, Refusal> {
-        let checks: Vec<_> = checks.iter().map(|c| self.check(c)).collect();
+    fn decide(
+        &self,
+        table: &PolicyTable,
+        checks: &[Check<'_>],
+        max_delay: Nanos,
+    ) -> Result<AllDecision, Refusal> {
+        let checks = checks
+            .iter()
+            .map(|c| self.check(table, c))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(self.limiter.check_all_within(&checks, max_delay)?)
     }
 }
@@ -359,7 +377,7 @@ impl Backend {
                 max_delay,
                 shadow: Vec::new(),
             }),
-            Self::Memory(local) => local.decide(&counted, max_delay).map(|all| Verdict {
+            Self::Memory(local) => local.decide(table, &counted, max_delay).map(|all| Verdict {
                 all,
                 degraded: false,
                 max_delay,
@@ -418,7 +436,7 @@ impl Backend {
             cost: 1,
         };
         match self {
-            Self::Memory(local) => Ok(local.limiter.peek(local.check(&check))?),
+            Self::Memory(local) => Ok(local.limiter.peek(local.check(table, &check)?)?),
             Self::Redis { remote, .. } => {
                 let store = remote
                     .available()
@@ -573,7 +591,7 @@ fn fall_back(
             allowed: true,
             decisions: Vec::new(),
         },
-        false => fallback.decide(&local, max_delay)?,
+        false => fallback.decide(table, &local, max_delay)?,
     };
     let mut local_decisions = checked.decisions.into_iter();
     let decisions = rules

@@ -25,7 +25,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use tonic::{Request, Response, Status};
 use weir_core::check::escape;
-use weir_core::{MAX_IDENTITY, NANOS_PER_SEC, Nanos, Policy};
+use weir_core::{MAX_IDENTITY, NANOS_PER_SEC, Nanos, Policy, Rate};
 use weir_tower::{Limited, Part, fields_in};
 
 use crate::backend::{Check, Refusal};
@@ -46,7 +46,25 @@ impl RateLimiter {
 }
 
 /// One request descriptor, translated: `None` when no rule matches.
-pub type Translated = Vec<Option<(PolicyId, String, u64)>>;
+pub type Translated = Vec<Option<(Target, String, u64)>>;
+
+/// What decides a descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// The matched rule's policy.
+    Rule(PolicyId),
+    /// The descriptor's own `limit` (`RateLimitOverride`): the matched
+    /// rule's algorithm with its quota replaced, or — no rule matching — a
+    /// fixed window of `requests_per_unit` per `unit`.
+    Limit {
+        /// The rule that matched, if one did.
+        rule: Option<PolicyId>,
+        /// Requests per unit.
+        requests_per_unit: u32,
+        /// `envoy.type.v3.RateLimitUnit`.
+        unit: i32,
+    },
+}
 
 /// Translates a request into (policy, key, cost) per descriptor, or the
 /// `INVALID_ARGUMENT` message. Pure: no store, no clock. A descriptor's
@@ -94,9 +112,17 @@ pub fn translate(config: &Config, request: &RateLimitRequest) -> Result<Translat
                         *key == entry.key && value.as_ref().is_none_or(|v| *v == entry.value)
                     })
         });
-        let Some(rule) = rule else {
-            out.push(None);
-            continue;
+        let target = match (rule, &descriptor.limit) {
+            (rule, Some(limit)) => Target::Limit {
+                rule: rule.map(|r| r.policy),
+                requests_per_unit: limit.requests_per_unit,
+                unit: limit.unit,
+            },
+            (Some(rule), None) => Target::Rule(rule.policy),
+            (None, None) => {
+                out.push(None);
+                continue;
+            }
         };
         let sent: usize = request.domain.len()
             + descriptor
@@ -118,7 +144,7 @@ pub fn translate(config: &Config, request: &RateLimitRequest) -> Result<Translat
             key.push('=');
             escape(&mut key, &entry.value);
         }
-        out.push(Some((rule.policy, key, cost)));
+        out.push(Some((target, key, cost)));
     }
     Ok(out)
 }
@@ -161,30 +187,91 @@ fn duration(ns: Nanos) -> ProtoDuration {
     }
 }
 
+/// A unit of `envoy.type.v3.RateLimitUnit` in nanoseconds (a month is 30
+/// days, a year 365, as envoyproxy/ratelimit counts them), and its name.
+fn unit_length(unit: i32) -> Option<(Nanos, &'static str)> {
+    let day = 86_400 * NANOS_PER_SEC;
+    match Unit::try_from(unit).ok()? {
+        Unit::Second => Some((NANOS_PER_SEC, "second")),
+        Unit::Minute => Some((60 * NANOS_PER_SEC, "minute")),
+        Unit::Hour => Some((3_600 * NANOS_PER_SEC, "hour")),
+        Unit::Day => Some((day, "day")),
+        Unit::Week => Some((7 * day, "week")),
+        Unit::Month => Some((30 * day, "month")),
+        Unit::Year => Some((365 * day, "year")),
+        Unit::Unknown => None,
+    }
+}
+
+/// `base`'s algorithm with its quota replaced by `count` per `period`: a
+/// bucket's capacity and rate, a window's limit per window of `period`, a
+/// shaper's rate; without a base, a fixed window.
+pub fn with_limit(base: Option<Policy>, count: u64, period: Nanos) -> Result<Policy, String> {
+    let rate = || Rate::new(count, period).ok_or("a limit of 0 requests".to_owned());
+    match base {
+        None | Some(Policy::FixedWindow(_)) => Policy::fixed_window(count, period),
+        Some(Policy::TokenBucket(_)) => Policy::token_bucket(count, rate()?),
+        Some(Policy::Gcra(_)) => Policy::gcra(count, rate()?),
+        Some(Policy::SlidingLog(_)) => Policy::sliding_log(count, period),
+        Some(Policy::SlidingCounter(_)) => Policy::sliding_counter(count, period),
+        Some(Policy::LeakyBucket(l)) => Policy::leaky_bucket(rate()?, l.queue()),
+    }
+    .map_err(|e| e.to_string())
+}
+
+/// The table entry that decides `target`: a rule's policy, or the entry of
+/// a descriptor's own limit (its state keyed by that limit too).
+fn resolve(shared: &Shared, target: Target) -> Result<PolicyId, Status> {
+    let (rule, requests_per_unit, unit) = match target {
+        Target::Rule(id) => return Ok(id),
+        Target::Limit {
+            rule,
+            requests_per_unit,
+            unit,
+        } => (rule, requests_per_unit, unit),
+    };
+    let (period, unit_name) = unit_length(unit).ok_or_else(|| {
+        Status::invalid_argument(format!("the descriptor's limit has no known unit ({unit})"))
+    })?;
+    let base = rule.map(|r| shared.table.get(r));
+    let policy = with_limit(base.map(|b| b.policy), u64::from(requests_per_unit), period)
+        .map_err(|e| Status::invalid_argument(format!("the descriptor's limit: {e}")))?;
+    let name = base.map_or("envoy-limit", |b| b.name.as_str());
+    let stored_as = format!("{name}@limit-{requests_per_unit}-per-{unit_name}");
+    shared
+        .table
+        .ad_hoc(&stored_as, name, policy, rule)
+        .ok_or_else(|| Status::resource_exhausted("too many distinct descriptor limits at once"))
+}
+
 /// Decides `request` (errors as gRPC statuses).
 async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
     let translated = translate(&shared.config, request).map_err(Status::invalid_argument)?;
+    let translated: Vec<Option<(PolicyId, &str, u64)>> = translated
+        .iter()
+        .map(|t| {
+            t.as_ref()
+                .map(|(target, key, cost)| Ok((resolve(shared, *target)?, key.as_str(), *cost)))
+                .transpose()
+        })
+        .collect::<Result<_, Status>>()?;
     // Descriptors that name the same (policy, key) — two rate limit actions
     // producing the same entries — are one check of their summed cost, and
     // report the same status.
     let mut checks: Vec<Check<'_>> = Vec::with_capacity(translated.len());
     let mut slot = Vec::with_capacity(translated.len());
     for t in &translated {
-        slot.push(t.as_ref().map(|(policy, key, cost)| {
+        slot.push(t.map(|(policy, key, cost)| {
             match checks
                 .iter()
-                .position(|c| c.policy == *policy && c.key == key)
+                .position(|c| c.policy == policy && c.key == key)
             {
                 Some(i) => {
-                    checks[i].cost = checks[i].cost.saturating_add(*cost);
+                    checks[i].cost = checks[i].cost.saturating_add(cost);
                     i
                 }
                 None => {
-                    checks.push(Check {
-                        policy: *policy,
-                        key,
-                        cost: *cost,
-                    });
+                    checks.push(Check { policy, key, cost });
                     checks.len() - 1
                 }
             }
@@ -349,7 +436,7 @@ mod tests {
             t[0].as_ref().unwrap().1,
             "envoy:d:seller=7:endpoint=stock-read"
         );
-        assert_eq!(t[0].as_ref().unwrap().0, PolicyId(0));
+        assert_eq!(t[0].as_ref().unwrap().0, Target::Rule(PolicyId(0)));
         assert!(t[1].is_none() && t[2].is_none());
         assert_ne!(t[3].as_ref().unwrap().1, t[4].as_ref().unwrap().1);
         let unknown = RateLimitRequest {
@@ -404,7 +491,7 @@ mod tests {
                 Ok(t) => {
                     prop_assert_eq!(t.len(), request.descriptors.len());
                     for (policy, key, _) in t.iter().flatten() {
-                        prop_assert_eq!(*policy, PolicyId(0));
+                        prop_assert_eq!(*policy, Target::Rule(PolicyId(0)));
                         prop_assert!(key.len() <= crate::backend::MAX_KEY);
                     }
                 }

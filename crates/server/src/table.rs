@@ -4,6 +4,7 @@
 //! indexes this table and never scans or compares names.
 
 use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use http::HeaderValue;
 use metrics::{Counter, Gauge};
@@ -177,7 +178,14 @@ pub struct PolicyTable {
     overrides: HashMap<PolicyId, HashMap<String, PolicyId>>,
     /// `[server] near_limit_ratio`, in parts per million.
     near_limit: Option<u64>,
+    /// Entries added by requests that name their own limit.
+    ad_hoc: Box<[OnceLock<Entry>]>,
+    ad_hoc_names: Mutex<HashMap<String, PolicyId>>,
+    store: StoreConfig,
 }
+
+/// The most limits requests may name (Envoy's per-descriptor `limit`).
+pub const AD_HOC: usize = weir_limiter::AD_HOC;
 
 impl PolicyTable {
     /// The table of `policies` (ids are their indexes) and `overrides`.
@@ -214,6 +222,9 @@ impl PolicyTable {
             by_name,
             overrides: table,
             near_limit: None,
+            ad_hoc: (0..AD_HOC).map(|_| OnceLock::new()).collect(),
+            ad_hoc_names: Mutex::default(),
+            store: store.clone(),
         }
     }
 
@@ -245,7 +256,50 @@ impl PolicyTable {
 
     /// The policy `id` (ids come from the same configuration).
     pub fn get(&self, id: PolicyId) -> &Entry {
-        &self.entries[id.0]
+        match id.0.checked_sub(self.entries.len()) {
+            None => &self.entries[id.0],
+            // Ad-hoc ids are handed out only once their entry is set.
+            Some(i) => self
+                .ad_hoc
+                .get(i)
+                .and_then(OnceLock::get)
+                .unwrap_or(&self.entries[0]),
+        }
+    }
+
+    /// The entry of a limit a request names (an Envoy descriptor's own
+    /// `limit`): `policy` under the name `stored_as`, shown as `name`, with
+    /// the rules of `base`. The same `stored_as` is always the same entry;
+    /// none past [`AD_HOC`] of them.
+    pub(crate) fn ad_hoc(
+        &self,
+        stored_as: &str,
+        name: &str,
+        policy: Policy,
+        base: Option<PolicyId>,
+    ) -> Option<PolicyId> {
+        let mut names = self
+            .ad_hoc_names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(&id) = names.get(stored_as) {
+            return Some(id);
+        }
+        let slot = names.len();
+        let cell = self.ad_hoc.get(slot)?;
+        let base = base.map(|b| self.get(b));
+        let config = PolicyConfig {
+            name: name.to_owned(),
+            policy,
+            on_store_error: base.and_then(|b| b.on_store_error),
+            on_state_loss: base.map_or(OnStateLoss::Full, |b| b.on_state_loss),
+            max_keys: None,
+            shadow: base.is_some_and(|b| b.shadow),
+        };
+        let _ = cell.set(Entry::new(&config, stored_as.to_owned(), &self.store));
+        let id = PolicyId(self.entries.len() + slot);
+        names.insert(stored_as.to_owned(), id);
+        Some(id)
     }
 
     /// The policy a client named (the decision API, the admin endpoints).

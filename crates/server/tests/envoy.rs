@@ -402,3 +402,47 @@ async fn the_grpc_health_service_reports_serving() {
         .into_inner();
     assert_eq!(reply.status, 1, "SERVING");
 }
+
+#[tokio::test]
+async fn a_descriptor_with_its_own_limit_is_decided_at_that_limit() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let (mut client, _, _) = start(CONFIG).await;
+    let limited = |entries: &[(&str, &str)], requests_per_unit: u32| RateLimitDescriptor {
+        limit: Some(RateLimitOverride {
+            requests_per_unit,
+            unit: Unit::Minute.into(),
+        }),
+        ..descriptor(entries, None)
+    };
+    // The seller rule's token bucket (capacity 3) with the quota replaced:
+    // 2 per minute.
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let answer = ask(&mut client, vec![limited(&[("seller", "7")], 2)], 0)
+            .await
+            .unwrap();
+        let status = &answer.statuses[0];
+        let current = status.current_limit.as_ref().unwrap();
+        assert_eq!(
+            (current.requests_per_unit, current.unit),
+            (2, i32::from(Unit::Minute))
+        );
+        codes.push(status.code);
+    }
+    let (ok, over) = (i32::from(Code::Ok), i32::from(Code::OverLimit));
+    assert_eq!(codes, [ok, ok, over]);
+    // The rule's own state is apart: seller 7 still has its 3.
+    let plain = ask(&mut client, vec![descriptor(&[("seller", "7")], None)], 0)
+        .await
+        .unwrap();
+    assert_eq!(plain.statuses[0].limit_remaining, 2);
+    // No rule matches: a fixed window of the limit.
+    let mut codes = Vec::new();
+    for _ in 0..2 {
+        let answer = ask(&mut client, vec![limited(&[("tenant", "x")], 1)], 0)
+            .await
+            .unwrap();
+        codes.push(answer.statuses[0].code);
+    }
+    assert_eq!(codes, [ok, over]);
+}
