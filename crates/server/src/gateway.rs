@@ -219,7 +219,7 @@ pub(crate) async fn forward(State(state): State<Arc<AppState>>, request: Request
     let mut response = through(&shared, route, &params, &path, request).await;
     response
         .extensions_mut()
-        .insert(RouteLabel(Arc::from(route.text.as_str())));
+        .insert(RouteLabel(route.label.clone()));
     response
 }
 

@@ -112,17 +112,14 @@ async fn count_requests(
     let path = request
         .extensions()
         .get::<axum::extract::MatchedPath>()
-        .map(|p| Arc::<str>::from(p.as_str()));
+        .cloned();
     let response = next.run(request).await;
-    let route = response
-        .extensions()
-        .get::<RouteLabel>()
-        .map(|r| r.0.clone())
-        .or(path);
-    metrics::Meters::http(
-        route.as_deref().unwrap_or("unmatched"),
-        response.status().as_u16(),
-    );
+    let route = match (response.extensions().get::<RouteLabel>(), &path) {
+        (Some(label), _) => &*label.0,
+        (None, Some(path)) => path.as_str(),
+        (None, None) => "unmatched",
+    };
+    metrics::Meters::http(route, response.status().as_u16());
     response
 }
 

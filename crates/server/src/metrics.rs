@@ -1,10 +1,11 @@
 //! Prometheus metrics: the recorder (installed once per process) and the
 //! handles that do not belong to one policy.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{OnceLock, PoisonError, RwLock};
 use std::time::Instant;
 
-use metrics::Histogram;
+use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// Histogram buckets (seconds): 10 µs to 2.5 s, so that a decision in
@@ -112,11 +113,29 @@ impl Meters {
         metrics::histogram!("weir_grpc_duration_seconds").record(started.elapsed().as_secs_f64());
     }
 
-    /// One HTTP answer.
+    /// One HTTP answer. Handles are looked up once per (route, status),
+    /// not registered again per request.
     pub(crate) fn http(route: &str, status: u16) {
-        let route = route.to_owned();
-        metrics::counter!("weir_http_requests_total", "route" => route, "status" => status.to_string())
-            .increment(1);
+        type Handles = HashMap<u16, HashMap<String, Counter>>;
+        static HANDLES: OnceLock<RwLock<Handles>> = OnceLock::new();
+        let handles = HANDLES.get_or_init(RwLock::default);
+        let known = handles
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&status)
+            .and_then(|routes| routes.get(route))
+            .cloned();
+        let counter = known.unwrap_or_else(|| {
+            let counter = metrics::counter!("weir_http_requests_total", "route" => route.to_owned(), "status" => status.to_string());
+            let mut handles = handles.write().unwrap_or_else(PoisonError::into_inner);
+            let routes = handles.entry(status).or_default();
+            // Bounded: routes are configured, API paths and statuses few.
+            if routes.len() < 1024 {
+                routes.insert(route.to_owned(), counter.clone());
+            }
+            counter
+        });
+        counter.increment(1);
     }
 
     /// One upstream call of a gateway route: its latency, or an error.

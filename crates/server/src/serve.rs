@@ -318,11 +318,13 @@ pub async fn serve(
 }
 
 /// A body that fails when no frame arrives within `timeout` of the last.
+/// The timer is armed only when a frame is not ready at once, so a body
+/// that came with its head costs none.
 #[derive(Debug)]
 pub struct TimeoutBody<B> {
     body: B,
     timeout: Duration,
-    sleep: Pin<Box<tokio::time::Sleep>>,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<B> TimeoutBody<B> {
@@ -331,7 +333,7 @@ impl<B> TimeoutBody<B> {
         Self {
             body,
             timeout,
-            sleep: Box::pin(tokio::time::sleep(timeout)),
+            sleep: None,
         }
     }
 }
@@ -356,14 +358,20 @@ where
         let this = &mut *self;
         match Pin::new(&mut this.body).poll_frame(cx) {
             Poll::Ready(frame) => {
-                let deadline = tokio::time::Instant::now() + this.timeout;
-                this.sleep.as_mut().reset(deadline);
+                // The next wait starts afresh.
+                this.sleep = None;
                 Poll::Ready(frame.map(|f| f.map_err(Into::into)))
             }
-            Poll::Pending => match this.sleep.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimedOut(this.timeout))))),
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Pending => {
+                let timeout = this.timeout;
+                let sleep = this
+                    .sleep
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                match sleep.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimedOut(timeout))))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
     }
 

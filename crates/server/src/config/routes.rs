@@ -14,6 +14,8 @@ use super::{PolicyId, Report};
 pub struct Route {
     /// As written (`GET /sellers/{seller}/stock`).
     pub text: String,
+    /// The same, shared: its metrics label.
+    pub label: std::sync::Arc<str>,
     /// The method, or any when the pattern has none.
     pub method: Option<Method>,
     /// The path pattern, segment by segment.
@@ -271,6 +273,7 @@ pub(super) fn parse(
         if let (Some(identity), Some(upstream)) = (identity, upstream) {
             routes.push(Route {
                 text: pattern.to_owned(),
+                label: std::sync::Arc::from(pattern),
                 method,
                 segments,
                 identity,
