@@ -172,6 +172,12 @@ fn simulate_on_redis(
     let mut rows = weir_sim::RowWriter::new(out, format);
     let result = arrivals.into_iter().try_for_each(|arrival| {
         let arrival = arrival?;
+        if arrival.op == Some(weir_sim::Op::Report) || arrival.cost == 0 {
+            bail!(
+                "line {}: reports and checks of cost 0 are not supported with --store yet (the Redis script decides checks of cost 1 and more)",
+                arrival.line
+            );
+        }
         policy
             .validate_cost(arrival.cost)
             .map_err(|e| anyhow!("line {}: {e}", arrival.line))?;

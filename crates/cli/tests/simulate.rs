@@ -27,7 +27,7 @@ fn text(bytes: &[u8]) -> String {
 }
 
 /// The table of testdata/vectors/README.md.
-const VECTORS: [(&str, &str, &str); 8] = [
+const VECTORS: [(&str, &str, &str); 13] = [
     (
         "token-bucket.expected.csv",
         "token-bucket.csv",
@@ -68,6 +68,31 @@ const VECTORS: [(&str, &str, &str); 8] = [
         "leaky-bucket.csv",
         "--algorithm leaky-bucket --rate 2/s --queue 10",
     ),
+    (
+        "token-bucket-report.expected.csv",
+        "usage-report.csv",
+        "--algorithm token-bucket --capacity 10 --rate 2/s",
+    ),
+    (
+        "leaky-bucket-report.expected.csv",
+        "usage-report.csv",
+        "--algorithm leaky-bucket --rate 2/s --queue 10",
+    ),
+    (
+        "fixed-window-report.expected.csv",
+        "usage-report-window.csv",
+        "--algorithm fixed-window --limit 120 --window 60s",
+    ),
+    (
+        "sliding-log-report.expected.csv",
+        "usage-report-window.csv",
+        "--algorithm sliding-log --limit 120 --window 60s",
+    ),
+    (
+        "sliding-counter-report.expected.csv",
+        "usage-report-window.csv",
+        "--algorithm sliding-counter --limit 120 --window 60s",
+    ),
 ];
 
 #[test]
@@ -85,12 +110,27 @@ fn every_shared_vector_matches() {
 }
 
 /// The same vectors, decided by the Redis store's script on a real
-/// `redis-server` (started here on a free port).
+/// `redis-server` (started here on a free port). Reports are not in the
+/// script yet: those vectors are refused with a clear error there.
 #[test]
 fn every_shared_vector_matches_on_redis() {
     let redis = weir_testkit::RedisServer::start(&[]);
     let url = redis.url();
     for (expected, trace, flags) in VECTORS {
+        if trace.starts_with("usage-report") {
+            let trace = vectors().join(trace);
+            let mut args: Vec<&str> = vec!["simulate", "--store", &url];
+            args.extend(flags.split(' '));
+            args.extend(["--trace", trace.to_str().unwrap()]);
+            let out = weir(&args, "");
+            assert!(!out.status.success(), "{expected}");
+            assert!(
+                text(&out.stderr).contains("not supported with --store"),
+                "{}",
+                text(&out.stderr)
+            );
+            continue;
+        }
         let trace = vectors().join(trace);
         let mut args: Vec<&str> = vec!["simulate", "--store", &url];
         args.extend(flags.split(' '));
@@ -183,12 +223,12 @@ fn bad_rows_exit_2_naming_the_line_and_print_nothing_after() {
         ),
         (
             "time,cost\n0,1\n0,1.5\n",
-            "line 3: `cost` \"1.5\": expected a positive whole number",
+            "line 3: `cost` \"1.5\": expected a whole number",
             1,
         ),
         (
             "time,colour\n0,red\n",
-            "line 1: unknown column `colour` (valid columns: time, cost, key)",
+            "line 1: unknown column `colour` (valid columns: time, cost, key, op)",
             0,
         ),
         (

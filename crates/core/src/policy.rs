@@ -597,10 +597,53 @@ impl Policy {
         }
     }
 
+    /// The most one report may charge: 1,000 times the capacity (or burst,
+    /// limit, queue), as SPEC.md bounds it.
+    pub fn max_report(&self) -> u64 {
+        self.max_cost().0.saturating_mul(1_000)
+    }
+
+    /// Charges `cost` after the fact (SPEC.md, "Usage reported after the
+    /// fact"): always charged, possibly into debt; answered `allowed` with
+    /// `remaining` and `reset` of the new state, and `retry_after` the wait
+    /// until a check of cost 1 would be allowed.
+    pub fn report(&self, state: &mut State, now: Nanos, cost: u64) -> Result<Decision, CostError> {
+        let max = self.max_report();
+        if cost > max {
+            let field = self.max_cost().1;
+            return Err(CostError::TooLarge { cost, max, field });
+        }
+        let t = now.max(state.seen());
+        match (self, &mut *state) {
+            (Self::TokenBucket(b) | Self::Gcra(b), State::Level(s)) => s.charge(t, b.rate(), cost),
+            (Self::LeakyBucket(l), State::Level(s)) => s.charge(t, l.rate(), cost),
+            (Self::FixedWindow(w), State::FixedWindow(s)) => *s = w.charge(*s, t, cost),
+            (Self::SlidingCounter(c), State::SlidingCounter(s)) => *s = c.charge(*s, t, cost),
+            (Self::SlidingLog(l), State::Log(s)) => l.charge(s, t, cost),
+            _ => {
+                *state = self.new_state();
+                return self.report(state, now, cost);
+            }
+        }
+        let (remaining, reset) = self.status(state, t);
+        let probe = self.peek(state, t, 1)?;
+        Ok(Decision {
+            allowed: true,
+            remaining,
+            retry_after: if probe.allowed { 0 } else { probe.retry_after },
+            reset,
+            delay: 0,
+        })
+    }
+
     /// Decides a request of `cost` at `now` and updates `state`: charged
-    /// when allowed; a rejection only refreshes the key's accounting.
+    /// when allowed; a rejection only refreshes the key's accounting. A
+    /// cost of 0 charges nothing and is allowed unless the key is in debt
+    /// (after a report); it is never delayed.
     pub fn check(&self, state: &mut State, now: Nanos, cost: u64) -> Result<Decision, CostError> {
-        self.validate_cost(cost)?;
+        if cost > 0 {
+            self.validate_cost(cost)?;
+        }
         fn apply<S: Copy>(s: &mut S, step: impl FnOnce(S) -> (Decision, S)) -> Decision {
             let (decision, next) = step(*s);
             *s = next;
@@ -885,5 +928,34 @@ mod tests {
         let mut s = State::Log(Box::default());
         assert!(p.check(&mut s, 0, 1).unwrap().allowed);
         assert!(matches!(s, State::FixedWindow(_)));
+    }
+
+    #[test]
+    fn reports_go_into_debt_and_checks_of_cost_0_refuse_only_then() {
+        const S: Nanos = crate::NANOS_PER_SEC;
+        let p = Policy::parse("token-bucket capacity=10 rate=2/s").unwrap();
+        let mut s = p.new_state();
+        assert!(p.check(&mut s, 0, 0).unwrap().allowed, "no debt: admitted");
+        let d = p.report(&mut s, 0, 25).unwrap();
+        assert!(d.allowed && d.remaining == 0 && d.delay == 0);
+        assert_eq!(
+            d.retry_after,
+            8 * S,
+            "15 tokens of debt and 1 to spend, at 2/s"
+        );
+        assert!(!p.check(&mut s, S, 0).unwrap().allowed, "in debt: refused");
+        assert_eq!(p.report(&mut s, S, 10_000).map(|d| d.allowed), Ok(true));
+        assert!(matches!(
+            p.report(&mut s, S, 10_001),
+            Err(CostError::TooLarge { max: 10_000, .. })
+        ));
+        let shaper = Policy::parse("leaky-bucket rate=2/s queue=10").unwrap();
+        let mut s = shaper.new_state();
+        shaper.check(&mut s, 0, 3).unwrap();
+        let zero = shaper.check(&mut s, 0, 0).unwrap();
+        assert!(
+            zero.allowed && zero.delay == 0,
+            "a cost of 0 waits for nothing"
+        );
     }
 }

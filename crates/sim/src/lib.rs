@@ -18,7 +18,7 @@ use thiserror::Error;
 use weir_core::{CostError, Policy};
 
 pub use simulate::{Format, Outcome, RowWriter, Simulator};
-pub use trace::{Arrival, TraceError, TraceReader};
+pub use trace::{Arrival, Op, TraceError, TraceReader};
 
 /// Why a simulation stopped.
 #[derive(Debug, Error)]

@@ -9,7 +9,7 @@ use std::io::{self, Write};
 use weir_core::units::Seconds;
 use weir_core::{CostError, Decision, Nanos, Policy, State};
 
-use crate::trace::Arrival;
+use crate::trace::{Arrival, Op};
 
 /// One policy and the state of every key it has seen.
 #[derive(Debug)]
@@ -43,9 +43,8 @@ impl Simulator {
         &self.policy
     }
 
-    /// Decides one arrival against its key's state.
+    /// Decides one arrival (a check, or a report) against its key's state.
     pub fn step(&mut self, arrival: &Arrival) -> Result<Outcome, CostError> {
-        self.policy.validate_cost(arrival.cost)?;
         let state = match self.keys.get_mut(&arrival.key) {
             Some(state) => state,
             None => self
@@ -54,7 +53,10 @@ impl Simulator {
                 .or_insert_with(|| self.policy.new_state()),
         };
         let at = arrival.time.max(state.seen());
-        let decision = self.policy.check(state, arrival.time, arrival.cost)?;
+        let decision = match arrival.op {
+            Some(Op::Report) => self.policy.report(state, arrival.time, arrival.cost)?,
+            Some(Op::Check) | None => self.policy.check(state, arrival.time, arrival.cost)?,
+        };
         Ok(Outcome {
             at,
             cost: arrival.cost,
@@ -82,6 +84,7 @@ pub struct RowWriter<W: Write> {
 }
 
 const HEADER: &str = "time,key,cost,allowed,remaining,retry_after,reset,delay";
+const HEADER_OP: &str = "time,key,cost,op,allowed,remaining,retry_after,reset,delay";
 
 impl<W: Write> RowWriter<W> {
     /// A writer; the CSV header is written with the first row (or on finish).
@@ -93,9 +96,13 @@ impl<W: Write> RowWriter<W> {
         }
     }
 
-    fn start(&mut self) -> io::Result<()> {
+    fn start(&mut self, op: bool) -> io::Result<()> {
         if !self.started && self.format == Format::Csv {
-            writeln!(self.out, "{HEADER}")?;
+            match op {
+                // A trace with an `op` column: echoed after `cost`.
+                true => writeln!(self.out, "{HEADER_OP}")?,
+                false => writeln!(self.out, "{HEADER}")?,
+            }
         }
         self.started = true;
         Ok(())
@@ -103,13 +110,17 @@ impl<W: Write> RowWriter<W> {
 
     /// Writes one decision row.
     pub fn row(&mut self, arrival: &Arrival, decision: &Decision) -> io::Result<()> {
-        self.start()?;
+        self.start(arrival.op.is_some())?;
+        let op = arrival.op.map_or(String::new(), |op| match self.format {
+            Format::Csv => format!(",{}", op.name()),
+            Format::Json => format!(r#","op":"{}""#, op.name()),
+        });
         let d = decision;
         let (retry, reset, delay) = (Seconds(d.retry_after), Seconds(d.reset), Seconds(d.delay));
         match self.format {
             Format::Csv => writeln!(
                 self.out,
-                "{},{},{},{},{},{retry},{reset},{delay}",
+                "{},{},{}{op},{},{},{retry},{reset},{delay}",
                 arrival.time_text,
                 csv_field(&arrival.key),
                 arrival.cost,
@@ -118,7 +129,7 @@ impl<W: Write> RowWriter<W> {
             ),
             Format::Json => writeln!(
                 self.out,
-                r#"{{"time":{},"key":{},"cost":{},"allowed":{},"remaining":{},"retry_after":{retry},"reset":{reset},"delay":{delay}}}"#,
+                r#"{{"time":{},"key":{},"cost":{}{op},"allowed":{},"remaining":{},"retry_after":{retry},"reset":{reset},"delay":{delay}}}"#,
                 json_number(&arrival.time_text),
                 serde_json::Value::from(arrival.key.as_str()),
                 arrival.cost,
@@ -130,7 +141,7 @@ impl<W: Write> RowWriter<W> {
 
     /// Writes the header if no row was written, and flushes.
     pub fn finish(&mut self) -> io::Result<()> {
-        self.start()?;
+        self.start(false)?;
         self.out.flush()
     }
 }

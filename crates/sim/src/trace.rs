@@ -1,7 +1,8 @@
 //! Reading traces: CSV with a header naming `time` (seconds, decimal, at most
-//! nine fractional digits) and optionally `cost` (positive integer, default 1)
-//! and `key` (default `default`), in any order. Rows are taken in file order.
-//! An empty `cost` or `key` field takes the column's default.
+//! nine fractional digits) and optionally `cost` (whole number, default 1),
+//! `key` (default `default`) and `op` (`check` or `report`, default `check`),
+//! in any order. Rows are taken in file order. An empty `cost`, `key` or `op`
+//! field takes the column's default.
 
 use std::io::Read;
 
@@ -23,8 +24,30 @@ pub struct Arrival {
     pub key: String,
     /// The request's cost.
     pub cost: u64,
+    /// A check or a report; `None` when the trace has no `op` column (the
+    /// output then has none either).
+    pub op: Option<Op>,
     /// The line of the trace it came from (1 is the header).
     pub line: u64,
+}
+
+/// What a row does (SPEC.md, "Usage reported after the fact").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// A request that may be refused.
+    Check,
+    /// Usage charged after the fact, always.
+    Report,
+}
+
+impl Op {
+    /// As written in traces and output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Check => "check",
+            Self::Report => "report",
+        }
+    }
 }
 
 impl Arrival {
@@ -35,6 +58,7 @@ impl Arrival {
             time,
             key: key.to_owned(),
             cost,
+            op: None,
             line: 0,
         }
     }
@@ -55,6 +79,7 @@ struct Columns {
     time: usize,
     cost: Option<usize>,
     key: Option<usize>,
+    op: Option<usize>,
 }
 
 /// Reads arrivals one by one, so a long trace is never held in memory and
@@ -93,12 +118,13 @@ fn read_header<R: Read>(reader: &mut csv::Reader<R>) -> Result<Columns, TraceErr
         .headers()
         .map_err(|e| header_error(format!("cannot read the header: {e}")))?
         .clone();
-    let (mut time, mut cost, mut key) = (None, None, None);
+    let (mut time, mut cost, mut key, mut op) = (None, None, None, None);
     for (i, name) in headers.iter().enumerate() {
         let slot = match name {
             "time" => &mut time,
             "cost" => &mut cost,
             "key" => &mut key,
+            "op" => &mut op,
             "" if headers.len() == 1 => {
                 return Err(header_error(
                     "the trace is empty: expected a header with a `time` column".into(),
@@ -106,7 +132,7 @@ fn read_header<R: Read>(reader: &mut csv::Reader<R>) -> Result<Columns, TraceErr
             }
             other => {
                 return Err(header_error(format!(
-                    "unknown column `{other}` (valid columns: time, cost, key)"
+                    "unknown column `{other}` (valid columns: time, cost, key, op)"
                 )));
             }
         };
@@ -115,9 +141,14 @@ fn read_header<R: Read>(reader: &mut csv::Reader<R>) -> Result<Columns, TraceErr
         }
     }
     let time = time.ok_or_else(|| {
-        header_error("the header has no `time` column (columns: time, cost, key)".into())
+        header_error("the header has no `time` column (columns: time, cost, key, op)".into())
     })?;
-    Ok(Columns { time, cost, key })
+    Ok(Columns {
+        time,
+        cost,
+        key,
+        op,
+    })
 }
 
 impl<R: Read> Iterator for TraceReader<R> {
@@ -172,11 +203,22 @@ fn parse_row(
         parse_seconds(time_text).map_err(|e| error(format!("`time` \"{time_text}\": {e}")))?;
     let cost = match field(columns.cost) {
         None => 1,
+        Some("0") => 0,
         Some(text) => parse_count(text).map_err(|_| {
             error(format!(
-                "`cost` \"{text}\": expected a positive whole number such as 1 or 5"
+                "`cost` \"{text}\": expected a whole number such as 0, 1 or 5"
             ))
         })?,
+    };
+    let op = match (columns.op, field(columns.op)) {
+        (None, _) => None,
+        (Some(_), None | Some("check")) => Some(Op::Check),
+        (Some(_), Some("report")) => Some(Op::Report),
+        (Some(_), Some(other)) => {
+            return Err(error(format!(
+                "`op` \"{other}\": expected \"check\" or \"report\""
+            )));
+        }
     };
     let key = field(columns.key).unwrap_or(DEFAULT_KEY).to_owned();
     Ok(Arrival {
@@ -184,6 +226,7 @@ fn parse_row(
         time,
         key,
         cost,
+        op,
         line,
     })
 }
@@ -219,22 +262,22 @@ mod tests {
         assert_eq!(
             read("time,colour\n0,red\n"),
             vec![Err(
-                "line 1: unknown column `colour` (valid columns: time, cost, key)".into()
+                "line 1: unknown column `colour` (valid columns: time, cost, key, op)".into()
             )]
         );
         assert_eq!(
             read("cost\n1\n"),
             vec![Err(
-                "line 1: the header has no `time` column (columns: time, cost, key)".into()
+                "line 1: the header has no `time` column (columns: time, cost, key, op)".into()
             )]
         );
         let rows = read("time\n0\nsoon\n1\n");
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[1], Err("line 3: `time` \"soon\": expected seconds as a non-negative decimal such as 0, 12 or 59.9".into()));
-        let rows = read("time,cost\n0,1\n0,0\n");
+        let rows = read("time,cost\n0,1\n0,-1\n");
         assert_eq!(
             rows[1],
-            Err("line 3: `cost` \"0\": expected a positive whole number such as 1 or 5".into())
+            Err("line 3: `cost` \"-1\": expected a whole number such as 0, 1 or 5".into())
         );
         let rows = read("time,cost\n0,1\n0,1,3\n0\n");
         assert_eq!(rows.len(), 2);
@@ -245,7 +288,7 @@ mod tests {
         assert_eq!(
             read(""),
             vec![Err(
-                "line 1: the header has no `time` column (columns: time, cost, key)".into()
+                "line 1: the header has no `time` column (columns: time, cost, key, op)".into()
             )]
         );
         assert!(

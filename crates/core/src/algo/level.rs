@@ -28,6 +28,13 @@ impl LevelState {
         (t, u128::from(self.level).saturating_sub(drained))
     }
 
+    /// Charges `cost` tokens (or slots) at `t`, whatever the level: a
+    /// report, which may put a bucket into debt.
+    pub(crate) fn charge(&mut self, t: Nanos, rate: Rate, cost: u64) {
+        let (t, level) = self.at(t, rate);
+        *self = Self::new(t, level + u128::from(cost) * u128::from(rate.period()));
+    }
+
     fn new(t: Nanos, level: u128) -> Self {
         Self {
             seen: t,
@@ -117,7 +124,8 @@ impl LeakyBucket {
         if backlog <= bound {
             let after = backlog + u128::from(cost) * p;
             let decision = Decision {
-                delay: ceil_div(backlog, n),
+                // A cost of 0 queues nothing, so it waits for nothing.
+                delay: if cost == 0 { 0 } else { ceil_div(backlog, n) },
                 ..Decision::allowed(remaining(after), ceil_div(after, n))
             };
             (decision, LevelState::new(t, after))

@@ -172,16 +172,26 @@ impl SlidingLog {
     }
 
     /// The transition, in place: drops expired entries, decides, and appends
-    /// `(t, cost)` when allowed. `cost` must be in `1..=limit`.
+    /// `(t, cost)` when allowed. `cost` must be in `0..=limit` (0 appends
+    /// nothing).
     pub fn check(&self, state: &mut LogState, now: Nanos, cost: u64) -> Decision {
         let t = now.max(state.seen);
         state.seen = t;
         state.expire(t, self.window);
         let decision = self.decide(t, state.total, state.entries(), cost);
-        if decision.allowed {
+        if decision.allowed && cost > 0 {
             state.push(t, cost);
         }
         decision
+    }
+
+    /// Appends `(t, cost)` whatever the live cost (a report).
+    pub(crate) fn charge(&self, state: &mut LogState, t: Nanos, cost: u64) {
+        state.seen = t;
+        state.expire(t, self.window);
+        if cost > 0 {
+            state.push(t, cost);
+        }
     }
 
     /// The decision [`SlidingLog::check`] would make, without changing the
@@ -206,11 +216,13 @@ impl SlidingLog {
         let until_gone =
             |at: Nanos| ceil_div(u128::from(at) + u128::from(self.window) - u128::from(t), 1);
         let need = u128::from(count) + u128::from(cost);
-        if need <= u128::from(self.limit) {
-            // The newest live entry is this admission itself, made at `t`.
-            return Decision::allowed(self.limit - (count + cost), until_gone(t));
-        }
         let newest = live.clone().last().map_or(0, |(at, _)| until_gone(at));
+        if need <= u128::from(self.limit) {
+            // The newest live entry is this admission itself, made at `t` —
+            // unless it charges nothing.
+            let reset = if cost == 0 { newest } else { until_gone(t) };
+            return Decision::allowed(self.limit - (count + cost), reset);
+        }
         // The oldest admission at which the cumulative cost reaches the excess.
         let excess = need - u128::from(self.limit);
         let mut sum = 0u128;

@@ -34,6 +34,17 @@ impl FixedWindow {
         self.window
     }
 
+    /// Charges `cost` at `t`, whatever the count (a report).
+    pub(crate) fn charge(&self, state: FixedWindowState, t: Nanos, cost: u64) -> FixedWindowState {
+        let index = t / self.window;
+        let count = if index == state.index { state.count } else { 0 };
+        FixedWindowState {
+            seen: t,
+            index,
+            count: count.saturating_add(cost),
+        }
+    }
+
     /// The pure transition: `(state, now, cost) → (decision, new state)`.
     /// `cost` must be in `1..=limit`.
     pub fn check(
@@ -124,6 +135,22 @@ impl SlidingCounter {
             _ => ceil_div(left + w, 1),
         };
         (remaining, reset)
+    }
+
+    /// Charges `cost` at `t`, whatever the estimate (a report).
+    pub(crate) fn charge(
+        &self,
+        state: SlidingCounterState,
+        t: Nanos,
+        cost: u64,
+    ) -> SlidingCounterState {
+        let (t, index, cur, prev) = self.roll(state, t);
+        SlidingCounterState {
+            seen: t,
+            index,
+            current: cur.saturating_add(cost),
+            previous: prev,
+        }
     }
 
     /// `(remaining, reset)` at `now` with no request.
