@@ -55,7 +55,7 @@ pub use weir_core::{
     AllDecision, CheckError, Clock, CostError, Decision, FakeClock, Nanos, Policy, SystemClock,
 };
 
-use store::{Budget, Full, Store};
+use store::{Budget, Full, Op, Store};
 
 /// The default bound on stored keys, across every policy.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -350,6 +350,38 @@ impl<C: Clock> Limiter<C> {
     /// Decides one check at the clock's time.
     pub fn check_one(&self, check: Check<'_>) -> Result<Decision, Error> {
         let named = self.validate(check)?;
+        self.charge(named, check, Op::Check)
+    }
+
+    /// Charges usage known only after the fact (SPEC.md, a *report*): always
+    /// charged — possibly into debt, which later checks are refused for
+    /// until it is paid back — and answered `allowed`, with `retry_after`
+    /// the wait until a check of cost 1 would be allowed. The cost may be up
+    /// to 1,000 times the policy's capacity (or limit, or queue).
+    ///
+    /// The LLM pattern: admit with [`Limiter::check_one`] of the expected
+    /// cost (or 1, or 0 to refuse only while in debt), then report the
+    /// actual cost minus what the check charged.
+    pub fn report(&self, check: Check<'_>) -> Result<Decision, Error> {
+        let named = self.named(check.policy)?;
+        weir_core::check::check_key(check.key, self.max_key_len)?;
+        let policy = named.store.policy();
+        let max = policy.max_report();
+        if check.cost > max {
+            let (_, field) = policy.max_cost();
+            return Err(Error::from(CheckError::Cost {
+                policy: named.name.clone(),
+                error: CostError::TooLarge {
+                    cost: check.cost,
+                    max,
+                    field,
+                },
+            }));
+        }
+        self.charge(named, check, Op::Report)
+    }
+
+    fn charge(&self, named: &Named, check: Check<'_>, op: Op) -> Result<Decision, Error> {
         let now = || self.clock.now();
         let cost_error = |error| {
             Error::from(CheckError::Cost {
@@ -357,17 +389,12 @@ impl<C: Clock> Limiter<C> {
                 error,
             })
         };
-        match named
-            .store
-            .check(check.key, check.cost, &now, &named.budget)
-        {
+        let key = check.key;
+        match named.store.check(key, check.cost, &now, &named.budget, op) {
             Ok(result) => result.map_err(cost_error),
             Err(Full) => {
                 self.sweep_when_full(now(), &named.budget)?;
-                match named
-                    .store
-                    .check(check.key, check.cost, &now, &named.budget)
-                {
+                match named.store.check(key, check.cost, &now, &named.budget, op) {
                     Ok(result) => result.map_err(cost_error),
                     Err(Full) => Err(Error::TooManyKeys {
                         max: named.budget.spent().unwrap_or(self.budget.max()),

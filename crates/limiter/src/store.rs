@@ -103,6 +103,14 @@ impl Budget {
     }
 }
 
+/// What a call does to a key: decide a request, or charge usage after the
+/// fact (SPEC.md's report: always charged, possibly into debt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Check,
+    Report,
+}
+
 /// The key budget is spent: no new key can be stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Full;
@@ -132,6 +140,7 @@ pub(crate) trait Slot: Sized {
         rules: &Rules,
         cost: u64,
         now: &impl Fn() -> Nanos,
+        op: Op,
     ) -> Result<Decision, CostError>;
     fn peek(&self, rules: &Rules, cost: u64, now: Nanos) -> Result<Decision, CostError>;
     /// Idle at `now`, and nothing later seen.
@@ -150,6 +159,7 @@ impl Slot for AtomicU64 {
         rules: &Rules,
         cost: u64,
         now: &impl Fn() -> Nanos,
+        op: Op,
     ) -> Result<Decision, CostError> {
         let Some((algorithm, n)) = rules.word else {
             return rules
@@ -163,9 +173,17 @@ impl Slot for AtomicU64 {
                 seen: now,
                 level: current.saturating_sub(now.saturating_mul(n)),
             };
-            let (decision, next) = match algorithm {
-                Leveled::Bucket(b) => b.check(state, now, cost),
-                Leveled::Shaper(l) => l.check(state, now, cost),
+            let (decision, next) = match (op, algorithm) {
+                (Op::Report, _) => {
+                    let mut after = State::Level(state);
+                    let decision = rules.policy.report(&mut after, now, cost)?;
+                    match after {
+                        State::Level(next) => (decision, next),
+                        _ => (decision, state),
+                    }
+                }
+                (Op::Check, Leveled::Bucket(b)) => b.check(state, now, cost),
+                (Op::Check, Leveled::Shaper(l)) => l.check(state, now, cost),
             };
             let new = next.seen.saturating_mul(n).saturating_add(next.level);
             // A rejection changes nothing (its level is positive, so `tat`
@@ -221,8 +239,12 @@ impl Slot for Mutex<State> {
         rules: &Rules,
         cost: u64,
         now: &impl Fn() -> Nanos,
+        op: Op,
     ) -> Result<Decision, CostError> {
-        rules.policy.check(&mut lock(self), now(), cost)
+        match op {
+            Op::Check => rules.policy.check(&mut lock(self), now(), cost),
+            Op::Report => rules.policy.report(&mut lock(self), now(), cost),
+        }
     }
 
     fn peek(&self, rules: &Rules, cost: u64, now: Nanos) -> Result<Decision, CostError> {
@@ -332,7 +354,7 @@ impl<S: Slot> ShardMap<S> {
         now: Nanos,
     ) -> Result<Decision, CostError> {
         match self.get(key) {
-            Some(slot) => slot.decide(rules, cost, &|| now),
+            Some(slot) => slot.decide(rules, cost, &|| now, Op::Check),
             None => rules.policy.check(&mut rules.policy.new_state(), now, cost),
         }
     }
@@ -365,18 +387,18 @@ impl<S: Slot> Shards<S> {
         rules: &Rules,
         index: usize,
         key: Hashed<'_>,
-        cost: u64,
+        (cost, op): (u64, Op),
         now: &impl Fn() -> Nanos,
         budget: &Budget,
     ) -> Result<Result<Decision, CostError>, Full> {
         let shard = &self.shards[index];
         if let Some(slot) = read(shard).get(key) {
-            return Ok(slot.decide(rules, cost, now));
+            return Ok(slot.decide(rules, cost, now, op));
         }
         let mut guard = write(shard);
         guard.insert(rules, key, now(), budget)?;
         let slot = guard.get(key).ok_or(Full)?;
-        Ok(slot.decide(rules, cost, now))
+        Ok(slot.decide(rules, cost, now, op))
     }
 
     fn sweep(&self, rules: &Rules, now: Nanos) -> usize {
@@ -507,10 +529,11 @@ impl Store {
         cost: u64,
         now: &impl Fn() -> Nanos,
         budget: &Budget,
+        op: Op,
     ) -> Result<Result<Decision, CostError>, Full> {
         let key = self.hashed(key);
         let index = self.shard_of(key);
-        each_kind!(&self.table, Table, shards => shards.check(&self.rules, index, key, cost, now, budget))
+        each_kind!(&self.table, Table, shards => shards.check(&self.rules, index, key, (cost, op), now, budget))
     }
 
     pub(crate) fn lock(&self, index: usize) -> Guard<'_> {

@@ -376,3 +376,58 @@ fn ad_hoc_policies_are_found_by_name_and_decided_with_the_others() {
     );
     assert_eq!(limiter.len(), 2);
 }
+
+/// Checks (costs 0 to 3) and reports (up to 25) mixed on a few keys: the
+/// store charges and answers exactly as the core, on both paths.
+fn compare_reports<C: SetClock>(
+    policy: Policy,
+    trace: &[(i64, u8, u64, bool)],
+    limiter: &Limiter<C>,
+) -> Result<(), TestCaseError> {
+    let mut reference: HashMap<String, State> = HashMap::new();
+    let mut now: Nanos = 10_000_000_000;
+    let id = limiter.policy("p").unwrap();
+    for &(gap, key, cost, report) in trace {
+        now = now.saturating_add_signed(gap * 1_000_000);
+        let key = format!("k{key}");
+        let state = reference
+            .entry(key.clone())
+            .or_insert_with(|| policy.new_state());
+        limiter.clock().set(now);
+        let check = Check::new(id, &key).cost(cost);
+        if report {
+            let expected = policy.report(state, now, cost).unwrap();
+            prop_assert_eq!(
+                limiter.report(check).unwrap(),
+                expected,
+                "report {} at {}",
+                policy,
+                now
+            );
+        } else {
+            let cost = cost.min(policy.max_cost().0).max(1);
+            let expected = policy.check(state, now, cost).unwrap();
+            let got = limiter.check_one(check.cost(cost)).unwrap();
+            prop_assert_eq!(got, expected, "check {} at {}", policy, now);
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 100, ..ProptestConfig::default() })]
+
+    #[test]
+    fn reports_charge_as_the_core(
+        policy in policies(),
+        trace in prop::collection::vec(
+            (prop_oneof![3 => Just(0i64), 5 => 0i64..700], 0u8..4, 0u64..=25, prop::bool::weighted(0.3)),
+            1..120,
+        ),
+    ) {
+        let limiter = Limiter::builder().policy("p", policy).clock(FakeClock::at(0)).build().unwrap();
+        compare_reports(policy, &trace, &limiter)?;
+        let limiter = Limiter::builder().policy("p", policy).clock(Forward::default()).build().unwrap();
+        compare_reports(policy, &trace, &limiter)?;
+    }
+}

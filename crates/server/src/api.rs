@@ -114,12 +114,16 @@ fn read(bytes: &[u8]) -> Result<Read, ApiError> {
     }
 }
 
-/// `POST /v1/check`: one policy, or several all-or-nothing.
-pub(crate) async fn check(
-    State(state): State<Arc<AppState>>,
-    Peer(peer): Peer,
-    body: Body,
-) -> Result<Response, ApiError> {
+/// A decision request's body: what was asked, resolved to policy ids and
+/// stored keys.
+struct Asked {
+    ids: Vec<PolicyId>,
+    keys: Vec<String>,
+    cost: u64,
+    multi: bool,
+}
+
+async fn asked(shared: &Shared, body: Body) -> Result<Asked, ApiError> {
     let bytes = to_bytes(body, MAX_BODY).await.map_err(|e| {
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
         while let Some(c) = cause {
@@ -131,7 +135,6 @@ pub(crate) async fn check(
         ApiError::BadBody(e.to_string())
     })?;
     let Read { named, cost, multi } = read(&bytes)?;
-    let shared = state.current();
     let mut ids = Vec::with_capacity(named.len());
     let mut keys = Vec::with_capacity(named.len());
     for (policy, key) in &named {
@@ -143,6 +146,74 @@ pub(crate) async fn check(
         ids.push(shared.table.resolve(id, key));
         keys.push(scoped_key(API_SCOPE, key)?);
     }
+    Ok(Asked {
+        ids,
+        keys,
+        cost,
+        multi,
+    })
+}
+
+/// `POST /v1/report`: usage known only after the fact (the same bodies as
+/// `/v1/check`), always charged — possibly into debt — and answered `200`
+/// with each policy's standing after the charge.
+pub(crate) async fn report(
+    State(state): State<Arc<AppState>>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let shared = state.current();
+    let Asked {
+        ids,
+        keys,
+        cost,
+        multi,
+    } = asked(&shared, body).await?;
+    let checks: Vec<Check<'_>> = ids
+        .iter()
+        .zip(&keys)
+        .map(|(&policy, key)| Check { policy, key, cost })
+        .collect();
+    let decided = shared.backend.report(&shared.table, &checks)?;
+    let bodies = ids
+        .iter()
+        .zip(&decided)
+        .map(|(id, d)| DecisionBody::new(shared.table.get(*id), d, false));
+    let response = if multi {
+        let retry = decided.iter().map(|d| d.retry_after).max().unwrap_or(0);
+        Json(Multi {
+            allowed: true,
+            retry_after_ms: ms(retry),
+            decisions: bodies.collect(),
+            degraded: false,
+        })
+        .into_response()
+    } else {
+        let decision = bodies
+            .into_iter()
+            .next()
+            .ok_or(ApiError::InvalidRequest("give `policy` and `key`".into()))?;
+        Json(Single {
+            decision,
+            degraded: false,
+        })
+        .into_response()
+    };
+    Ok(response)
+}
+
+/// `POST /v1/check`: one policy, or several all-or-nothing.
+pub(crate) async fn check(
+    State(state): State<Arc<AppState>>,
+    Peer(peer): Peer,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let shared = state.current();
+    let Asked {
+        ids,
+        keys,
+        cost,
+        multi,
+    } = asked(&shared, body).await?;
     let checks: Vec<Check<'_>> = ids
         .iter()
         .zip(&keys)

@@ -421,6 +421,58 @@ impl Backend {
         decided
     }
 
+    /// Charges usage after the fact (SPEC.md's reports): every check is
+    /// charged, possibly into debt, after all are validated. In process
+    /// only for now: the Redis script does not take reports yet.
+    pub(crate) fn report(
+        &self,
+        table: &PolicyTable,
+        checks: &[Check<'_>],
+    ) -> Result<Vec<Decision>, Refusal> {
+        let Self::Memory(local) = self else {
+            return Err(Refusal::Unsupported(
+                "reports are not supported on the Redis store yet",
+            ));
+        };
+        // Keys and pairs named twice are refused as for a check; the cost
+        // is bounded by the report's own bound.
+        let named: Vec<weir_core::Check<'_>> = checks
+            .iter()
+            .map(|c| {
+                let entry = table.get(c.policy);
+                weir_core::Check {
+                    name: &entry.stored_as,
+                    policy: &entry.policy,
+                    key: c.key,
+                    cost: 1,
+                }
+            })
+            .collect();
+        weir_core::check::validate(&named, MAX_KEY).map_err(Refusal::Invalid)?;
+        for c in checks {
+            let entry = table.get(c.policy);
+            let max = entry.local.max_report();
+            if c.cost > max {
+                return Err(Refusal::Invalid(CheckError::Cost {
+                    policy: entry.name.clone(),
+                    error: weir_core::CostError::TooLarge {
+                        cost: c.cost,
+                        max,
+                        field: entry.local.max_cost().1,
+                    },
+                }));
+            }
+        }
+        checks
+            .iter()
+            .map(|c| {
+                let decision = local.limiter.report(local.check(table, c)?)?;
+                table.get(c.policy).reported(c.cost);
+                Ok(decision)
+            })
+            .collect()
+    }
+
     /// What a check of cost 1 of `key` would decide now, charging nothing,
     /// and whether the key is stored (the admin `GET`): the shared store's
     /// answer, never a fallback's.

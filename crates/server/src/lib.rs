@@ -59,6 +59,7 @@ pub fn app(state: Arc<AppState>, face: Face) -> Router {
     if face != Face::Public {
         router = router
             .route("/v1/check", post(api::check))
+            .route("/v1/report", post(api::report))
             .route("/v1/policies", get(api::policies))
             .route(
                 "/v1/keys/{policy}/{key}",

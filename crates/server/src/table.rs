@@ -76,6 +76,7 @@ pub struct Entry {
     pub(crate) local_fields: Fields,
     decisions: [Counter; 7],
     fallbacks: Counter,
+    reported: Counter,
     /// A shaper's gauge and its slots (queue + the one being served).
     queue: Option<(Gauge, u64)>,
 }
@@ -118,6 +119,7 @@ impl Entry {
                 counter("near_limit"),
             ],
             fallbacks: metrics::counter!("weir_fallback_decisions_total", "policy" => name.clone()),
+            reported: metrics::counter!("weir_reported_cost_total", "policy" => name.clone()),
             queue,
             policy: config.policy,
             local,
@@ -154,6 +156,11 @@ impl Entry {
 
     pub(crate) fn count(&self, outcome: Outcome) {
         self.decisions[outcome as usize].increment(1);
+    }
+
+    /// Usage reported after the fact.
+    pub(crate) fn reported(&self, cost: u64) {
+        self.reported.increment(cost);
     }
 
     pub(crate) fn fell_back(&self) {
