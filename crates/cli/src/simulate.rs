@@ -172,24 +172,20 @@ fn simulate_on_redis(
     let mut rows = weir_sim::RowWriter::new(out, format);
     let result = arrivals.into_iter().try_for_each(|arrival| {
         let arrival = arrival?;
-        if arrival.op == Some(weir_sim::Op::Report) || arrival.cost == 0 {
-            bail!(
-                "line {}: reports and checks of cost 0 are not supported with --store yet (the Redis script decides checks of cost 1 and more)",
-                arrival.line
-            );
-        }
-        policy
-            .validate_cost(arrival.cost)
-            .map_err(|e| anyhow!("line {}: {e}", arrival.line))?;
-        let decision = runtime
-            .block_on(store.check(
-                &name,
-                &policy,
-                &arrival.key,
-                arrival.cost,
-                Some(arrival.time),
-            ))
-            .map_err(|e| anyhow!("line {}: {e}", arrival.line))?;
+        let report = arrival.op == Some(weir_sim::Op::Report);
+        let at = Some(arrival.time);
+        let decided = match report {
+            true => runtime.block_on(store.report(&name, &policy, &arrival.key, arrival.cost, at)),
+            false => {
+                if arrival.cost > 0 {
+                    policy
+                        .validate_cost(arrival.cost)
+                        .map_err(|e| anyhow!("line {}: {e}", arrival.line))?;
+                }
+                runtime.block_on(store.check(&name, &policy, &arrival.key, arrival.cost, at))
+            }
+        };
+        let decision = decided.map_err(|e| anyhow!("line {}: {e}", arrival.line))?;
         rows.row(&arrival, &decision)?;
         Ok::<_, anyhow::Error>(())
     });

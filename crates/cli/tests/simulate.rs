@@ -109,28 +109,13 @@ fn every_shared_vector_matches() {
     }
 }
 
-/// The same vectors, decided by the Redis store's script on a real
-/// `redis-server` (started here on a free port). Reports are not in the
-/// script yet: those vectors are refused with a clear error there.
+/// The same vectors, reports included, decided by the Redis store's script
+/// on a real `redis-server` (started here on a free port).
 #[test]
 fn every_shared_vector_matches_on_redis() {
     let redis = weir_testkit::RedisServer::start(&[]);
     let url = redis.url();
     for (expected, trace, flags) in VECTORS {
-        if trace.starts_with("usage-report") {
-            let trace = vectors().join(trace);
-            let mut args: Vec<&str> = vec!["simulate", "--store", &url];
-            args.extend(flags.split(' '));
-            args.extend(["--trace", trace.to_str().unwrap()]);
-            let out = weir(&args, "");
-            assert!(!out.status.success(), "{expected}");
-            assert!(
-                text(&out.stderr).contains("not supported with --store"),
-                "{}",
-                text(&out.stderr)
-            );
-            continue;
-        }
         let trace = vectors().join(trace);
         let mut args: Vec<&str> = vec!["simulate", "--store", &url];
         args.extend(flags.split(' '));

@@ -726,7 +726,9 @@ impl Policy {
     pub fn peek(&self, state: &State, now: Nanos, cost: u64) -> Result<Decision, CostError> {
         match (self, state) {
             (Self::SlidingLog(l), State::Log(s)) => {
-                self.validate_cost(cost)?;
+                if cost > 0 {
+                    self.validate_cost(cost)?;
+                }
                 Ok(l.peek(s, now, cost))
             }
             (Self::SlidingLog(_), _) => self.check(&mut self.new_state(), now, cost),

@@ -646,12 +646,20 @@ impl<C: Clock> Limiter<C> {
             let store = &self.at(p).store;
             let guard = &guards[guard_of(p, s)];
             decisions.push(if cost == 0 {
+                // Charges nothing: the standing, or a refusal while the key
+                // is in debt (after a report).
+                let check = store
+                    .peek_locked(guard, key, 0, now)
+                    .map_err(cost_error(p))?;
                 let (remaining, reset) = store.status_locked(guard, key, now);
-                Decision {
-                    allowed: true,
-                    remaining,
-                    reset,
-                    ..Decision::default()
+                match check.allowed {
+                    true => Decision {
+                        allowed: true,
+                        remaining,
+                        reset,
+                        ..Decision::default()
+                    },
+                    false => check,
                 }
             } else {
                 store

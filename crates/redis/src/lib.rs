@@ -91,6 +91,9 @@ pub struct Check<'a> {
     /// Decided and charged as if enforced, but never refusing the request
     /// (a shadow check that would refuse charges nothing).
     pub shadow: bool,
+    /// Usage after the fact (SPEC.md's report): always charged, possibly
+    /// into debt; answered allowed with the wait of a check of cost 1.
+    pub report: bool,
 }
 
 impl<'a> From<weir_core::Check<'a>> for Check<'a> {
@@ -99,6 +102,7 @@ impl<'a> From<weir_core::Check<'a>> for Check<'a> {
             check,
             on_loss: OnLoss::Full,
             shadow: false,
+            report: false,
         }
     }
 }
@@ -351,8 +355,29 @@ impl RedisStore {
         at: Option<Nanos>,
         mode: Mode,
     ) -> Result<Checked, StoreError> {
-        let core: Vec<weir_core::Check<'_>> = checks.iter().map(|c| c.check).collect();
+        // A report's cost is bounded by the report's own bound, not by the
+        // capacity: the other rules are the same.
+        let core: Vec<weir_core::Check<'_>> = checks
+            .iter()
+            .map(|c| weir_core::Check {
+                cost: if c.report { 0 } else { c.check.cost },
+                ..c.check
+            })
+            .collect();
         weir_core::check::validate(&core, self.max_key_len)?;
+        for c in checks.iter().filter(|c| c.report) {
+            let max = c.check.policy.max_report();
+            if c.check.cost > max {
+                return Err(StoreError::Invalid(CheckError::Cost {
+                    policy: c.check.name.to_owned(),
+                    error: weir_core::CostError::TooLarge {
+                        cost: c.check.cost,
+                        max,
+                        field: c.check.policy.max_cost().1,
+                    },
+                }));
+            }
+        }
         if matches!(self.connection, Connection::Cluster(_))
             && core.iter().any(|c| c.key != core[0].key)
         {
@@ -377,6 +402,7 @@ impl RedisStore {
             check,
             on_loss,
             shadow,
+            report,
         } in checks
         {
             invocation.key(key(check.name, check.key));
@@ -386,6 +412,9 @@ impl RedisStore {
             }
             if *shadow {
                 spec.push_str(" s");
+            }
+            if *report {
+                spec.push_str(" r");
             }
             let _ = write!(spec, " c={}", check.cost);
             invocation.arg(spec);
@@ -408,6 +437,37 @@ impl RedisStore {
             })
             .await?;
         parse(&reply, checks.len())
+    }
+
+    /// Reports usage of `cost` for one policy and identity after the fact
+    /// (SPEC.md): always charged, possibly into debt.
+    pub async fn report(
+        &self,
+        name: &str,
+        policy: &Policy,
+        identity: &str,
+        cost: u64,
+        at: Option<Nanos>,
+    ) -> Result<Decision, StoreError> {
+        let check = Check {
+            report: true,
+            ..Check::from(weir_core::Check {
+                name,
+                policy,
+                key: identity,
+                cost,
+            })
+        };
+        let mode = Mode::Charge {
+            max_delay: Nanos::MAX,
+        };
+        let checked = self.decide(&[check], at, mode).await?;
+        checked
+            .all
+            .decisions
+            .into_iter()
+            .next()
+            .ok_or(StoreError::Reply)
     }
 
     /// One policy, one identity.

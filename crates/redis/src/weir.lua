@@ -9,9 +9,11 @@
 -- ARGV[4]  "m" when the last key is the generation marker, else "-"
 -- ARGV[4+i] the policy of check i, then " e" when a lost key counts as empty,
 --          " c=K" for a cost of its own (0: report the standing, charge
---          nothing, never refuse), and " s" for a shadow check (decided and
+--          nothing, never refuse), " s" for a shadow check (decided and
 --          charged as if enforced, but never refusing the request; when it
---          would refuse it charges nothing):
+--          would refuse it charges nothing), and " r" for a report (usage
+--          after the fact: always charged, possibly into debt; allowed, with
+--          the wait of a check of cost 1):
 --          "tb C n p"  token bucket / GCRA: capacity C, rate reduced to n/p ns
 --          "lb Q n p"  leaky bucket: queue Q, rate n/p
 --          "fw L W"    fixed window      "sc L W" sliding counter
@@ -132,11 +134,12 @@ for i = 1, count_keys do
   for w in string.gmatch(ARGV[4 + i], '%S+') do spec[#spec + 1] = w end
   local kind = spec[1]
   local a, b, c = tonumber(spec[2]), tonumber(spec[3]), tonumber(spec[4])
-  local cost, empty, shadow = base_cost, false, false
+  local cost, empty, shadow, report = base_cost, false, false, false
   local flags = (kind == 'tb' or kind == 'lb') and 5 or 4
   for k = flags, #spec do
     if spec[k] == 'e' then empty = true
     elseif spec[k] == 's' then shadow = true
+    elseif spec[k] == 'r' then report = true
     elseif string.sub(spec[k], 1, 2) == 'c=' then cost = tonumber(string.sub(spec[k], 3)) end
   end
   local raw = redis.call('GET', KEYS[i])
@@ -174,17 +177,28 @@ for i = 1, count_keys do
     fresh = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(level)
     if kind == 'tb' then
       local full, need = size * p, level + cost * p
-      status = { idiv(full - level, p), cdiv(level, n) }
-      if need <= full then
+      status = { idiv(math.max(full - level, 0), p), cdiv(level, n) }
+      if report then
+        -- Always charged, possibly into debt; retry: to a check of cost 1.
+        d.allowed, d.remaining, d.reset = 1, idiv(math.max(full - need, 0), p), cdiv(need, n)
+        if need + p > full then d.retry = cdiv(need + p - full, n) end
+        new = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(need)
+      elseif need <= full then
         d.allowed, d.remaining, d.reset = 1, idiv(full - need, p), cdiv(need, n)
         new = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(need)
       else
-        d.remaining, d.retry, d.reset = idiv(full - level, p), cdiv(need - full, n), cdiv(level, n)
+        d.remaining, d.retry, d.reset = idiv(math.max(full - level, 0), p), cdiv(need - full, n), cdiv(level, n)
       end
     else
       local bound, slots = size * p, (size + 1) * p
       status = { idiv(math.max(slots - level, 0), p), cdiv(level, n) }
-      if level <= bound then
+      if report then
+        local after = level + cost * p
+        d.allowed, d.reset = 1, cdiv(after, n)
+        d.remaining = idiv(math.max(slots - after, 0), p)
+        if after > bound then d.retry = cdiv(after - bound, n) end
+        new = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(after)
+      elseif level <= bound then
         local after = level + cost * p
         d.allowed, d.delay, d.reset = 1, cdiv(level, n), cdiv(after, n)
         d.remaining = idiv(math.max(slots - after, 0), p)
@@ -208,12 +222,17 @@ for i = 1, count_keys do
     local head = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ss) .. ' ' .. fmt(sn) .. ' '
     if kind == 'fw' then
       fresh = head .. fmt(cur)
-      status = { L - cur, (cur > 0) and left or 0 }
-      if cur + cost <= L then
+      status = { math.max(L - cur, 0), (cur > 0) and left or 0 }
+      if report then
+        local after = cur + cost
+        d.allowed, d.remaining, d.reset = 1, math.max(L - after, 0), (after > 0) and left or 0
+        if after + 1 > L then d.retry = left end
+        new = head .. fmt(after)
+      elseif cur + cost <= L then
         d.allowed, d.remaining, d.reset = 1, L - cur - cost, left
         new = head .. fmt(cur + cost)
       else
-        d.remaining, d.retry, d.reset = L - cur, left, (cur > 0) and left or 0
+        d.remaining, d.retry, d.reset = math.max(L - cur, 0), left, (cur > 0) and left or 0
       end
     else
       fresh = head .. fmt(cur) .. ' ' .. fmt(prev)
@@ -226,7 +245,17 @@ for i = 1, count_keys do
         return r, reset
       end
       status = { standing(cur) }
-      if L - cur - cost >= 0 and prev * left <= (L - cur - cost) * W then
+      if report then
+        local after = cur + cost
+        d.allowed = 1
+        d.remaining, d.reset = standing(after)
+        -- The wait of a check of cost 1 on the new counts.
+        if not (L - after - 1 >= 0 and prev * left <= (L - after - 1) * W) then
+          if after + 1 <= L then d.retry = left - idiv((L - after - 1) * W, prev)
+          else d.retry = left + (W - idiv((L - 1) * W, after)) end
+        end
+        new = head .. fmt(after) .. ' ' .. fmt(prev)
+      elseif L - cur - cost >= 0 and prev * left <= (L - cur - cost) * W then
         d.allowed = 1
         d.remaining, d.reset = standing(cur + cost)
         new = head .. fmt(cur + cost) .. ' ' .. fmt(prev)
@@ -271,13 +300,28 @@ for i = 1, count_keys do
       return table.concat(parts)
     end
     fresh = encode(nil)
-    status = { L - count, 0 }
+    status = { math.max(L - count, 0), 0 }
     if #times > 0 then status[2] = W - diff(ts, tn, times[#times][1], times[#times][2]) end
-    if count + cost <= L then
+    if report then
+      local after = count + cost
+      d.allowed, d.remaining, d.reset = 1, math.max(L - after, 0), W
+      if cost == 0 then d.reset = status[2] end
+      if after + 1 > L then
+        -- The oldest entry (this report last) whose expiry leaves room for 1.
+        local excess, sum = after + 1 - L, 0
+        local found = false
+        for k = 1, #times do
+          sum = sum + costs[k]
+          if sum >= excess then d.retry = W - diff(ts, tn, times[k][1], times[k][2]); found = true; break end
+        end
+        if not found then d.retry = W end
+      end
+      if cost > 0 then new = encode({ { ts, tn }, cost }) else new = fresh end
+    elseif count + cost <= L then
       d.allowed, d.remaining, d.reset = 1, L - count - cost, W
       new = encode({ { ts, tn }, cost })
     else
-      d.remaining = L - count
+      d.remaining = math.max(L - count, 0)
       local excess, sum = count + cost - L, 0
       for k = 1, #times do
         sum = sum + costs[k]
@@ -287,8 +331,9 @@ for i = 1, count_keys do
       d.reset = W - diff(ts, tn, last[1], last[2])
     end
   end
-  if cost == 0 then -- the standing only
-    d = { allowed = 1, remaining = status[1], retry = 0, reset = status[2], delay = 0 }
+  if cost == 0 and not report then
+    -- Charges nothing: the standing, or a refusal while in debt.
+    if d.allowed == 1 then d = { allowed = 1, remaining = status[1], retry = 0, reset = status[2], delay = 0 } end
     new = nil
   end
   checks[i] = { d = d, new = new, fresh = fresh, status = status, shadow = shadow }

@@ -76,6 +76,68 @@ pub(crate) fn replay(
     }
 }
 
+/// Checks (cost 0 included) and reports mixed, through Redis and the core.
+fn replay_reports(
+    store: &RedisStore,
+    runtime: &tokio::runtime::Runtime,
+    policy: Policy,
+    trace: &[(i64, u8, u64, bool)],
+    case: u64,
+) {
+    let mut reference: HashMap<String, State> = HashMap::new();
+    let mut now: Nanos = 1_796_000_000 * NANOS_PER_SEC + 123_456_789;
+    let name = format!("r{case}");
+    for &(gap, key, cost, report) in trace {
+        // Forward only: a check of cost 0 moves no state in Redis.
+        now = now.saturating_add_signed(gap.max(0) * 1_000_000 + i64::from(key) * 7);
+        let identity = format!("r{case}-k{key}");
+        let state = reference
+            .entry(identity.clone())
+            .or_insert_with(|| policy.new_state());
+        let (expected, got) = if report {
+            let expected = policy.report(state, now, cost).unwrap();
+            let got = runtime.block_on(store.report(&name, &policy, &identity, cost, Some(now)));
+            (expected, got.unwrap())
+        } else {
+            let cost = cost.min(policy.max_cost().0);
+            let expected = policy.check(state, now, cost).unwrap();
+            let got = runtime.block_on(store.check(&name, &policy, &identity, cost, Some(now)));
+            (expected, got.unwrap())
+        };
+        assert_eq!(
+            got, expected,
+            "{policy} at {now}, {identity}, cost {cost}, report {report}"
+        );
+    }
+}
+
+#[test]
+fn reports_and_debt_decide_as_the_core() {
+    let shared = shared();
+    let case = AtomicU64::new(0);
+    let strategy = (
+        prop::sample::select(POLICIES.to_vec()),
+        prop::collection::vec((gap(), 0u8..3, 0u64..=12, prop::bool::weighted(0.3)), 1..60),
+    );
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 48,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&strategy, |(policy, trace)| {
+            let n = case.fetch_add(1, Ordering::SeqCst);
+            replay_reports(
+                &shared.store,
+                &shared.runtime,
+                Policy::parse(policy).unwrap(),
+                &trace,
+                n,
+            );
+            Ok(())
+        })
+        .unwrap();
+}
+
 /// Gaps in ms: bursts, exact window and refill boundaries, going back.
 fn gap() -> impl Strategy<Value = i64> {
     prop_oneof![3 => Just(0i64), 2 => prop::sample::select(vec![100i64, 250, 500, 1000, 1500, 3000]), 4 => -300i64..900]
@@ -357,6 +419,7 @@ fn a_lost_state_is_detected_and_empty_keys_refill_from_then() {
             },
             on_loss,
             shadow: false,
+            report: false,
         }];
         let checked = runtime
             .block_on(store.decide(&check, Some(at), Mode::Charge { max_delay: 0 }))

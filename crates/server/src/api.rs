@@ -173,7 +173,7 @@ pub(crate) async fn report(
         .zip(&keys)
         .map(|(&policy, key)| Check { policy, key, cost })
         .collect();
-    let decided = shared.backend.report(&shared.table, &checks)?;
+    let decided = shared.backend.report(&shared.table, &checks).await?;
     let bodies = ids
         .iter()
         .zip(&decided)

@@ -422,55 +422,64 @@ impl Backend {
     }
 
     /// Charges usage after the fact (SPEC.md's reports): every check is
-    /// charged, possibly into debt, after all are validated. In process
-    /// only for now: the Redis script does not take reports yet.
-    pub(crate) fn report(
+    /// charged, possibly into debt, after all are validated. On Redis, one
+    /// script call charges them together; a store failure is
+    /// [`Refusal::Unavailable`] (usage is never charged to a fallback).
+    pub(crate) async fn report(
         &self,
         table: &PolicyTable,
         checks: &[Check<'_>],
     ) -> Result<Vec<Decision>, Refusal> {
-        let Self::Memory(local) = self else {
-            return Err(Refusal::Unsupported(
-                "reports are not supported on the Redis store yet",
-            ));
-        };
-        // Keys and pairs named twice are refused as for a check; the cost
-        // is bounded by the report's own bound.
-        let named: Vec<weir_core::Check<'_>> = checks
+        let reports: Vec<weir_redis::Check<'_>> = checks
             .iter()
-            .map(|c| {
-                let entry = table.get(c.policy);
-                weir_core::Check {
-                    name: &entry.stored_as,
-                    policy: &entry.policy,
-                    key: c.key,
-                    cost: 1,
-                }
+            .map(|c| weir_redis::Check {
+                report: true,
+                ..redis_check(table, c)
             })
             .collect();
-        weir_core::check::validate(&named, MAX_KEY).map_err(Refusal::Invalid)?;
-        for c in checks {
-            let entry = table.get(c.policy);
-            let max = entry.local.max_report();
-            if c.cost > max {
+        // Keys, pairs named twice and the report's own bound on the cost.
+        let core: Vec<weir_core::Check<'_>> = reports
+            .iter()
+            .map(|c| weir_core::Check { cost: 0, ..c.check })
+            .collect();
+        weir_core::check::validate(&core, MAX_KEY).map_err(Refusal::Invalid)?;
+        for c in &reports {
+            let max = c.check.policy.max_report();
+            if c.check.cost > max {
                 return Err(Refusal::Invalid(CheckError::Cost {
-                    policy: entry.name.clone(),
+                    policy: c.check.name.to_owned(),
                     error: weir_core::CostError::TooLarge {
-                        cost: c.cost,
+                        cost: c.check.cost,
                         max,
-                        field: entry.local.max_cost().1,
+                        field: c.check.policy.max_cost().1,
                     },
                 }));
             }
         }
-        checks
-            .iter()
-            .map(|c| {
-                let decision = local.limiter.report(local.check(table, c)?)?;
-                table.get(c.policy).reported(c.cost);
-                Ok(decision)
-            })
-            .collect()
+        let decided = match self {
+            Self::Memory(local) => checks
+                .iter()
+                .map(|c| Ok(local.limiter.report(local.check(table, c)?)?))
+                .collect::<Result<Vec<_>, Refusal>>()?,
+            Self::Redis { remote, .. } => {
+                let store = remote
+                    .available()
+                    .ok_or(Refusal::Unavailable { denied: true })?;
+                let mode = Mode::Charge {
+                    max_delay: Nanos::MAX,
+                };
+                store
+                    .decide(&reports, None, mode)
+                    .await
+                    .map_err(refusal)?
+                    .all
+                    .decisions
+            }
+        };
+        for c in checks {
+            table.get(c.policy).reported(c.cost);
+        }
+        Ok(decided)
     }
 
     /// What a check of cost 1 of `key` would decide now, charging nothing,
@@ -558,6 +567,7 @@ fn redis_check<'a>(table: &'a PolicyTable, check: &Check<'a>) -> weir_redis::Che
         },
         on_loss: entry.on_state_loss.into(),
         shadow: entry.shadow,
+        report: false,
     }
 }
 
