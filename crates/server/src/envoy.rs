@@ -53,6 +53,9 @@ pub type Translated = Vec<Option<(Target, String, u64)>>;
 pub enum Target {
     /// The matched rule's policy.
     Rule(PolicyId),
+    /// The matched rule's policy, the descriptor being usage reported after
+    /// the fact (`report = true`).
+    Report(PolicyId),
     /// The descriptor's own `limit` (`RateLimitOverride`): the matched
     /// rule's algorithm with its quota replaced, or — no rule matching — a
     /// fixed window of `requests_per_unit` per `unit`.
@@ -118,6 +121,7 @@ pub fn translate(config: &Config, request: &RateLimitRequest) -> Result<Translat
                 requests_per_unit: limit.requests_per_unit,
                 unit: limit.unit,
             },
+            (Some(rule), None) if rule.report => Target::Report(rule.policy),
             (Some(rule), None) => Target::Rule(rule.policy),
             (None, None) => {
                 out.push(None);
@@ -138,7 +142,9 @@ pub fn translate(config: &Config, request: &RateLimitRequest) -> Result<Translat
         }
         let mut key = String::from("envoy:");
         escape(&mut key, &request.domain);
-        for entry in &descriptor.entries {
+        let keyed = rule.and_then(|r| r.key_entries.as_ref());
+        let in_key = |k: &str| keyed.is_none_or(|keys| keys.iter().any(|e| e == k));
+        for entry in descriptor.entries.iter().filter(|e| in_key(&e.key)) {
             key.push(':');
             escape(&mut key, &entry.key);
             key.push('=');
@@ -223,7 +229,7 @@ pub fn with_limit(base: Option<Policy>, count: u64, period: Nanos) -> Result<Pol
 /// a descriptor's own limit (its state keyed by that limit too).
 fn resolve(shared: &Shared, target: Target) -> Result<PolicyId, Status> {
     let (rule, requests_per_unit, unit) = match target {
-        Target::Rule(id) => return Ok(id),
+        Target::Rule(id) | Target::Report(id) => return Ok(id),
         Target::Limit {
             rule,
             requests_per_unit,
@@ -247,7 +253,11 @@ fn resolve(shared: &Shared, target: Target) -> Result<PolicyId, Status> {
 /// Decides `request` (errors as gRPC statuses).
 async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
     let translated = translate(&shared.config, request).map_err(Status::invalid_argument)?;
-    let translated: Vec<Option<(PolicyId, &str, u64)>> = translated
+    let reporting: Vec<bool> = translated
+        .iter()
+        .map(|t| matches!(t, Some((Target::Report(_), _, _))))
+        .collect();
+    let mut translated: Vec<Option<(PolicyId, &str, u64)>> = translated
         .iter()
         .map(|t| {
             t.as_ref()
@@ -255,6 +265,34 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
                 .transpose()
         })
         .collect::<Result<_, Status>>()?;
+    // Usage reported after the fact: always charged, always OK, apart from
+    // the checks of the same request.
+    let mut reports: Vec<(usize, Check<'_>)> = Vec::new();
+    for (i, t) in translated.iter_mut().enumerate() {
+        if reporting[i] {
+            if let Some((policy, key, cost)) = t.take() {
+                reports.push((i, Check { policy, key, cost }));
+            }
+        }
+    }
+    let report_checks: Vec<Check<'_>> = reports.iter().map(|(_, c)| *c).collect();
+    let reported = match report_checks.is_empty() {
+        true => Vec::new(),
+        false => shared
+            .backend
+            .report(&shared.table, &report_checks)
+            .await
+            .map_err(|refusal| match refusal {
+                Refusal::Invalid(e) => Status::invalid_argument(e.to_string()),
+                Refusal::Unsupported(m) => Status::invalid_argument(m),
+                Refusal::Full { max } => Status::resource_exhausted(format!(
+                    "the limiter holds its maximum of {max} keys; new keys are refused"
+                )),
+                Refusal::Unavailable { .. } => {
+                    Status::unavailable("the store is unavailable: usage cannot be charged")
+                }
+            })?,
+    };
     // Descriptors that name the same (policy, key) — two rate limit actions
     // producing the same entries — are one check of their summed cost, and
     // report the same status.
@@ -286,6 +324,21 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
         statuses: vec![ok; translated.len()],
         ..RateLimitResponse::default()
     };
+    for ((i, check), d) in reports.iter().zip(&reported) {
+        let entry = shared.table.get(check.policy);
+        let (requests_per_unit, unit) = per_unit(&entry.policy);
+        response.statuses[*i] = DescriptorStatus {
+            code: Code::Ok.into(),
+            current_limit: Some(RateLimit {
+                name: entry.name.clone(),
+                requests_per_unit,
+                unit: unit.into(),
+            }),
+            limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
+            duration_until_reset: Some(duration(d.reset)),
+            ..DescriptorStatus::default()
+        };
+    }
     if checks.is_empty() {
         return Ok(response);
     }

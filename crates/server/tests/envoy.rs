@@ -446,3 +446,70 @@ async fn a_descriptor_with_its_own_limit_is_decided_at_that_limit() {
     }
     assert_eq!(codes, [ok, over]);
 }
+
+#[tokio::test]
+async fn a_report_rule_charges_the_admission_rules_key_after_the_fact() {
+    let config = r#"
+[policies.tokens]
+algorithm = "token-bucket"
+capacity = 1000
+rate = "100/s"
+
+# Admission: a check of cost 1 per request, by tenant.
+[[descriptors]]
+domain = "llm"
+entries = ["tenant"]
+policy = "tokens"
+
+# When the stream is done (Envoy's apply_on_stream_done): the tokens used,
+# as hits_addend, charged to the same key.
+[[descriptors]]
+domain = "llm"
+entries = ["tenant", "phase=done"]
+policy = "tokens"
+report = true
+key_entries = ["tenant"]
+"#;
+    let (client, _, _) = start(config).await;
+    let ask_llm = |descriptors: Vec<RateLimitDescriptor>| {
+        let mut client = client.clone();
+        async move {
+            let request = RateLimitRequest {
+                domain: "llm".into(),
+                descriptors,
+                hits_addend: 0,
+            };
+            client
+                .should_rate_limit(request)
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    let admit = || descriptor(&[("tenant", "t1")], None);
+    let done = |tokens| descriptor(&[("tenant", "t1"), ("phase", "done")], Some(tokens));
+    let (ok, over) = (i32::from(Code::Ok), i32::from(Code::OverLimit));
+    assert_eq!(ask_llm(vec![admit()]).await.overall_code, ok);
+    // The answer used 2,999 tokens: reported, always OK, into debt.
+    let reported = ask_llm(vec![done(2_999)]).await;
+    assert_eq!(reported.overall_code, ok);
+    assert_eq!(reported.statuses[0].limit_remaining, 0);
+    // The same tenant is refused until the debt is paid back (about 20 s).
+    let refused = ask_llm(vec![admit()]).await;
+    assert_eq!(refused.overall_code, over);
+    let wait: u64 = header(&refused, "retry-after").unwrap().parse().unwrap();
+    assert!((19..=21).contains(&wait), "{wait}");
+    // Another tenant is not affected.
+    let other = ask_llm(vec![descriptor(&[("tenant", "t2")], None)]).await;
+    assert_eq!(other.overall_code, ok);
+}
+
+#[test]
+fn key_entries_must_be_entries_of_the_rule() {
+    let text = "[policies.a]\nalgorithm = \"gcra\"\nburst = 1\nrate = \"1/s\"\n\n[[descriptors]]\ndomain = \"d\"\nentries = [\"tenant\"]\npolicy = \"a\"\nreport = true\nkey_entries = [\"seller\"]\n";
+    let errors = config::parse(text, None).unwrap_err().0;
+    assert_eq!(
+        errors[0].place, "[[descriptors]] #1 key_entries",
+        "{errors:?}"
+    );
+}

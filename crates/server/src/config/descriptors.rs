@@ -16,6 +16,13 @@ pub struct DescriptorRule {
     pub entries: Vec<(String, Option<String>)>,
     /// The policy that decides it.
     pub policy: PolicyId,
+    /// `report = true`: its descriptors are usage reported after the fact
+    /// (always `OK`, charged with `hits_addend`), e.g. the call Envoy makes
+    /// when a stream is done (`apply_on_stream_done`).
+    pub report: bool,
+    /// `key_entries`: the entries the key is built from (none: all), so that
+    /// a report rule charges the key of the admission rule.
+    pub key_entries: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -23,6 +30,8 @@ pub(super) struct Raw {
     domain: Spanned<String>,
     entries: Spanned<Vec<String>>,
     policy: Spanned<String>,
+    report: Option<bool>,
+    key_entries: Option<Spanned<Vec<String>>>,
 }
 
 pub(super) fn parse(
@@ -61,11 +70,24 @@ pub(super) fn parse(
         if rule.domain.get_ref().is_empty() {
             report.error(&rule.domain.span(), &place("domain"), "must not be empty");
         }
+        if let Some(keys) = &rule.key_entries {
+            for key in keys.get_ref() {
+                if !entries.iter().any(|(k, _)| k == key) {
+                    report.error(
+                        &keys.span(),
+                        &place("key_entries"),
+                        format!("`{key}` is not one of the rule's entries"),
+                    );
+                }
+            }
+        }
         match resolve(rule.policy.get_ref()) {
             Some(policy) => rules.push(DescriptorRule {
                 domain: rule.domain.get_ref().clone(),
                 entries,
                 policy,
+                report: rule.report.unwrap_or(false),
+                key_entries: rule.key_entries.as_ref().map(|k| k.get_ref().clone()),
             }),
             None => report.error(
                 &rule.policy.span(),

@@ -42,7 +42,7 @@ const ROUTE: &[&str] = &[
     "max_body",
     "identity_case",
 ];
-const DESCRIPTOR: &[&str] = &["domain", "entries", "policy"];
+const DESCRIPTOR: &[&str] = &["domain", "entries", "policy", "report", "key_entries"];
 
 /// Reports every key of `table` that is not one of the known ones. A
 /// policy's own parameters are checked by the policy (they depend on its
