@@ -229,28 +229,14 @@ impl RedisStore {
 
     /// Whether the store answers a `PING` within the timeout.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let cmd = redis::cmd("PING");
-        self.call(async {
-            match &self.connection {
-                Connection::Single(c) => cmd.query_async::<()>(&mut c.clone()).await,
-                Connection::Cluster(c) => cmd.query_async::<()>(&mut c.clone()).await,
-            }
-        })
-        .await
+        self.query(&redis::cmd("PING")).await
     }
 
     /// Forgets `identity` under the policy `name` (granting it a fresh
     /// allowance); whether it was stored.
     pub async fn reset(&self, name: &str, identity: &str) -> Result<bool, StoreError> {
-        let mut cmd = redis::cmd("DEL");
-        cmd.arg(key(name, identity));
         let deleted: i64 = self
-            .call(async {
-                match &self.connection {
-                    Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
-                    Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
-                }
-            })
+            .query(redis::cmd("DEL").arg(key(name, identity)))
             .await?;
         Ok(deleted > 0)
     }
@@ -271,15 +257,7 @@ impl RedisStore {
              if redis.call('DBSIZE') > 0 then return -1 end \
              redis.call('SET', KEYS[1], '0 0') return 1",
         );
-        let invocation = script.key(MARKER);
-        let answer: i64 = self
-            .call(async {
-                match &self.connection {
-                    Connection::Single(c) => invocation.invoke_async(&mut c.clone()).await,
-                    Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
-                }
-            })
-            .await?;
+        let answer: i64 = self.invoke(&script.key(MARKER)).await?;
         Ok(match answer {
             1 => MarkerInit::New,
             0 => MarkerInit::Present,
@@ -289,17 +267,35 @@ impl RedisStore {
 
     /// Whether `identity` has state under the policy `name`.
     pub async fn exists(&self, name: &str, identity: &str) -> Result<bool, StoreError> {
-        let mut cmd = redis::cmd("EXISTS");
-        cmd.arg(key(name, identity));
         let found: i64 = self
-            .call(async {
-                match &self.connection {
-                    Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
-                    Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
-                }
-            })
+            .query(redis::cmd("EXISTS").arg(key(name, identity)))
             .await?;
         Ok(found > 0)
+    }
+
+    /// One command on the node or the cluster, within the timeout.
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
+        self.call(async {
+            match &self.connection {
+                Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
+                Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            }
+        })
+        .await
+    }
+
+    /// One script call (loaded again on `NOSCRIPT`), within the timeout.
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        self.call(async {
+            match &self.connection {
+                Connection::Single(c) => invocation.invoke_async(&mut c.clone()).await,
+                Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
+            }
+        })
+        .await
     }
 
     async fn call<T>(
@@ -424,18 +420,7 @@ impl RedisStore {
         }
         // One round trip; the multiplexed connection pipelines concurrent
         // calls, and `invoke_async` loads the script again on NOSCRIPT.
-        let reply = self
-            .call(async {
-                match &self.connection {
-                    Connection::Single(c) => {
-                        invocation.invoke_async::<Vec<i64>>(&mut c.clone()).await
-                    }
-                    Connection::Cluster(c) => {
-                        invocation.invoke_async::<Vec<i64>>(&mut c.clone()).await
-                    }
-                }
-            })
-            .await?;
+        let reply: Vec<i64> = self.invoke(&invocation).await?;
         parse(&reply, checks.len())
     }
 

@@ -123,6 +123,46 @@ struct Asked {
     multi: bool,
 }
 
+impl Asked {
+    /// One check per (policy, key), each of the request's cost.
+    fn checks(&self) -> Vec<Check<'_>> {
+        self.ids
+            .iter()
+            .zip(&self.keys)
+            .map(|(&policy, key)| Check {
+                policy,
+                key,
+                cost: self.cost,
+            })
+            .collect()
+    }
+
+    /// The answer: one decision, or (`checks` was given) every one with
+    /// the request's outcome and its longest wait.
+    fn answer(
+        &self,
+        bodies: Vec<DecisionBody<'_>>,
+        allowed: bool,
+        retry_after: Nanos,
+        degraded: bool,
+    ) -> Result<Response, ApiError> {
+        if self.multi {
+            return Ok(Json(Multi {
+                allowed,
+                retry_after_ms: ms(retry_after),
+                decisions: bodies,
+                degraded,
+            })
+            .into_response());
+        }
+        let decision = bodies
+            .into_iter()
+            .next()
+            .ok_or(ApiError::InvalidRequest("give `policy` and `key`".into()))?;
+        Ok(Json(Single { decision, degraded }).into_response())
+    }
+}
+
 async fn asked(shared: &Shared, body: Body) -> Result<Asked, ApiError> {
     let bytes = to_bytes(body, MAX_BODY).await.map_err(|e| {
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
@@ -162,43 +202,19 @@ pub(crate) async fn report(
     body: Body,
 ) -> Result<Response, ApiError> {
     let shared = state.current();
-    let Asked {
-        ids,
-        keys,
-        cost,
-        multi,
-    } = asked(&shared, body).await?;
-    let checks: Vec<Check<'_>> = ids
-        .iter()
-        .zip(&keys)
-        .map(|(&policy, key)| Check { policy, key, cost })
-        .collect();
-    let decided = shared.backend.report(&shared.table, &checks).await?;
-    let bodies = ids
+    let asked = asked(&shared, body).await?;
+    let decided = shared
+        .backend
+        .report(&shared.table, &asked.checks())
+        .await?;
+    let bodies = asked
+        .ids
         .iter()
         .zip(&decided)
-        .map(|(id, d)| DecisionBody::new(shared.table.get(*id), d, false));
-    let response = if multi {
-        let retry = decided.iter().map(|d| d.retry_after).max().unwrap_or(0);
-        Json(Multi {
-            allowed: true,
-            retry_after_ms: ms(retry),
-            decisions: bodies.collect(),
-            degraded: false,
-        })
-        .into_response()
-    } else {
-        let decision = bodies
-            .into_iter()
-            .next()
-            .ok_or(ApiError::InvalidRequest("give `policy` and `key`".into()))?;
-        Json(Single {
-            decision,
-            degraded: false,
-        })
-        .into_response()
-    };
-    Ok(response)
+        .map(|(id, d)| DecisionBody::new(shared.table.get(*id), d, false))
+        .collect();
+    let retry = decided.iter().map(|d| d.retry_after).max().unwrap_or(0);
+    asked.answer(bodies, true, retry, false)
 }
 
 /// `POST /v1/check`: one policy, or several all-or-nothing.
@@ -208,17 +224,8 @@ pub(crate) async fn check(
     body: Body,
 ) -> Result<Response, ApiError> {
     let shared = state.current();
-    let Asked {
-        ids,
-        keys,
-        cost,
-        multi,
-    } = asked(&shared, body).await?;
-    let checks: Vec<Check<'_>> = ids
-        .iter()
-        .zip(&keys)
-        .map(|(&policy, key)| Check { policy, key, cost })
-        .collect();
+    let asked = asked(&shared, body).await?;
+    let checks = asked.checks();
     shared
         .may_create(&checks, peer)
         .map_err(ApiError::NewKeys)?;
@@ -233,35 +240,27 @@ pub(crate) async fn check(
         )
         .await?;
     let degraded = verdict.degraded;
-    let decided: Vec<_> = ids.iter().zip(verdict.decisions()).collect();
-    let bodies = decided.iter().enumerate().map(|(i, (id, d))| {
-        let body = DecisionBody::new(shared.table.get(**id), d, degraded);
-        match verdict.shadow_limited(i) {
-            // Admitted: the shadow policy only says it would have refused.
-            true => DecisionBody {
-                allowed: true,
-                shadow_limited: true,
-                ..body
-            },
-            false => body,
-        }
-    });
-    let mut response = if multi {
-        Json(Multi {
-            allowed: verdict.all.allowed,
-            retry_after_ms: ms(verdict.retry_after()),
-            decisions: bodies.collect(),
-            degraded,
+    let bodies = asked
+        .ids
+        .iter()
+        .zip(verdict.decisions())
+        .enumerate()
+        .map(|(i, (id, d))| {
+            let body = DecisionBody::new(shared.table.get(*id), &d, degraded);
+            match verdict.shadow_limited(i) {
+                // Admitted: the shadow policy only says it would have refused.
+                true => DecisionBody {
+                    allowed: true,
+                    shadow_limited: true,
+                    ..body
+                },
+                false => body,
+            }
         })
-        .into_response()
-    } else {
-        let decision = bodies
-            .into_iter()
-            .next()
-            .ok_or(ApiError::InvalidRequest("give `policy` and `key`".into()))?;
-        Json(Single { decision, degraded }).into_response()
-    };
-    let parts: Vec<Part<'_>> = verdict.visible(&shared.table, &ids);
+        .collect();
+    let retry = verdict.retry_after();
+    let mut response = asked.answer(bodies, verdict.all.allowed, retry, degraded)?;
+    let parts: Vec<Part<'_>> = verdict.visible(&shared.table, &asked.ids);
     let style = shared.config.server.headers;
     response.headers_mut().extend(fields_in(style, &parts));
     Ok(response)

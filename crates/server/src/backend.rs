@@ -4,6 +4,7 @@
 //! policy's `on_store_error` rule (the local fallback, allow or deny),
 //! marked degraded and counted.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -366,7 +367,11 @@ impl Backend {
         let started = Instant::now();
         // Unlimited overrides are admitted without a store call.
         let unlimited = |c: &Check<'_>| table.get(c.policy).unlimited;
-        let counted: Vec<Check<'_>> = checks.iter().filter(|c| !unlimited(c)).copied().collect();
+        // Copied only when an unlimited override is among them.
+        let counted: Cow<'_, [Check<'_>]> = match checks.iter().any(unlimited) {
+            true => checks.iter().filter(|c| !unlimited(c)).copied().collect(),
+            false => Cow::Borrowed(checks),
+        };
         let decided = match self {
             _ if counted.is_empty() => Ok(Verdict {
                 all: AllDecision {

@@ -250,6 +250,22 @@ fn resolve(shared: &Shared, target: Target) -> Result<PolicyId, Status> {
         .ok_or_else(|| Status::resource_exhausted("too many distinct descriptor limits at once"))
 }
 
+/// The gRPC status of a request the backend could not decide. A store
+/// failure with no rule is `UNAVAILABLE`, so that Envoy's
+/// `failure_mode_deny` decides.
+fn status(refusal: Refusal) -> Status {
+    match refusal {
+        Refusal::Invalid(e) => Status::invalid_argument(e.to_string()),
+        Refusal::Unsupported(m) => Status::invalid_argument(m),
+        Refusal::Full { max } => Status::resource_exhausted(format!(
+            "the limiter holds its maximum of {max} keys; new keys are refused"
+        )),
+        Refusal::Unavailable { .. } => Status::unavailable(
+            "the store is unavailable and no on_store_error rule decides for it",
+        ),
+    }
+}
+
 /// Decides `request` (errors as gRPC statuses).
 async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
     let translated = translate(&shared.config, request).map_err(Status::invalid_argument)?;
@@ -282,16 +298,7 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
             .backend
             .report(&shared.table, &report_checks)
             .await
-            .map_err(|refusal| match refusal {
-                Refusal::Invalid(e) => Status::invalid_argument(e.to_string()),
-                Refusal::Unsupported(m) => Status::invalid_argument(m),
-                Refusal::Full { max } => Status::resource_exhausted(format!(
-                    "the limiter holds its maximum of {max} keys; new keys are refused"
-                )),
-                Refusal::Unavailable { .. } => {
-                    Status::unavailable("the store is unavailable: usage cannot be charged")
-                }
-            })?,
+            .map_err(status)?,
     };
     // Descriptors that name the same (policy, key) — two rate limit actions
     // producing the same entries — are one check of their summed cost, and
@@ -350,18 +357,6 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
         .await;
     let verdict = match decided {
         Ok(verdict) => verdict,
-        Err(Refusal::Invalid(e)) => return Err(Status::invalid_argument(e.to_string())),
-        Err(Refusal::Unsupported(m)) => return Err(Status::invalid_argument(m)),
-        Err(Refusal::Full { max }) => {
-            return Err(Status::resource_exhausted(format!(
-                "the limiter holds its maximum of {max} keys; new keys are refused"
-            )));
-        }
-        Err(Refusal::Unavailable { denied: false }) => {
-            return Err(Status::unavailable(
-                "the store is unavailable and the policies set no on_store_error rule",
-            ));
-        }
         Err(Refusal::Unavailable { denied: true }) => {
             response.overall_code = Code::OverLimit.into();
             for (status, t) in response.statuses.iter_mut().zip(&translated) {
@@ -376,6 +371,7 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
             response.raw_body = r#"{"error":"STORE_UNAVAILABLE"}"#.as_bytes().to_vec();
             return Ok(response);
         }
+        Err(refusal) => return Err(status(refusal)),
     };
     let ids: Vec<PolicyId> = checks.iter().map(|c| c.policy).collect();
     let decided: Vec<Part<'_>> = ids

@@ -87,6 +87,35 @@ pub(crate) fn process() -> &'static metrics_process::Collector {
     COLLECTOR.get_or_init(metrics_process::Collector::default)
 }
 
+/// Metric handles by route (or API path) and status, registered once: a
+/// request finds its handle under a read lock by one hash of the route,
+/// instead of registering it again.
+type Handles<T> = OnceLock<RwLock<HashMap<String, Vec<(u16, T)>>>>;
+
+/// The handle of `route` and `status`, or the one `make` registers (kept
+/// for at most [`MAX_ROUTES`] routes: routes and API paths are configured).
+fn cached<T: Clone>(handles: &Handles<T>, route: &str, status: u16, make: impl FnOnce() -> T) -> T {
+    let handles = handles.get_or_init(RwLock::default);
+    let known = handles
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(route)
+        .and_then(|statuses| statuses.iter().find(|(s, _)| *s == status))
+        .map(|(_, t)| t.clone());
+    known.unwrap_or_else(|| {
+        let handle = make();
+        let mut handles = handles.write().unwrap_or_else(PoisonError::into_inner);
+        if handles.len() < MAX_ROUTES || handles.contains_key(route) {
+            let statuses = handles.entry(route.to_owned()).or_default();
+            statuses.push((status, handle.clone()));
+        }
+        handle
+    })
+}
+
+/// The most routes [`cached`] keeps handles for.
+const MAX_ROUTES: usize = 1024;
+
 /// Handles that belong to no one policy.
 #[derive(Debug)]
 pub(crate) struct Meters {
@@ -116,35 +145,26 @@ impl Meters {
     /// One HTTP answer. Handles are looked up once per (route, status),
     /// not registered again per request.
     pub(crate) fn http(route: &str, status: u16) {
-        type Handles = HashMap<u16, HashMap<String, Counter>>;
-        static HANDLES: OnceLock<RwLock<Handles>> = OnceLock::new();
-        let handles = HANDLES.get_or_init(RwLock::default);
-        let known = handles
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&status)
-            .and_then(|routes| routes.get(route))
-            .cloned();
-        let counter = known.unwrap_or_else(|| {
-            let counter = metrics::counter!("weir_http_requests_total", "route" => route.to_owned(), "status" => status.to_string());
-            let mut handles = handles.write().unwrap_or_else(PoisonError::into_inner);
-            let routes = handles.entry(status).or_default();
-            // Bounded: routes are configured, API paths and statuses few.
-            if routes.len() < 1024 {
-                routes.insert(route.to_owned(), counter.clone());
-            }
-            counter
-        });
-        counter.increment(1);
+        static HANDLES: Handles<Counter> = OnceLock::new();
+        cached(&HANDLES, route, status, || {
+            metrics::counter!("weir_http_requests_total", "route" => route.to_owned(), "status" => status.to_string())
+        })
+        .increment(1);
     }
 
     /// One upstream call of a gateway route: its latency, or an error.
     pub(crate) fn upstream(route: &str, started: Instant, ok: bool) {
-        let route = route.to_owned();
+        static LATENCY: Handles<Histogram> = OnceLock::new();
+        static ERRORS: Handles<Counter> = OnceLock::new();
         match ok {
-            true => metrics::histogram!("weir_upstream_duration_seconds", "route" => route)
-                .record(started.elapsed().as_secs_f64()),
-            false => metrics::counter!("weir_upstream_errors_total", "route" => route).increment(1),
+            true => cached(&LATENCY, route, 0, || {
+                metrics::histogram!("weir_upstream_duration_seconds", "route" => route.to_owned())
+            })
+            .record(started.elapsed().as_secs_f64()),
+            false => cached(&ERRORS, route, 0, || {
+                metrics::counter!("weir_upstream_errors_total", "route" => route.to_owned())
+            })
+            .increment(1),
         }
     }
 
