@@ -19,9 +19,10 @@ use weir_tower::{Limited, Part, fields_in};
 use crate::RouteLabel;
 use crate::answer::ApiError;
 use crate::backend::{Check, scoped_key};
-use crate::config::{Identity, OnStoreError, PolicyId, Route, Segment};
+use crate::config::{Cost, Identity, OnStoreError, PolicyId, Route, Segment, Usage};
 use crate::metrics::Meters;
 use crate::state::{AppState, Shared};
+use crate::usage::{Charge, Metered, Scanner};
 
 /// Headers that belong to one connection, not to the request.
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -225,7 +226,7 @@ pub(crate) async fn forward(State(state): State<Arc<AppState>>, request: Request
 
 /// A matched request: identified, decided, then forwarded or refused.
 async fn through(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     route: &Route,
     params: &[(&str, &str)],
     path: &str,
@@ -257,12 +258,16 @@ async fn through(
         .iter()
         .map(|&policy| shared.table.resolve(policy, &sent))
         .collect();
+    let cost = match admission(route, request.headers()) {
+        Ok(cost) => cost,
+        Err(e) => return e.into_response(),
+    };
     let checks: Vec<Check<'_>> = ids
         .iter()
         .map(|&policy| Check {
             policy,
             key: &key,
-            cost: 1,
+            cost,
         })
         .collect();
     if let Err(wait) = shared.may_create(&checks, client) {
@@ -299,10 +304,36 @@ async fn through(
         // never forwarded (its slot is not refunded).
         tokio::time::sleep(Duration::from_nanos(delay)).await;
     }
-    let mut response = send(shared, route, path, request, peer).await;
+    let charge = route.usage.is_some().then(|| Charge {
+        shared: Arc::clone(shared),
+        route: Arc::clone(&route.label),
+        policies: ids.clone(),
+        key: key.clone(),
+        admitted: cost,
+    });
+    let mut response = send(shared, route, path, request, peer, charge).await;
     let style = shared.config.server.headers;
     response.headers_mut().extend(fields_in(style, &parts));
     response
+}
+
+/// What a request is charged on admission: the route's `cost`.
+fn admission(route: &Route, headers: &HeaderMap) -> Result<u64, ApiError> {
+    match &route.cost {
+        Cost::Fixed(n) => Ok(*n),
+        Cost::Header(name) => match headers.get(name) {
+            None => Ok(1),
+            Some(v) => v
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or_else(|| {
+                    ApiError::InvalidRequest(format!(
+                        "`{name}` must be a whole number of at least 0"
+                    ))
+                }),
+        },
+    }
 }
 
 /// Removes the hop-by-hop headers, and those the `Connection` header names.
@@ -325,6 +356,7 @@ async fn send(
     path: &str,
     request: Request,
     peer: Option<SocketAddr>,
+    charge: Option<Charge>,
 ) -> Response {
     let (mut parts, body) = request.into_parts();
     // The upstream gets the path that was matched, encoded once, and the
@@ -385,6 +417,11 @@ async fn send(
         HeaderName::from_static("x-forwarded-proto"),
         HeaderValue::from_static("http"),
     );
+    // A usage header may come as a trailer, which HTTP/1.1 sends only to
+    // who asks for them.
+    if matches!(route.usage, Some(Usage::Header(_))) {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
     // A body without a length is cut at the bound as it streams.
     let limit = usize::try_from(route.max_body).unwrap_or(usize::MAX);
     let body = Body::new(http_body_util::Limited::new(body, limit));
@@ -398,7 +435,14 @@ async fn send(
             // Clients are answered in HTTP/1.1, whatever the upstream spoke.
             parts.version = Version::HTTP_11;
             strip_hop_by_hop(&mut parts.headers);
-            return Response::from_parts(parts, Body::new(body));
+            let body = match (charge, &route.usage) {
+                (Some(charge), Some(usage)) => {
+                    let scanner = Scanner::new(usage, &parts.headers);
+                    Body::new(Metered::new(body, scanner, charge, route.timeout))
+                }
+                _ => Body::new(body),
+            };
+            return Response::from_parts(parts, body);
         }
         Ok(Err(e)) => e,
         Err(_) => {

@@ -26,6 +26,7 @@ pub mod reload;
 pub mod serve;
 pub mod state;
 pub mod table;
+mod usage;
 
 use std::future::Future;
 use std::sync::Arc;

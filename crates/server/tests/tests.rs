@@ -9,6 +9,7 @@ mod fuzz;
 mod gateway;
 mod hardening;
 mod rollout;
+mod usage;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -41,6 +41,8 @@ const ROUTE: &[&str] = &[
     "timeout",
     "max_body",
     "identity_case",
+    "usage",
+    "cost",
 ];
 const DESCRIPTOR: &[&str] = &["domain", "entries", "policy", "report", "key_entries"];
 

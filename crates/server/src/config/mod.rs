@@ -20,7 +20,7 @@ use serde::Deserialize;
 pub use descriptors::DescriptorRule;
 pub use overrides::{Override, Quota};
 pub use policies::{OnStateLoss, OnStoreError, PolicyConfig, PolicyId};
-pub use routes::{Identity, Route, Segment};
+pub use routes::{Cost, Identity, Route, Segment, Usage};
 pub use server::{ConnectionLimits, ServerConfig};
 pub use store::{StoreConfig, StoreUrl};
 

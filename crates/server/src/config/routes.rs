@@ -37,6 +37,31 @@ pub struct Route {
     /// upstream that ignores case); `"exact"` (the default): compared byte
     /// for byte.
     pub fold_case: bool,
+    /// `usage`: where the answer's actual cost is found; what it exceeds
+    /// the admission charge by is reported once the answer completes.
+    pub usage: Option<Usage>,
+    /// `cost`: what a request is charged on admission.
+    pub cost: Cost,
+}
+
+/// Where an upstream's answer says what it actually cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Usage {
+    /// `header:NAME`: a response header, or a trailer.
+    Header(HeaderName),
+    /// `json:/pointer`: a JSON pointer into an `application/json` body, or
+    /// into the `data:` events of a `text/event-stream` answer (the last
+    /// event that holds it wins).
+    Json(String),
+}
+
+/// The admission charge of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cost {
+    /// The same for every request (the default: 1).
+    Fixed(u64),
+    /// `header:NAME`: a request header's decimal value (1 when absent).
+    Header(HeaderName),
 }
 
 /// One path segment of a route.
@@ -82,6 +107,8 @@ pub(super) struct Raw {
     timeout: Option<Spanned<String>>,
     max_body: Option<Spanned<toml::Value>>,
     identity_case: Option<Spanned<String>>,
+    usage: Option<Spanned<String>>,
+    cost: Option<Spanned<toml::Value>>,
 }
 
 /// The default upstream timeout and body bound.
@@ -270,6 +297,47 @@ pub(super) fn parse(
                 false
             }
         };
+        let usage = raw.usage.as_ref().and_then(|u| {
+            let parsed = match u.get_ref().split_once(':') {
+                Some(("header", name)) => HeaderName::try_from(name).ok().map(Usage::Header),
+                Some(("json", pointer)) if pointer.starts_with('/') => {
+                    Some(Usage::Json(pointer.to_owned()))
+                }
+                _ => None,
+            };
+            if parsed.is_none() {
+                report.error(
+                    &u.span(),
+                    &place("usage"),
+                    format!(
+                        "`{}` is not a usage source (valid: \"header:NAME\", \"json:/pointer\" such as \"json:/usage/total_tokens\")",
+                        u.get_ref()
+                    ),
+                );
+            }
+            parsed
+        });
+        let cost = match &raw.cost {
+            None => Cost::Fixed(1),
+            Some(v) => {
+                let parsed = match v.get_ref() {
+                    toml::Value::Integer(n) => u64::try_from(*n).ok().map(Cost::Fixed),
+                    toml::Value::String(s) => s
+                        .strip_prefix("header:")
+                        .and_then(|name| HeaderName::try_from(name).ok())
+                        .map(Cost::Header),
+                    _ => None,
+                };
+                parsed.unwrap_or_else(|| {
+                    report.error(
+                        &v.span(),
+                        &place("cost"),
+                        "is not an admission charge (valid: a whole number such as 1, or \"header:NAME\")",
+                    );
+                    Cost::Fixed(1)
+                })
+            }
+        };
         if let (Some(identity), Some(upstream)) = (identity, upstream) {
             routes.push(Route {
                 text: pattern.to_owned(),
@@ -283,6 +351,8 @@ pub(super) fn parse(
                 timeout,
                 max_body,
                 fold_case,
+                usage,
+                cost,
             });
         }
     }

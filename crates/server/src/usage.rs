@@ -1,0 +1,435 @@
+//! Usage known only once the upstream has answered (the tokens of an LLM
+//! answer): read from the answer as it streams to the client, unbuffered,
+//! and reported when it completes — what it exceeds the admission charge by.
+//!
+//! The report is charged before the client sees the answer's last byte, so
+//! a client's next request already meets its debt. A client that leaves
+//! early does not escape it: the rest of the answer is read in the
+//! background and reported all the same.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use http::HeaderMap;
+use http::header::CONTENT_TYPE;
+use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
+
+use crate::backend::Check;
+use crate::config::{PolicyId, Usage};
+use crate::state::Shared;
+
+/// The most of a JSON answer, or of one event of a streamed answer, kept
+/// to find the usage in: past it, the usage is counted as missing.
+pub(crate) const MAX_SCAN: usize = 1 << 20;
+
+/// What a request was admitted with, to be settled once its usage is known.
+pub(crate) struct Charge {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) route: Arc<str>,
+    pub(crate) policies: Vec<PolicyId>,
+    pub(crate) key: String,
+    /// What the admission check charged.
+    pub(crate) admitted: u64,
+}
+
+impl Charge {
+    /// Reports `usage` minus what was charged on admission (nothing when
+    /// it is smaller: no refunds). Missing usage and a failed report are
+    /// counted and logged, never the client's error.
+    async fn settle(self, usage: Option<u64>) {
+        let Some(used) = usage else {
+            metrics::counter!("weir_usage_missing_total", "route" => self.route.to_string())
+                .increment(1);
+            tracing::warn!(route = %self.route, "the upstream's answer did not say its usage");
+            return;
+        };
+        let excess = used.saturating_sub(self.admitted);
+        let table = &self.shared.table;
+        // A report over a policy's bound is charged up to it.
+        let checks: Vec<Check<'_>> = self
+            .policies
+            .iter()
+            .filter(|&&policy| excess > 0 && !table.get(policy).unlimited)
+            .map(|&policy| Check {
+                policy,
+                key: &self.key,
+                cost: excess.min(table.get(policy).policy.max_report()),
+            })
+            .collect();
+        if checks.is_empty() {
+            return;
+        }
+        if let Err(e) = self.shared.backend.report(table, &checks).await {
+            metrics::counter!("weir_usage_unreported_total", "route" => self.route.to_string())
+                .increment(1);
+            tracing::warn!(route = %self.route, used, error = ?e, "usage could not be reported");
+        }
+    }
+}
+
+/// Finds the usage in an answer, frame by frame.
+pub(crate) struct Scanner {
+    found: Option<u64>,
+    read: Read,
+}
+
+enum Read {
+    /// Trailers only (a header was read with the head).
+    Trailers(http::HeaderName),
+    /// A JSON body, kept up to [`MAX_SCAN`] (`None` past it).
+    Json {
+        pointer: String,
+        body: Option<Vec<u8>>,
+    },
+    /// Server-sent events: the line being read and the event's data.
+    Events {
+        pointer: String,
+        line: Vec<u8>,
+        data: Vec<u8>,
+        too_long: bool,
+    },
+    /// Nothing to read: not a JSON answer.
+    Nothing,
+}
+
+fn number(text: &[u8]) -> Option<u64> {
+    std::str::from_utf8(text).ok()?.trim().parse().ok()
+}
+
+impl Scanner {
+    /// A scanner for the answer whose head is `headers`.
+    pub(crate) fn new(usage: &Usage, headers: &HeaderMap) -> Self {
+        let read = match usage {
+            Usage::Header(name) => {
+                let found = headers.get(name).and_then(|v| number(v.as_bytes()));
+                return Self {
+                    found,
+                    read: Read::Trailers(name.clone()),
+                };
+            }
+            Usage::Json(pointer) => {
+                let kind = headers
+                    .get(CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .map(|v| {
+                        v.split(';')
+                            .next()
+                            .unwrap_or("")
+                            .trim()
+                            .to_ascii_lowercase()
+                    });
+                let pointer = pointer.clone();
+                match kind.as_deref() {
+                    Some("text/event-stream") => Read::Events {
+                        pointer,
+                        line: Vec::new(),
+                        data: Vec::new(),
+                        too_long: false,
+                    },
+                    Some(k) if k == "application/json" || k.ends_with("+json") => Read::Json {
+                        pointer,
+                        body: Some(Vec::new()),
+                    },
+                    _ => Read::Nothing,
+                }
+            }
+        };
+        Self { found: None, read }
+    }
+
+    /// Reads one frame of the answer.
+    fn frame(&mut self, frame: &Frame<Bytes>) {
+        if let Some(trailers) = frame.trailers_ref() {
+            if let Read::Trailers(name) = &self.read {
+                if let Some(n) = trailers.get(name).and_then(|v| number(v.as_bytes())) {
+                    self.found = Some(n);
+                }
+            }
+            return;
+        }
+        let Some(data) = frame.data_ref() else {
+            return;
+        };
+        match &mut self.read {
+            Read::Json { body, .. } => {
+                if body
+                    .as_ref()
+                    .is_some_and(|b| b.len() + data.len() > MAX_SCAN)
+                {
+                    *body = None;
+                }
+                if let Some(body) = body {
+                    body.extend_from_slice(data);
+                }
+            }
+            Read::Events { .. } => {
+                for chunk in data.split_inclusive(|&b| b == b'\n') {
+                    self.line(chunk);
+                }
+            }
+            Read::Trailers(_) | Read::Nothing => {}
+        }
+    }
+
+    /// A piece of an event stream's line, ending with `\n` when complete.
+    fn line(&mut self, chunk: &[u8]) {
+        let Read::Events {
+            pointer,
+            line,
+            data,
+            too_long,
+        } = &mut self.read
+        else {
+            return;
+        };
+        if line.len() + chunk.len() > MAX_SCAN {
+            *too_long = true;
+            line.clear();
+        } else {
+            line.extend_from_slice(chunk);
+        }
+        if !chunk.ends_with(b"\n") {
+            return;
+        }
+        let text = line.strip_suffix(b"\n").unwrap_or(line);
+        let text = text.strip_suffix(b"\r").unwrap_or(text);
+        if text.is_empty() {
+            // A blank line ends the event.
+            if !std::mem::take(too_long) {
+                if let Some(n) = lookup(data, pointer) {
+                    self.found = Some(n);
+                }
+            }
+            data.clear();
+        } else if let Some(value) = text.strip_prefix(b"data:") {
+            let value = value.strip_prefix(b" ").unwrap_or(value);
+            if data.len() + value.len() + 1 > MAX_SCAN {
+                *too_long = true;
+            } else {
+                if !data.is_empty() {
+                    data.push(b'\n');
+                }
+                data.extend_from_slice(value);
+            }
+        }
+        line.clear();
+    }
+
+    /// The usage, once the answer has ended.
+    fn finish(&mut self) -> Option<u64> {
+        match &mut self.read {
+            Read::Json {
+                pointer,
+                body: Some(body),
+            } => self.found = lookup(body, pointer),
+            Read::Events { .. } => {
+                // Ends the last line, then the last event.
+                self.line(b"\n");
+                self.line(b"\n");
+            }
+            Read::Json { body: None, .. } | Read::Trailers(_) | Read::Nothing => {}
+        }
+        self.found
+    }
+}
+
+/// The whole number at `pointer` in the JSON document `text`, if any.
+fn lookup(text: &[u8], pointer: &str) -> Option<u64> {
+    if text.is_empty() || text == b"[DONE]" {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_slice(text).ok()?;
+    value.pointer(pointer)?.as_u64()
+}
+
+type Settling = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The upstream's answer on its way to the client, scanned for its usage.
+pub(crate) struct Metered {
+    inner: Option<Incoming>,
+    scanner: Scanner,
+    charge: Option<Charge>,
+    /// The report under way, and the frame held back until it is charged.
+    settling: Option<(Settling, Option<Frame<Bytes>>)>,
+    /// The longest the rest of an answer may pause once the client left.
+    idle: Duration,
+}
+
+impl Metered {
+    pub(crate) fn new(inner: Incoming, scanner: Scanner, charge: Charge, idle: Duration) -> Self {
+        Self {
+            inner: Some(inner),
+            scanner,
+            charge: Some(charge),
+            settling: None,
+            idle,
+        }
+    }
+
+    /// The answer has ended: report, holding back `last` until charged.
+    fn finish(&mut self, last: Option<Frame<Bytes>>) {
+        self.inner = None;
+        let usage = self.scanner.finish();
+        let settle = self.charge.take().map(|c| c.settle(usage));
+        self.settling = Some((
+            settle.map_or_else(|| Box::pin(async {}) as Settling, |s| Box::pin(s)),
+            last,
+        ));
+    }
+}
+
+impl Body for Metered {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        loop {
+            if let Some((settle, last)) = &mut this.settling {
+                ready!(settle.as_mut().poll(cx));
+                let last = last.take();
+                this.settling = None;
+                return Poll::Ready(last.map(Ok));
+            }
+            let Some(inner) = &mut this.inner else {
+                return Poll::Ready(None);
+            };
+            match ready!(Pin::new(&mut *inner).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    this.scanner.frame(&frame);
+                    if inner.is_end_stream() {
+                        this.finish(Some(frame));
+                        continue;
+                    }
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Some(Err(e)) => {
+                    // Cut short by the upstream: what was read is all there is.
+                    this.finish(None);
+                    if let Some((settle, _)) = this.settling.take() {
+                        tokio::spawn(settle);
+                    }
+                    return Poll::Ready(Some(Err(e)));
+                }
+                None => this.finish(None),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_none() && self.settling.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Some(inner) => inner.size_hint(),
+            None => SizeHint::with_exact(
+                self.settling
+                    .as_ref()
+                    .and_then(|(_, last)| last.as_ref()?.data_ref())
+                    .map_or(0, |d| d.len() as u64),
+            ),
+        }
+    }
+}
+
+impl Drop for Metered {
+    /// The client left before the end: the report still happens.
+    fn drop(&mut self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if let Some((settle, _)) = self.settling.take() {
+            runtime.spawn(settle);
+            return;
+        }
+        let (Some(mut inner), Some(charge)) = (self.inner.take(), self.charge.take()) else {
+            return;
+        };
+        let mut scanner = std::mem::replace(
+            &mut self.scanner,
+            Scanner {
+                found: None,
+                read: Read::Nothing,
+            },
+        );
+        let idle = self.idle;
+        runtime.spawn(async move {
+            use http_body_util::BodyExt;
+            while let Ok(Some(Ok(frame))) = tokio::time::timeout(idle, inner.frame()).await {
+                scanner.frame(&frame);
+            }
+            charge.settle(scanner.finish()).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scan(kind: &str, usage: &Usage, chunks: &[&str]) -> Option<u64> {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, kind.parse().unwrap());
+        let mut scanner = Scanner::new(usage, &headers);
+        for chunk in chunks {
+            scanner.frame(&Frame::data(Bytes::from(chunk.to_string())));
+        }
+        scanner.finish()
+    }
+
+    #[test]
+    fn finds_usage_in_json_and_in_events_split_anywhere() {
+        let json = Usage::Json("/usage/total_tokens".into());
+        assert_eq!(
+            scan(
+                "application/json; charset=utf-8",
+                &json,
+                &[r#"{"usage":{"total_"#, r#"tokens": 420}}"#]
+            ),
+            Some(420)
+        );
+        assert_eq!(scan("application/json", &json, &["{\"usage\":null}"]), None);
+        assert_eq!(
+            scan("text/plain", &json, &["{\"usage\":{\"total_tokens\":1}}"]),
+            None
+        );
+        let events = [
+            "data: {\"usage\":null}\n\nda",
+            "ta: {\"usage\":{\"total_tokens\":7}}\r\n\r\n",
+            ": comment\n\ndata: [DONE]\n\n",
+        ];
+        assert_eq!(scan("text/event-stream", &json, &events), Some(7));
+        // The last event needs no blank line after it.
+        assert_eq!(
+            scan(
+                "text/event-stream",
+                &json,
+                &["data: {\"usage\":{\"total_tokens\":9}}"]
+            ),
+            Some(9)
+        );
+        // An event over the bound is skipped, not half read.
+        let long = format!("data: {}\n\n", "x".repeat(MAX_SCAN + 1));
+        assert_eq!(scan("text/event-stream", &json, &[&long]), None);
+    }
+
+    #[test]
+    fn finds_usage_in_a_header_or_a_trailer() {
+        let usage = Usage::Header(http::HeaderName::from_static("x-usage"));
+        let mut headers = HeaderMap::new();
+        headers.insert("x-usage", " 12 ".parse().unwrap());
+        assert_eq!(Scanner::new(&usage, &headers).finish(), Some(12));
+        let mut scanner = Scanner::new(&usage, &HeaderMap::new());
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-usage", "30".parse().unwrap());
+        scanner.frame(&Frame::trailers(trailers));
+        assert_eq!(scanner.finish(), Some(30));
+    }
+}
