@@ -61,3 +61,66 @@ fn two_processes_share_one_balance() {
     assert!(admitted <= bound, "{admitted} admitted, bound {bound}");
     assert!(admitted >= 20, "at least the burst: {admitted}");
 }
+
+/// Two `weir serve` gateways on one Redis in front of a fake LLM: the
+/// tokens one answer used through the first are a debt the second refuses
+/// the tenant for, with a `Retry-After` that includes it.
+#[test]
+fn usage_reported_through_one_gateway_is_owed_at_the_other() {
+    let redis = weir_testkit::RedisServer::start(&[]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let llm = runtime.block_on(weir_testkit::Llm::start());
+    let config = format!(
+        r#"
+[store]
+url = "{}"
+
+[policies.tokens]
+algorithm = "token-bucket"
+capacity = 1000
+rate = "1000/m"
+
+[[routes]]
+match = "POST /v1/chat/completions"
+identity = "header:x-tenant"
+policies = ["tokens"]
+upstream = "http://{}"
+usage = "json:/usage/total_tokens"
+"#,
+        redis.url(),
+        llm.addr
+    );
+    let path = crate::serve::temp("usage-redis.toml", &config);
+    let path = path.to_str().unwrap();
+    let (a, b) = (
+        crate::serve::Server::start(&["--config", path]),
+        crate::serve::Server::start(&["--config", path]),
+    );
+    let tenant = "X-Tenant: acme\r\n";
+    let ask = |tokens: u64| format!(r#"{{"usage":{tokens},"stream":true}}"#);
+    // 1 on admission, 3,000 reported: 999 - 3,000 = -2,001 tokens.
+    let (status, body) = a.request_with("POST", "/v1/chat/completions", tenant, &ask(3001));
+    assert_eq!(status, 200);
+    assert!(body.contains("\"total_tokens\":3001"), "{body}");
+    let refused = b.request_full("POST", "/v1/chat/completions", tenant, &ask(1));
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+    // 2,002 tokens at 1,000 a minute: 120.12 s, less what has refilled.
+    let retry = refused
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("retry-after: ")
+                .map(str::to_owned)
+        })
+        .unwrap();
+    let retry: u64 = retry.trim().parse().unwrap();
+    assert!((119..=121).contains(&retry), "{refused}");
+    // Another tenant is untouched.
+    let (status, _) = b.request_with(
+        "POST",
+        "/v1/chat/completions",
+        "X-Tenant: other\r\n",
+        &ask(1),
+    );
+    assert_eq!(status, 200);
+}

@@ -58,6 +58,23 @@ impl Server {
         headers: &str,
         body: &str,
     ) -> (u16, String) {
+        let response = self.request_full(method, path, headers, body);
+        let status = response[9..12].parse().unwrap();
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    /// The whole answer, head and body, as sent.
+    pub(crate) fn request_full(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &str,
+        body: &str,
+    ) -> String {
         let mut stream = TcpStream::connect(&self.addr).unwrap();
         let request = format!(
             "{method} {path} HTTP/1.1\r\nHost: weir\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -66,12 +83,7 @@ impl Server {
         stream.write_all(request.as_bytes()).unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).unwrap();
-        let status = response[9..12].parse().unwrap();
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (status, body)
+        response
     }
 
     fn signal(&self, name: &str) {

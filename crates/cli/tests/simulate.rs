@@ -114,7 +114,18 @@ fn every_shared_vector_matches() {
 #[test]
 fn every_shared_vector_matches_on_redis() {
     let redis = weir_testkit::RedisServer::start(&[]);
-    let url = redis.url();
+    every_vector_on(&redis.url());
+}
+
+/// The same on a three-node Redis Cluster: keys on every node.
+#[test]
+fn every_shared_vector_matches_on_a_cluster() {
+    let cluster = weir_testkit::Cluster::start();
+    every_vector_on(&cluster.url());
+}
+
+fn every_vector_on(url: &str) {
+    let url = url.to_owned();
     for (expected, trace, flags) in VECTORS {
         let trace = vectors().join(trace);
         let mut args: Vec<&str> = vec!["simulate", "--store", &url];
@@ -123,7 +134,7 @@ fn every_shared_vector_matches_on_redis() {
         let out = weir(&args, "");
         assert!(out.status.success(), "{expected}: {}", text(&out.stderr));
         let want = std::fs::read_to_string(vectors().join(expected)).unwrap();
-        assert_eq!(text(&out.stdout), want, "{expected} on redis");
+        assert_eq!(text(&out.stdout), want, "{expected} on {url}");
     }
 }
 

@@ -3,7 +3,7 @@
 
 use weir_core::{NANOS_PER_SEC, Policy};
 
-use crate::contract::{POLICIES, connect, replay};
+use crate::contract::{POLICIES, connect, replay, replay_ops};
 use weir_testkit::Cluster;
 
 #[test]
@@ -13,14 +13,14 @@ fn a_cluster_decides_as_the_core() {
     let trace: Vec<(i64, u8, u64)> = (0..60u64)
         .map(|i| (((i * 37) % 400) as i64 - 50, (i % 4) as u8, 1 + i % 2))
         .collect();
+    // Then checks and reports, on and after each key's debt.
+    let ops: Vec<(i64, u8, u64, bool)> = (0..60u64)
+        .map(|i| (((i * 53) % 700) as i64, (i % 4) as u8, i % 9, i % 3 == 0))
+        .collect();
     for (case, spec) in POLICIES.iter().enumerate() {
-        replay(
-            &store,
-            &runtime,
-            Policy::parse(spec).unwrap(),
-            &trace,
-            1_000 + case as u64,
-        );
+        let policy = Policy::parse(spec).unwrap();
+        replay(&store, &runtime, policy, &trace, 1_000 + case as u64);
+        replay_ops(&store, &runtime, policy, &ops, 2_000 + case as u64);
     }
     // Several policies of one identity: one slot, one script.
     let a = Policy::parse("gcra burst=1 rate=1/h").unwrap();

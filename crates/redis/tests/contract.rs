@@ -64,7 +64,7 @@ pub(crate) fn replay(
 
 /// Replays arrivals `(gap ms, key, cost, report)` through Redis and the
 /// core: checks (cost 0 included) and reports, charged after the fact.
-fn replay_ops(
+pub(crate) fn replay_ops(
     store: &RedisStore,
     runtime: &tokio::runtime::Runtime,
     policy: Policy,
