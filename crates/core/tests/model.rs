@@ -94,6 +94,78 @@ impl Model {
         self.keys.insert(key.to_owned(), (t, state));
         (t, verdict)
     }
+
+    /// Usage reported after the fact: charged whatever the standing, then
+    /// answered as a check of cost 0 would be, with the wait until a check
+    /// of cost 1 would be allowed — found by search.
+    pub(crate) fn report(&mut self, key: &str, now: i128, cost: i128) -> (i128, Verdict) {
+        let (last_seen, mut state) = match self.keys.get(key) {
+            Some((seen, s)) => (*seen, s.clone()),
+            None => (now, self.fresh(now)),
+        };
+        let t = now.max(last_seen);
+        charge(self.spec, &mut state, t, cost);
+        let standing = decide(self.spec, &mut state.clone(), t, 0);
+        let allowed_after = |d: i128| decide(self.spec, &mut state.clone(), t + d, 1).allowed;
+        let (mut lo, mut hi) = (0, 1i128 << 64);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if allowed_after(mid) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        self.keys.insert(key.to_owned(), (t, state));
+        let verdict = Verdict {
+            allowed: true,
+            retry_after: lo,
+            delay: 0,
+            ..standing
+        };
+        (t, verdict)
+    }
+}
+
+/// A report's charge: the state an admitted check of `cost` would leave,
+/// without the admission condition.
+fn charge(spec: Spec, state: &mut KeyState, t: i128, cost: i128) {
+    match (spec, state) {
+        (Spec::TokenBucket { capacity, n, p }, KeyState::Bucket { tokens, updated_at }) => {
+            let avail = (*tokens + int(t - *updated_at) * Q::new(n, p)).min(int(capacity));
+            *tokens = avail - int(cost);
+            *updated_at = t;
+        }
+        (Spec::FixedWindow { window, .. }, KeyState::Window { index, count }) => {
+            let i = t.div_euclid(window);
+            if i != *index {
+                *index = i;
+                *count = 0;
+            }
+            *count += cost;
+        }
+        (Spec::SlidingLog { window, .. }, KeyState::Log(log)) => {
+            log.retain(|&(a, _)| a > t - window);
+            log.push((t, cost));
+        }
+        (Spec::SlidingCounter { window, .. }, KeyState::Counter { index, cur, prev }) => {
+            let i = t.div_euclid(window);
+            if i == *index + 1 {
+                *prev = *cur;
+                *cur = 0;
+            } else if i != *index {
+                *prev = 0;
+                *cur = 0;
+            }
+            *index = i;
+            *cur += cost;
+        }
+        (Spec::LeakyBucket { n, p, .. }, KeyState::Shaper { next }) => {
+            let start = next.map_or(int(t), |next| next.max(int(t)));
+            *next = Some(start + int(cost) * Q::new(p, n));
+        }
+        (spec, _) => panic!("state does not match {spec:?}"),
+    }
 }
 
 fn decide(spec: Spec, state: &mut KeyState, t: i128, cost: i128) -> Verdict {
@@ -129,7 +201,7 @@ fn decide(spec: Spec, state: &mut KeyState, t: i128, cost: i128) -> Verdict {
             let end = (i + 1) * window - t;
             Verdict {
                 allowed,
-                remaining: limit - *count,
+                remaining: (limit - *count).max(0),
                 retry_after: if allowed { 0 } else { end },
                 reset: if *count > 0 { end } else { 0 },
                 delay: 0,
@@ -155,7 +227,7 @@ fn decide(spec: Spec, state: &mut KeyState, t: i128, cost: i128) -> Verdict {
             let count: i128 = log.iter().map(|(_, c)| c).sum();
             Verdict {
                 allowed,
-                remaining: limit - count,
+                remaining: (limit - count).max(0),
                 retry_after,
                 reset: log.last().map_or(0, |&(a, _)| a + window - t),
                 delay: 0,

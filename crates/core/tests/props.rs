@@ -211,6 +211,34 @@ fn run(policy: &Policy, arrivals: &[(Nanos, String, u64)]) -> Vec<Checked> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
+    /// Checks mixed with reports (up to three times the capacity or limit,
+    /// and the largest a report may be): debts, their `retry_after`, and
+    /// checks while in debt, against the model.
+    #[test]
+    fn reports_and_debt_match_the_model(
+        (policy, spec) in policy_strategy(),
+        trace in trace_strategy(),
+        reports in prop::collection::vec((prop::bool::weighted(0.3), 1u64..=75), 80),
+    ) {
+        let mut model = Model::new(spec);
+        let mut keys: HashMap<String, State> = HashMap::new();
+        let (max_cost, max_report) = (policy.max_cost().0, policy.max_report());
+        for (i, ((now, key, cost), &(report, size))) in arrivals(&policy, &trace).iter().zip(&reports).enumerate() {
+            let state = keys.entry(key.clone()).or_insert_with(|| policy.new_state());
+            let (decision, (t, expected)) = if report {
+                let cost = match size {
+                    75 => max_report,
+                    _ => size.min(3 * max_cost),
+                };
+                (policy.report(state, *now, cost).unwrap(), model.report(key, (*now).into(), cost.into()))
+            } else {
+                (policy.check(state, *now, *cost).unwrap(), model.check(key, (*now).into(), (*cost).into()))
+            };
+            prop_assert_eq!(i128::from(state.seen()), t);
+            prop_assert_eq!(verdict(&decision), expected, "arrival {} (report {}) of {:?} under {}", i, report, trace, policy);
+        }
+    }
+
     #[test]
     fn every_algorithm_matches_the_model((policy, spec) in policy_strategy(), trace in trace_strategy()) {
         let arrivals = arrivals(&policy, &trace);
