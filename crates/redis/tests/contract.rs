@@ -263,7 +263,7 @@ fn the_packed_log_costs_a_third_of_a_sorted_set() {
 }
 
 /// Requests over up to three policies at once, each with its own cost
-/// (0 asks for the standing), through Redis and the in-process
+/// (0 asks for the standing), and reports over them, through Redis and the in-process
 /// limiter: the same verdicts, the same standing reported for policies that
 /// were not charged, the same refusals of shaper waits over `max_delay`.
 /// Time only moves forward here, as a server's clock does: a refused request
@@ -289,6 +289,7 @@ fn several_policies_decide_as_the_in_process_limiter() {
             prop::collection::vec(0u64..=2, 3),
             prop::sample::select(vec![0u64, 400, 2000]),
             prop::collection::vec(prop::bool::weighted(0.3), 4),
+            prop::bool::weighted(0.25),
         ),
         1..60,
     );
@@ -315,7 +316,7 @@ fn several_policies_decide_as_the_in_process_limiter() {
                 .map(|(_, s)| Policy::parse(s).unwrap())
                 .collect();
             let identity = format!("multi-{n}");
-            for (gap, chosen, costs, max_delay_ms, shadows) in trace {
+            for (gap, chosen, costs, max_delay_ms, shadows, report) in trace {
                 now = now.saturating_add_signed(gap * 1_000_000);
                 clock.set(now);
                 let max_delay = max_delay_ms * 1_000_000;
@@ -342,6 +343,36 @@ fn several_policies_decide_as_the_in_process_limiter() {
                         })
                     })
                     .collect();
+                if report {
+                    // Usage after the fact, into debt: every policy charged
+                    // (five times the cost), in one script call.
+                    let expected: Vec<_> = weighed
+                        .iter()
+                        .map(|c| limiter.report(c.cost(c.cost * 5)).unwrap())
+                        .collect();
+                    let reports: Vec<Check<'_>> = checks
+                        .iter()
+                        .map(|c| Check {
+                            report: true,
+                            check: weir_core::Check {
+                                cost: c.check.cost * 5,
+                                ..c.check
+                            },
+                            ..*c
+                        })
+                        .collect();
+                    let got = shared
+                        .runtime
+                        .block_on(shared.store.decide(
+                            &reports,
+                            Some(now),
+                            Mode::Charge { max_delay: 0 },
+                        ))
+                        .unwrap()
+                        .all;
+                    prop_assert_eq!(&got.decisions, &expected, "report {:?} at {}", chosen, now);
+                    continue;
+                }
                 let expected = limiter.check_all_within(&weighed, max_delay).unwrap();
                 let got = shared
                     .runtime
