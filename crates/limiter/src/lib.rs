@@ -363,6 +363,39 @@ impl<C: Clock> Limiter<C> {
     /// cost (or 1, or 0 to refuse only while in debt), then report the
     /// actual cost minus what the check charged.
     pub fn report(&self, check: Check<'_>) -> Result<Decision, Error> {
+        let named = self.validate_report(check)?;
+        self.charge(named, check, Op::Report)
+    }
+
+    /// Reports usage to several policies at once (one request's tokens
+    /// against a per-minute and a per-day budget, say): every report is
+    /// validated before any is charged, then every one is charged.
+    pub fn report_all(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, Error> {
+        let named = checks
+            .iter()
+            .map(|&c| self.validate_report(c))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (i, a) in checks.iter().enumerate() {
+            if checks[..i]
+                .iter()
+                .any(|b| b.policy == a.policy && b.key == a.key)
+            {
+                return Err(CheckError::DuplicateCheck {
+                    policy: named[i].name.clone(),
+                    key: a.key.to_owned(),
+                }
+                .into());
+            }
+        }
+        named
+            .into_iter()
+            .zip(checks)
+            .map(|(named, &check)| self.charge(named, check, Op::Report))
+            .collect()
+    }
+
+    /// The policy of a report, once its key and cost are valid.
+    fn validate_report(&self, check: Check<'_>) -> Result<&Named, Error> {
         let named = self.named(check.policy)?;
         weir_core::check::check_key(check.key, self.max_key_len)?;
         let policy = named.store.policy();
@@ -378,7 +411,7 @@ impl<C: Clock> Limiter<C> {
                 },
             }));
         }
-        self.charge(named, check, Op::Report)
+        Ok(named)
     }
 
     fn charge(&self, named: &Named, check: Check<'_>, op: Op) -> Result<Decision, Error> {
@@ -571,12 +604,6 @@ impl<C: Clock> Limiter<C> {
         let resolved = self.resolve(&check)?;
         let cost = check.cost.max(1);
         weir_core::check::validate(&[weir_core::Check { cost, ..resolved }], self.max_key_len)?;
-        if check.cost == 0 {
-            return Err(Error::from(CheckError::Cost {
-                policy: resolved.name.to_owned(),
-                error: CostError::Zero,
-            }));
-        }
         self.named(check.policy)
     }
 

@@ -177,10 +177,12 @@ fn bad_input_is_an_error_not_a_decision() {
         Err(Error::Invalid(e)) => e,
         other => panic!("{other:?}"),
     };
-    assert!(matches!(
-        invalid(limiter.check("k", 0)),
-        CheckError::Cost { .. }
-    ));
+    // Cost 0 is not bad input (SPEC.md): the standing, refused only in debt.
+    let standing = limiter.check("k", 0).unwrap();
+    assert!(standing.allowed && standing.remaining == 2, "{standing:?}");
+    limiter
+        .reset(limiter.policy("default").unwrap(), "k")
+        .unwrap();
     assert!(matches!(
         invalid(limiter.check("k", 3)),
         CheckError::Cost { .. }
@@ -405,7 +407,8 @@ fn compare_reports<C: SetClock>(
                 now
             );
         } else {
-            let cost = cost.min(policy.max_cost().0).max(1);
+            // Cost 0 included: refused only while in debt.
+            let cost = cost.min(policy.max_cost().0);
             let expected = policy.check(state, now, cost).unwrap();
             let got = limiter.check_one(check.cost(cost)).unwrap();
             prop_assert_eq!(got, expected, "check {} at {}", policy, now);
@@ -430,4 +433,52 @@ proptest! {
         let limiter = Limiter::builder().policy("p", policy).clock(Forward::default()).build().unwrap();
         compare_reports(policy, &trace, &limiter)?;
     }
+}
+
+/// One answer's tokens against a per-minute and a per-day budget: both
+/// charged as the core would, or — when one report is invalid — neither.
+#[test]
+fn reports_to_several_policies_charge_all_or_none() {
+    let clock = FakeClock::at(1_000_000_000);
+    let (minute, day) = (
+        Policy::parse("token-bucket capacity=100 rate=100/m").unwrap(),
+        Policy::parse("fixed-window limit=1000 window=1d").unwrap(),
+    );
+    let limiter = Limiter::builder()
+        .policy("minute", minute)
+        .policy("day", day)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let (m, d) = (
+        limiter.policy("minute").unwrap(),
+        limiter.policy("day").unwrap(),
+    );
+    let got = limiter
+        .report_all(&[Check::new(m, "t").cost(250), Check::new(d, "t").cost(250)])
+        .unwrap();
+    let (mut sm, mut sd) = (minute.new_state(), day.new_state());
+    let expected = [
+        minute.report(&mut sm, 1_000_000_000, 250).unwrap(),
+        day.report(&mut sd, 1_000_000_000, 250).unwrap(),
+    ];
+    assert_eq!(got, expected);
+    assert!(!limiter.check_one(Check::new(m, "t")).unwrap().allowed);
+    // Too large for the minute's bound: the day is not charged either.
+    let refused =
+        limiter.report_all(&[Check::new(d, "u").cost(5), Check::new(m, "u").cost(100_001)]);
+    assert!(
+        matches!(refused, Err(Error::Invalid(CheckError::Cost { .. }))),
+        "{refused:?}"
+    );
+    let (_, stored) = limiter.peek(Check::new(d, "u")).unwrap();
+    assert!(!stored, "the day was charged");
+    let twice = limiter.report_all(&[Check::new(d, "v"), Check::new(d, "v")]);
+    assert!(
+        matches!(
+            twice,
+            Err(Error::Invalid(CheckError::DuplicateCheck { .. }))
+        ),
+        "{twice:?}"
+    );
 }

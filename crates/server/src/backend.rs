@@ -462,10 +462,13 @@ impl Backend {
             }
         }
         let decided = match self {
-            Self::Memory(local) => checks
-                .iter()
-                .map(|c| Ok(local.limiter.report(local.check(table, c)?)?))
-                .collect::<Result<Vec<_>, Refusal>>()?,
+            Self::Memory(local) => {
+                let checks = checks
+                    .iter()
+                    .map(|c| local.check(table, c))
+                    .collect::<Result<Vec<_>, Refusal>>()?;
+                local.limiter.report_all(&checks)?
+            }
             Self::Redis { remote, .. } => {
                 let store = remote
                     .available()
