@@ -274,6 +274,11 @@ struct PolicyBody<'a> {
     ratelimit_policy: &'a str,
     on_store_error: String,
     on_state_loss: String,
+    shadow: bool,
+    /// The gateway routes that check it, as written.
+    routes: Vec<&'a str>,
+    /// The Envoy descriptor rules that name it (`domain: entries`).
+    descriptors: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -284,10 +289,11 @@ struct Policies<'a> {
 /// `GET /v1/policies`.
 pub(crate) async fn policies(State(state): State<Arc<AppState>>) -> Response {
     let shared = state.current();
+    let config = &shared.config;
     let list: Vec<PolicyBody<'_>> = shared
         .table
         .iter()
-        .map(|(_, e)| PolicyBody {
+        .map(|(id, e)| PolicyBody {
             name: &e.name,
             algorithm: e.policy.algorithm().name(),
             spec: e.policy.to_string(),
@@ -297,6 +303,27 @@ pub(crate) async fn policies(State(state): State<Arc<AppState>>) -> Response {
                 |r| r.to_string(),
             ),
             on_state_loss: e.on_state_loss.to_string(),
+            shadow: e.shadow,
+            routes: config
+                .routes
+                .iter()
+                .filter(|r| r.policies.contains(&id))
+                .map(|r| r.text.as_str())
+                .collect(),
+            descriptors: config
+                .descriptors
+                .iter()
+                .filter(|d| d.policy == id)
+                .map(|d| {
+                    let entries: Vec<String> = d
+                        .entries
+                        .iter()
+                        .map(|(k, v)| v.as_ref().map_or_else(|| k.clone(), |v| format!("{k}={v}")))
+                        .collect();
+                    let report = if d.report { " (report)" } else { "" };
+                    format!("{}: [{}]{report}", d.domain, entries.join(", "))
+                })
+                .collect(),
         })
         .collect();
     Json(Policies { policies: list }).into_response()

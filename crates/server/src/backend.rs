@@ -411,6 +411,7 @@ impl Backend {
                     };
                     let entry = table.get(check.policy);
                     entry.count(outcome);
+                    entry.live.count(outcome, verdict.degraded, check.key);
                     if outcome == Outcome::Allowed
                         && table.near_limit(entry, d.remaining, verdict.degraded)
                     {

@@ -26,6 +26,7 @@ pub mod reload;
 pub mod serve;
 pub mod state;
 pub mod table;
+mod live;
 mod usage;
 
 use std::future::Future;

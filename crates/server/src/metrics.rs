@@ -120,6 +120,8 @@ const MAX_ROUTES: usize = 1024;
 #[derive(Debug)]
 pub(crate) struct Meters {
     duration: Histogram,
+    /// The same, for the dashboard.
+    pub(crate) latency: crate::live::Latency,
 }
 
 impl Meters {
@@ -127,12 +129,14 @@ impl Meters {
         handle(); // the recorder first, then the handles
         Self {
             duration: metrics::histogram!("weir_check_duration_seconds", "store" => store),
+            latency: crate::live::Latency::default(),
         }
     }
 
     /// The time one check took.
     pub(crate) fn observe(&self, started: Instant) {
         self.duration.record(started.elapsed().as_secs_f64());
+        self.latency.observe(started);
     }
 
     /// One gRPC call's outcome and latency (only a server with gRPC on

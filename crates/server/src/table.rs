@@ -77,6 +77,8 @@ pub struct Entry {
     decisions: [Counter; 7],
     fallbacks: Counter,
     reported: Counter,
+    /// What the dashboard reads.
+    pub(crate) live: crate::live::Live,
     /// A shaper's gauge and its slots (queue + the one being served).
     queue: Option<(Gauge, u64)>,
 }
@@ -121,6 +123,7 @@ impl Entry {
             fallbacks: metrics::counter!("weir_fallback_decisions_total", "policy" => name.clone()),
             reported: metrics::counter!("weir_reported_cost_total", "policy" => name.clone()),
             queue,
+            live: crate::live::Live::default(),
             policy: config.policy,
             local,
             on_store_error: config.on_store_error,

@@ -89,6 +89,12 @@ fn round3(x: f64) -> f64 {
 
 /// Writes the lanes to `path` as an SVG picture under `title`.
 pub fn plot(path: &Path, title: &str, lanes: &[Lane], burst_window: u64) -> Result<(), String> {
+    let svg = render(title, lanes, burst_window)?;
+    std::fs::write(path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// The lanes as an SVG picture under `title` (what [`plot`] writes).
+pub fn render(title: &str, lanes: &[Lane], burst_window: u64) -> Result<String, String> {
     let events = || {
         lanes.iter().flat_map(|l| &l.outcomes).map(|o| {
             let delay = if o.decision.allowed {
@@ -113,27 +119,31 @@ pub fn plot(path: &Path, title: &str, lanes: &[Lane], burst_window: u64) -> Resu
     let zoom = close_up(whole, lanes);
 
     let height = LANE_HEIGHT * lanes.len().max(1) as u32 + 60;
-    let root = SVGBackend::new(path, (WIDTH, height)).into_drawing_area();
-    let draw = |e: DrawingAreaErrorKind<_>| format!("cannot draw {}: {e}", path.display());
-    root.fill(&WHITE).map_err(draw)?;
-    let root = root
-        .titled(
-            &format!("{title}: admitted above the axis (when released), rejected below"),
-            ("sans-serif", 18),
-        )
-        .map_err(draw)?;
-    for (area, lane) in root.split_evenly((lanes.len().max(1), 1)).iter().zip(lanes) {
-        let (left, right) = area.split_horizontally((WIDTH * 7 / 10) as i32);
-        let s = lane.summary(burst_window);
-        let caption = format!(
-            "{}: admitted {}, rejected {}, largest burst {}",
-            lane.label, s.admitted, s.rejected, s.max_burst
-        );
-        panel(&left, lane, whole, &caption, true).map_err(draw)?;
-        let caption = format!("close-up of the busiest {}", human(zoom.to - zoom.from));
-        panel(&right, lane, zoom, &caption, false).map_err(draw)?;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
+        let draw = |e: DrawingAreaErrorKind<_>| format!("cannot draw the plot: {e}");
+        root.fill(&WHITE).map_err(draw)?;
+        let root = root
+            .titled(
+                &format!("{title}: admitted above the axis (when released), rejected below"),
+                ("sans-serif", 18),
+            )
+            .map_err(draw)?;
+        for (area, lane) in root.split_evenly((lanes.len().max(1), 1)).iter().zip(lanes) {
+            let (left, right) = area.split_horizontally((WIDTH * 7 / 10) as i32);
+            let s = lane.summary(burst_window);
+            let caption = format!(
+                "{}: admitted {}, rejected {}, largest burst {}",
+                lane.label, s.admitted, s.rejected, s.max_burst
+            );
+            panel(&left, lane, whole, &caption, true).map_err(draw)?;
+            let caption = format!("close-up of the busiest {}", human(zoom.to - zoom.from));
+            panel(&right, lane, zoom, &caption, false).map_err(draw)?;
+        }
+        root.present().map_err(draw)?;
     }
-    root.present().map_err(draw)
+    Ok(svg)
 }
 
 /// The busiest moment: the span, a hundredth of the trace wide (at least

@@ -1,0 +1,272 @@
+//! What the dashboard reads while weir runs: per policy, decisions counted
+//! since the configuration was loaded and the identities refused most over
+//! the last minute; the store's check latencies.
+//!
+//! The heavy hitters are a space-saving sketch (Metwally, Agrawal and El
+//! Abbadi, 2005) per ten-second slice, [`SLICES`] slices kept: fixed memory
+//! whatever the number of identities. Over the last minute, with `N`
+//! refusals in it, every identity refused more than `N / CAPACITY` times is
+//! listed, and a listed count is within `N / CAPACITY` of the truth (each
+//! entry carries its own bound as `error`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::table::Outcome;
+
+/// Counters per slice of the sketch.
+pub const CAPACITY: usize = 64;
+/// The slices kept: together, the last minute.
+pub const SLICES: u64 = 6;
+/// One slice.
+pub const SLICE: Duration = Duration::from_secs(10);
+
+/// One policy's live counts and heavy hitters.
+#[derive(Debug, Default)]
+pub(crate) struct Live {
+    pub(crate) allowed: AtomicU64,
+    pub(crate) limited: AtomicU64,
+    pub(crate) degraded: AtomicU64,
+    pub(crate) shadow_limited: AtomicU64,
+    top: Mutex<Vec<(u64, Sketch)>>,
+}
+
+/// A space-saving sketch: `CAPACITY` counters, each an identity, its count
+/// and how much of that count it may have inherited.
+#[derive(Debug, Default)]
+struct Sketch {
+    counts: HashMap<Box<str>, (u64, u64)>,
+}
+
+impl Sketch {
+    fn add(&mut self, key: &str) {
+        if let Some((count, _)) = self.counts.get_mut(key) {
+            *count += 1;
+            return;
+        }
+        if self.counts.len() < CAPACITY {
+            self.counts.insert(key.into(), (1, 0));
+            return;
+        }
+        // The least counted gives its counter to the newcomer.
+        let evicted = self
+            .counts
+            .iter()
+            .min_by_key(|(_, (count, _))| *count)
+            .map(|(k, &(count, _))| (k.clone(), count));
+        if let Some((evicted, min)) = evicted {
+            self.counts.remove(&evicted);
+            self.counts.insert(key.into(), (min + 1, min));
+        }
+    }
+}
+
+/// The current slice's number.
+fn slice_now() -> u64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    since.as_secs() / SLICE.as_secs()
+}
+
+/// One identity among the most refused.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct Hitter {
+    pub(crate) key: String,
+    /// Refusals counted (at most `error` more than the truth).
+    pub(crate) refused: u64,
+    pub(crate) error: u64,
+}
+
+impl Live {
+    /// One decision for `key`.
+    pub(crate) fn count(&self, outcome: Outcome, degraded: bool, key: &str) {
+        let counter = match outcome {
+            Outcome::Allowed => &self.allowed,
+            Outcome::Rejected => {
+                self.record(key, slice_now());
+                &self.limited
+            }
+            Outcome::ShadowLimited => &self.shadow_limited,
+            Outcome::Uncharged | Outcome::Error | Outcome::Unlimited | Outcome::NearLimit => {
+                return;
+            }
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if degraded {
+            self.degraded.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn record(&self, key: &str, slice: u64) {
+        let mut slices = self.top.lock().unwrap_or_else(PoisonError::into_inner);
+        let at = match slices.iter().position(|(s, _)| *s == slice) {
+            Some(at) => at,
+            None => {
+                slices.retain(|(s, _)| s + SLICES > slice);
+                slices.push((slice, Sketch::default()));
+                slices.len() - 1
+            }
+        };
+        slices[at].1.add(key);
+    }
+
+    /// The `n` identities refused most over the last minute, most first,
+    /// and the refusals counted in all.
+    pub(crate) fn top(&self, n: usize) -> (Vec<Hitter>, u64) {
+        self.top_at(n, slice_now())
+    }
+
+    fn top_at(&self, n: usize, slice: u64) -> (Vec<Hitter>, u64) {
+        let slices = self.top.lock().unwrap_or_else(PoisonError::into_inner);
+        let live: Vec<&Sketch> = slices
+            .iter()
+            .filter(|(s, _)| s + SLICES > slice)
+            .map(|(_, sketch)| sketch)
+            .collect();
+        // A key missing from a full slice may have had up to its least
+        // count there; the counts of a slice add up to its refusals.
+        let floors: Vec<u64> = live
+            .iter()
+            .map(|sketch| match sketch.counts.len() {
+                CAPACITY => sketch.counts.values().map(|c| c.0).min().unwrap_or(0),
+                _ => 0,
+            })
+            .collect();
+        let total = live.iter().flat_map(|s| s.counts.values()).map(|c| c.0).sum();
+        let mut merged: HashMap<&str, (u64, u64)> = HashMap::new();
+        for sketch in &live {
+            for key in sketch.counts.keys() {
+                merged.entry(key).or_default();
+            }
+        }
+        for (key, (refused, error)) in &mut merged {
+            for (sketch, floor) in live.iter().zip(&floors) {
+                match sketch.counts.get(*key) {
+                    Some(&(count, inherited)) => {
+                        *refused += count;
+                        *error += inherited;
+                    }
+                    None => *error += floor,
+                }
+            }
+        }
+        let mut top: Vec<Hitter> = merged
+            .into_iter()
+            .map(|(key, (refused, error))| Hitter {
+                key: key.to_owned(),
+                refused,
+                error,
+            })
+            .collect();
+        top.sort_by(|a, b| b.refused.cmp(&a.refused).then_with(|| a.key.cmp(&b.key)));
+        top.truncate(n);
+        (top, total)
+    }
+}
+
+/// Check latencies since start, in buckets four to an octave of
+/// microseconds: the dashboard takes percentiles of the difference between
+/// two readings.
+#[derive(Debug)]
+pub(crate) struct Latency {
+    buckets: [AtomicU64; BUCKETS],
+}
+
+const BUCKETS: usize = 128;
+
+impl Default for Latency {
+    fn default() -> Self {
+        Self {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+/// The bucket of `us` microseconds: `4 log2(us)`, plus the next two bits.
+fn bucket(us: u64) -> usize {
+    if us < 4 {
+        return us as usize;
+    }
+    let e = 63 - u64::from(us.leading_zeros());
+    let sub = (us >> (e - 2)) & 3;
+    ((4 * e + sub) as usize - 4).min(BUCKETS - 1)
+}
+
+/// The largest value of bucket `i`, in microseconds.
+fn upper(i: usize) -> u64 {
+    if i < 4 {
+        return i as u64;
+    }
+    let (e, sub) = ((i + 4) / 4, ((i + 4) % 4) as u64);
+    ((4 + sub + 1) << (e - 2)) - 1
+}
+
+impl Latency {
+    pub(crate) fn observe(&self, started: Instant) {
+        let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.buckets[bucket(us)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `[largest µs of the bucket, count]` for every bucket used.
+    pub(crate) fn read(&self) -> Vec<[u64; 2]> {
+        self.buckets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| {
+                let n = b.load(Ordering::Relaxed);
+                (n > 0).then(|| [upper(i), n])
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_cover_every_value_in_order() {
+        let mut last = 0;
+        for us in 0..100_000u64 {
+            let b = bucket(us);
+            assert!(b >= last && us <= upper(b), "{us}: bucket {b}");
+            assert!(b == 0 || us > upper(b - 1), "{us}: bucket {b}");
+            last = b;
+        }
+    }
+
+    #[test]
+    fn the_heavy_hitters_are_found_within_their_bound() {
+        let live = Live::default();
+        // 1,000 identities refused once, and three refused often, over
+        // two slices of the last minute.
+        for slice in [100, 101] {
+            for i in 0..500 {
+                live.record(&format!("scanner-{slice}-{i}"), slice);
+                if i % 5 == 0 {
+                    live.record("hot", slice);
+                }
+                if i % 10 == 0 {
+                    live.record("warm", slice);
+                }
+                if i % 25 == 0 {
+                    live.record("mild", slice);
+                }
+            }
+        }
+        let (top, total) = live.top_at(3, 101);
+        assert_eq!(total, 1000 + 200 + 100 + 40);
+        let names: Vec<&str> = top.iter().map(|h| h.key.as_str()).collect();
+        assert_eq!(names, ["hot", "warm", "mild"]);
+        let truth = [200, 100, 40];
+        for (hitter, truth) in top.iter().zip(truth) {
+            assert!(hitter.refused.abs_diff(truth) <= hitter.error, "{hitter:?}");
+            assert!(hitter.error <= total / CAPACITY as u64, "{hitter:?}");
+        }
+        // A minute later they are gone.
+        assert!(live.top_at(3, 101 + SLICES).0.is_empty());
+    }
+}
