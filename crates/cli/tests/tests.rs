@@ -7,6 +7,7 @@ mod faults;
 mod redis;
 mod serve;
 mod simulate;
+mod ui;
 
 /// Sends the signal `name` (`STOP`, `CONT`, …) to `pid`.
 pub(crate) fn signal(pid: u32, name: &str) {

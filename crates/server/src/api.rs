@@ -392,7 +392,7 @@ pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 /// Failed attempts are throttled per client: after
 /// [`crate::state::ADMIN_FAILURES`] in a minute, its admin requests get
 /// `429` until the minute is over, whatever the token.
-fn authorize(
+pub(crate) fn authorize(
     state: &AppState,
     peer: Option<IpAddr>,
     headers: &HeaderMap,

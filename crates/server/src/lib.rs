@@ -21,12 +21,13 @@ pub mod breaker;
 pub mod config;
 pub mod envoy;
 mod gateway;
+mod live;
 mod metrics;
 pub mod reload;
 pub mod serve;
 pub mod state;
 pub mod table;
-mod live;
+mod ui;
 mod usage;
 
 use std::future::Future;
@@ -69,7 +70,13 @@ pub fn app(state: Arc<AppState>, face: Face) -> Router {
             )
             .route("/v1/admin/reload", post(api::reload))
             .route("/readyz", get(api::readyz))
-            .route("/metrics", get(api::metrics));
+            .route("/metrics", get(api::metrics))
+            .route("/v1/stats", get(ui::stats))
+            .route("/v1/top", get(ui::top))
+            .route("/v1/simulate", post(ui::simulate))
+            .route("/ui", get(ui::page))
+            .route("/ui/app.js", get(ui::script))
+            .route("/ui/style.css", get(ui::style));
     }
     if face != Face::Internal {
         router = router.fallback(gateway::forward);

@@ -17,11 +17,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::table::Outcome;
 
 /// Counters per slice of the sketch.
-pub const CAPACITY: usize = 64;
+pub(crate) const CAPACITY: usize = 64;
 /// The slices kept: together, the last minute.
-pub const SLICES: u64 = 6;
+pub(crate) const SLICES: u64 = 6;
 /// One slice.
-pub const SLICE: Duration = Duration::from_secs(10);
+pub(crate) const SLICE: Duration = Duration::from_secs(10);
 
 /// One policy's live counts and heavy hitters.
 #[derive(Debug, Default)]
@@ -135,7 +135,11 @@ impl Live {
                 _ => 0,
             })
             .collect();
-        let total = live.iter().flat_map(|s| s.counts.values()).map(|c| c.0).sum();
+        let total = live
+            .iter()
+            .flat_map(|s| s.counts.values())
+            .map(|c| c.0)
+            .sum();
         let mut merged: HashMap<&str, (u64, u64)> = HashMap::new();
         for sketch in &live {
             for key in sketch.counts.keys() {

@@ -1,0 +1,271 @@
+//! The dashboard: `/ui` (a page embedded in the binary: it works offline),
+//! and what it reads — `/v1/stats` (no identities), `/v1/top` (identities:
+//! the admin token) and `/v1/simulate` (the playground: the same code as
+//! `weir simulate --compare --plot`).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::{Body, to_bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use weir_core::Policy;
+use weir_sim::compare::{compare, default_burst_window};
+use weir_sim::{TraceError, TraceReader};
+
+use crate::answer::ApiError;
+use crate::api::{Peer, authorize};
+use crate::backend::Backend;
+use crate::live::{CAPACITY, Hitter, SLICE, SLICES};
+use crate::state::AppState;
+
+const PAGE: &str = include_str!("ui/index.html");
+const SCRIPT: &str = include_str!("ui/app.js");
+const STYLE: &str = include_str!("ui/style.css");
+
+/// The page may load only its own script, style and the plots it made.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob:; connect-src 'self'; form-action 'none'; frame-ancestors 'none'";
+
+fn asset(kind: &'static str, text: &'static str) -> Response {
+    let mut response = text.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    response
+}
+
+/// `GET /ui`.
+pub(crate) async fn page() -> Response {
+    asset("text/html; charset=utf-8", PAGE)
+}
+
+/// `GET /ui/app.js`.
+pub(crate) async fn script() -> Response {
+    asset("text/javascript; charset=utf-8", SCRIPT)
+}
+
+/// `GET /ui/style.css`.
+pub(crate) async fn style() -> Response {
+    asset("text/css; charset=utf-8", STYLE)
+}
+
+#[derive(Debug, Serialize)]
+struct Stats<'a> {
+    /// Milliseconds since the Unix epoch.
+    time_ms: u128,
+    /// Whether the admin API (top keys, inspector, reset) is enabled.
+    admin: bool,
+    store: Store,
+    /// `[largest µs of the bucket, checks]` since the configuration loaded.
+    latency_us: Vec<[u64; 2]>,
+    policies: Vec<PolicyStats<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+struct Store {
+    kind: &'static str,
+    up: bool,
+    /// `closed` (decisions go to Redis) or `open` (the fallback decides
+    /// while a probe waits for Redis).
+    breaker: &'static str,
+    /// Keys held in process (with Redis: the fallback's).
+    local_keys: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct PolicyStats<'a> {
+    name: &'a str,
+    allowed: u64,
+    limited: u64,
+    degraded: u64,
+    shadow_limited: u64,
+}
+
+/// `GET /v1/stats`: decisions per policy since the configuration loaded,
+/// the store's state and check latencies. No identity is shown.
+pub(crate) async fn stats(State(state): State<Arc<AppState>>) -> Response {
+    use std::sync::atomic::Ordering::Relaxed;
+    let shared = state.current();
+    let (kind, up) = match &shared.backend {
+        Backend::Memory(_) => ("memory", true),
+        Backend::Redis { remote, .. } => ("redis", remote.is_up()),
+    };
+    let policies = shared
+        .table
+        .iter()
+        .map(|(_, e)| PolicyStats {
+            name: &e.name,
+            allowed: e.live.allowed.load(Relaxed),
+            limited: e.live.limited.load(Relaxed),
+            degraded: e.live.degraded.load(Relaxed),
+            shadow_limited: e.live.shadow_limited.load(Relaxed),
+        })
+        .collect();
+    let time_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    let stats = Stats {
+        time_ms,
+        admin: shared.config.server.admin_token.is_some(),
+        store: Store {
+            kind,
+            up,
+            breaker: if up { "closed" } else { "open" },
+            local_keys: shared.backend.local().limiter.len(),
+        },
+        latency_us: shared.meters.latency.read(),
+        policies,
+    };
+    Json(stats).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct TopQuery {
+    policy: String,
+    n: Option<usize>,
+}
+
+#[derive(Debug, Serialize)]
+struct Top<'a> {
+    policy: &'a str,
+    window_seconds: u64,
+    /// Refusals of the policy in the window.
+    refused: u64,
+    /// No listed count is further than this from the truth, and every
+    /// identity refused more often than this is listed.
+    error_bound: u64,
+    top: Vec<Hitter>,
+}
+
+/// `GET /v1/top?policy=NAME&n=N`: the identities refused most over the
+/// last minute (admin token).
+pub(crate) async fn top(
+    State(state): State<Arc<AppState>>,
+    Peer(peer): Peer,
+    Query(query): Query<TopQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (shared, id) = authorize(&state, peer, &headers, &query.policy)?;
+    let entry = shared.table.get(id);
+    let n = query.n.unwrap_or(10).clamp(1, CAPACITY);
+    let (top, refused) = entry.live.top(n);
+    Ok(Json(Top {
+        policy: &entry.name,
+        window_seconds: SLICE.as_secs() * SLICES,
+        refused,
+        error_bound: refused / CAPACITY as u64,
+        top,
+    })
+    .into_response())
+}
+
+/// The most rows and policies the playground takes (larger: `weir
+/// simulate`).
+pub(crate) const MAX_ROWS: usize = 20_000;
+const MAX_POLICIES: usize = 6;
+/// The largest playground request body.
+pub(crate) const MAX_BODY: usize = 1 << 20;
+
+#[derive(Debug, Deserialize)]
+struct Playground {
+    /// Policies as `weir simulate --policy` takes them, or configured names.
+    policies: Vec<String>,
+    /// A CSV trace: `time,key[,cost][,op]`.
+    trace: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Lane {
+    label: String,
+    admitted: u64,
+    rejected: u64,
+    delayed: u64,
+    max_burst: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct Plotted {
+    svg: String,
+    lanes: Vec<Lane>,
+}
+
+/// `POST /v1/simulate` `{"policies":[…],"trace":"time,key\n…"}`: the
+/// decisions of each policy over the trace, side by side, as
+/// `weir simulate --compare --plot` draws them.
+pub(crate) async fn simulate(
+    State(state): State<Arc<AppState>>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = to_bytes(body, MAX_BODY).await.map_err(|_| {
+        ApiError::InvalidRequest(format!(
+            "the playground takes at most {} KiB; replay larger traces with `weir simulate`",
+            MAX_BODY >> 10
+        ))
+    })?;
+    let asked: Playground =
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::Malformed(e.to_string()))?;
+    if asked.policies.is_empty() || asked.policies.len() > MAX_POLICIES {
+        return Err(ApiError::InvalidRequest(format!(
+            "name 1 to {MAX_POLICIES} policies"
+        )));
+    }
+    let shared = state.current();
+    let mut policies = Vec::new();
+    for (i, text) in asked.policies.iter().enumerate() {
+        let text = text.trim();
+        let policy = match shared.table.find(text) {
+            Some(id) => shared.table.get(id).policy,
+            None => Policy::parse(text).map_err(|e| {
+                ApiError::InvalidRequest(format!(
+                    "policy {}: {e} (a configured name, or e.g. \"token-bucket capacity=10 rate=2/s\")",
+                    i + 1
+                ))
+            })?,
+        };
+        policies.push((text.to_owned(), policy));
+    }
+    let plotted = tokio::task::spawn_blocking(move || plot(policies, &asked.trace))
+        .await
+        .map_err(|e| ApiError::InvalidRequest(e.to_string()))??;
+    Ok(Json(plotted).into_response())
+}
+
+fn plot(policies: Vec<(String, Policy)>, trace: &str) -> Result<Plotted, ApiError> {
+    let window = default_burst_window(&policies);
+    let rows = TraceReader::new(trace.as_bytes())
+        .enumerate()
+        .map(|(i, row)| match i < MAX_ROWS {
+            true => row,
+            false => Err(TraceError {
+                line: i as u64 + 2,
+                message: format!("the playground takes at most {MAX_ROWS} rows; replay larger traces with `weir simulate`"),
+            }),
+        });
+    let lanes = compare(policies, rows).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    let svg =
+        weir_sim::plot::render("playground", &lanes, window).map_err(ApiError::InvalidRequest)?;
+    let lanes = lanes
+        .iter()
+        .map(|lane| {
+            let s = lane.summary(window);
+            Lane {
+                label: lane.label.clone(),
+                admitted: s.admitted,
+                rejected: s.rejected,
+                delayed: s.delayed,
+                max_burst: s.max_burst,
+            }
+        })
+        .collect();
+    Ok(Plotted { svg, lanes })
+}
