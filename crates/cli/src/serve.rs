@@ -90,13 +90,6 @@ pub(crate) fn config(command: &ConfigCommand) -> anyhow::Result<()> {
 }
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
-    use std::io::IsTerminal;
-    let ansi = std::io::stderr().is_terminal();
-    tracing_subscriber::fmt()
-        .with_target(false)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
-        .init();
     let source = Source {
         listen: args.listen,
         grpc: args.grpc,
@@ -104,12 +97,26 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         ..source(args.config.as_ref())
     };
     // The file's errors, each with its line, before anything starts.
-    source.load().map_err(|e| anyhow!("{e}"))?;
+    let (config, _) = source.load().map_err(|e| anyhow!("{e}"))?;
+    logging(config.server.json_logs);
     weir_server::serve::raise_fd_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(serve(source, !args.no_watch))
+}
+
+/// Logs to stderr: text for people (colored on a terminal), or one JSON
+/// object per line for log pipelines (`[server] log_format = "json"`).
+fn logging(json: bool) {
+    use std::io::IsTerminal;
+    let logs = tracing_subscriber::fmt()
+        .with_target(false)
+        .with_writer(std::io::stderr);
+    match json {
+        true => logs.json().with_current_span(false).init(),
+        false => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
 }
 
 async fn serve(source: Source, watch: bool) -> anyhow::Result<()> {

@@ -347,3 +347,29 @@ fn the_config_file_is_watched_edited_in_place_or_swapped_like_a_configmap() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let text = bucket(5).replace("[server]\n", "[server]\nlog_format = \"json\"\n");
+    let config = temp("json-logs.toml", &text);
+    let server = Server::start(&["--config", config.to_str().unwrap()]);
+    let line = server.wait_for_log("watching the configuration file");
+    let log: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(log["level"], "INFO", "{line}");
+    let message = &log["fields"]["message"];
+    assert_eq!(message, "watching the configuration file", "{line}");
+    let file = log["fields"]["file"].as_str().unwrap();
+    assert!(file.ends_with("json-logs.toml"), "{line}");
+    assert!(log["timestamp"].is_string(), "{line}");
+    let bad = temp("bad-logs.toml", "[server]\nlog_format = \"xml\"\n");
+    let out = weir()
+        .args(["config", "check", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("line 2") && err.contains("log_format") && err.contains("\"json\""),
+        "{err}"
+    );
+}

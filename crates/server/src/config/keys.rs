@@ -30,6 +30,7 @@ const SERVER: &[&str] = &[
     "shadow",
     "headers",
     "near_limit_ratio",
+    "log_format",
 ];
 const STORE: &[&str] = &["url", "timeout", "max_keys", "fallback_share"];
 const ROUTE: &[&str] = &[

@@ -36,6 +36,21 @@ pub struct ServerConfig {
     /// An admitted decision leaving less than `1 - near_limit_ratio` of the
     /// limit counts as `near_limit` too (parts per million); none: off.
     pub near_limit_ratio: Option<u64>,
+    /// `log_format = "json"`: one JSON object per log line, for log
+    /// pipelines; `"text"` (the default) for people. Read at start only.
+    pub json_logs: bool,
+    /// `[telemetry]`: OpenTelemetry spans over OTLP; none: off.
+    pub telemetry: Option<Telemetry>,
+}
+
+/// `[telemetry]`: where spans go, and whether they may name identities.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Telemetry {
+    /// An OTLP/gRPC collector, e.g. `http://127.0.0.1:4317`.
+    pub otlp_endpoint: String,
+    /// Whether a span carries the identity (off: identities are the
+    /// clients', kept out of traces).
+    pub include_identity: bool,
 }
 
 /// How long and how many: the bounds of every connection.
@@ -85,6 +100,7 @@ pub(super) struct Raw {
     shadow: Option<Spanned<bool>>,
     headers: Option<Spanned<String>>,
     near_limit_ratio: Option<Spanned<toml::Value>>,
+    log_format: Option<Spanned<String>>,
 }
 
 /// The shortest admin token accepted.
@@ -243,7 +259,21 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
             token_env
         }
     };
+    let json_logs = match raw.log_format.as_ref().map(|f| (f, f.get_ref().as_str())) {
+        None | Some((_, "text")) => false,
+        Some((_, "json")) => true,
+        Some((f, other)) => {
+            report.error(
+                &f.span(),
+                "[server] log_format",
+                format!("`{other}` is not a log format (valid: \"text\", \"json\")"),
+            );
+            false
+        }
+    };
     ServerConfig {
+        json_logs,
+        telemetry: None,
         listen,
         internal,
         grpc,
