@@ -103,7 +103,15 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(serve(source, !args.no_watch))
+    if let Some(telemetry) = &config.server.telemetry {
+        runtime
+            .block_on(async { weir_server::telemetry::install(telemetry) })
+            .map_err(|e| anyhow!("{e}"))?;
+    }
+    let served = runtime.block_on(serve(source, !args.no_watch));
+    // The last spans, sent before the runtime stops.
+    runtime.block_on(async { tokio::task::spawn_blocking(weir_server::telemetry::flush).await })?;
+    served
 }
 
 /// Logs to stderr: text for people (colored on a terminal), or one JSON

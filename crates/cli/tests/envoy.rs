@@ -13,7 +13,7 @@ use weir_testkit::{RedisServer, free_port};
 use crate::serve::{Server, temp};
 
 /// An upstream that answers every request `200 ok` and closes.
-fn upstream() -> u16 {
+pub(crate) fn upstream() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {

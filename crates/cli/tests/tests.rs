@@ -7,6 +7,7 @@ mod faults;
 mod redis;
 mod serve;
 mod simulate;
+mod telemetry;
 mod ui;
 
 /// Sends the signal `name` (`STOP`, `CONT`, …) to `pid`.

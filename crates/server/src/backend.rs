@@ -16,6 +16,7 @@ use crate::breaker::Remote;
 use crate::config::{Config, OnStoreError, PolicyId, StoreUrl};
 use crate::metrics::Meters;
 use crate::table::{Outcome, PolicyTable};
+use crate::telemetry::Traced;
 use weir_tower::Part;
 
 /// The longest stored key: a scope (`header:NAME:`, `path:PARAM:`,
@@ -372,6 +373,18 @@ impl Backend {
             true => checks.iter().filter(|c| !unlimited(c)).copied().collect(),
             false => Cow::Borrowed(checks),
         };
+        let traced = Traced::start("weir.decide");
+        if traced.on() {
+            let names: Vec<&str> = checks
+                .iter()
+                .map(|c| table.get(c.policy).name.as_str())
+                .collect();
+            traced.set("weir.policies", names.join(","));
+            if let Some(first) = checks.first() {
+                traced.set("weir.cost", i64::try_from(first.cost).unwrap_or(i64::MAX));
+                traced.identity(first.key);
+            }
+        }
         let decided = match self {
             _ if counted.is_empty() => Ok(Verdict {
                 all: AllDecision {
@@ -389,7 +402,8 @@ impl Backend {
                 shadow: shadows(table, &counted),
             }),
             Self::Redis { remote, fallback } => {
-                decide_remote(table, remote, fallback, &counted, max_delay, default).await
+                let decided = decide_remote(table, remote, fallback, &counted, max_delay, default);
+                traced.around(decided).await
             }
         };
         let decided = match decided {
@@ -399,6 +413,15 @@ impl Backend {
             other => other,
         };
         meters.observe(started);
+        if traced.on() {
+            match &decided {
+                Ok(verdict) => {
+                    traced.set("weir.allowed", verdict.all.allowed);
+                    traced.set("weir.degraded", verdict.degraded);
+                }
+                Err(refusal) => traced.error(format!("{refusal:?}")),
+            }
+        }
         match &decided {
             Ok(verdict) => {
                 for (i, (check, d)) in checks.iter().zip(&verdict.all.decisions).enumerate() {
@@ -593,8 +616,13 @@ async fn decide_remote(
     // invalid request is refused alike whether Redis is up or not.
     let core: Vec<weir_core::Check<'_>> = redis.iter().map(|c| c.check).collect();
     weir_core::check::validate(&core, MAX_KEY).map_err(Refusal::Invalid)?;
+    let traced = Traced::start("weir.store");
+    traced.set("db.system.name", "redis");
     match remote.available() {
-        Some(store) => match store.decide(&redis, None, Mode::Charge { max_delay }).await {
+        Some(store) => match traced
+            .around(store.decide(&redis, None, Mode::Charge { max_delay }))
+            .await
+        {
             Ok(checked) => {
                 remote.succeeded();
                 if checked.state_lost {
@@ -620,10 +648,16 @@ async fn decide_remote(
                     _ => "redis",
                 });
                 tracing::debug!(error = %e, "store call failed");
+                traced.error(e.to_string());
             }
         },
-        None => Meters::store_error("circuit_open"),
+        None => {
+            Meters::store_error("circuit_open");
+            traced.error("the circuit breaker is open".to_owned());
+        }
     }
+    drop(traced);
+    let _fallback = Traced::start("weir.fallback");
     fall_back(table, fallback, checks, max_delay, default)
 }
 

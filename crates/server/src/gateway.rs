@@ -22,6 +22,7 @@ use crate::backend::{Check, scoped_key};
 use crate::config::{Cost, Identity, OnStoreError, PolicyId, Route, Segment, Usage};
 use crate::metrics::Meters;
 use crate::state::{AppState, Shared};
+use crate::telemetry::Traced;
 use crate::usage::{Charge, Metered, Scanner};
 
 /// Headers that belong to one connection, not to the request.
@@ -217,7 +218,18 @@ pub(crate) async fn forward(State(state): State<Arc<AppState>>, request: Request
         Ok(found) => found,
         Err(e) => return e.into_response(),
     };
-    let mut response = through(&shared, route, &params, &path, request).await;
+    let traced = Traced::start("weir.gateway");
+    if traced.on() {
+        traced.set("http.route", route.text.clone());
+        traced.set("http.request.method", request.method().to_string());
+    }
+    let mut response = traced
+        .around(through(&shared, route, &params, &path, request))
+        .await;
+    traced.set(
+        "http.response.status_code",
+        i64::from(response.status().as_u16()),
+    );
     response
         .extensions_mut()
         .insert(RouteLabel(route.label.clone()));
@@ -427,7 +439,22 @@ async fn send(
     let body = Body::new(http_body_util::Limited::new(body, limit));
     let started = std::time::Instant::now();
     let call = shared.client.request(Request::from_parts(parts, body));
-    let answered = tokio::time::timeout(route.timeout, call).await;
+    let traced = Traced::start("weir.upstream");
+    traced.set("server.address", authority.to_owned());
+    let answered = traced
+        .around(tokio::time::timeout(route.timeout, call))
+        .await;
+    match &answered {
+        Ok(Ok(response)) => {
+            traced.set(
+                "http.response.status_code",
+                i64::from(response.status().as_u16()),
+            );
+        }
+        Ok(Err(e)) => traced.error(e.to_string()),
+        Err(_) => traced.error("timed out".to_owned()),
+    }
+    drop(traced);
     let failure = match answered {
         Ok(Ok(response)) => {
             Meters::upstream(&route.text, started, true);

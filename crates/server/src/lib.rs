@@ -27,6 +27,7 @@ pub mod reload;
 pub mod serve;
 pub mod state;
 pub mod table;
+pub mod telemetry;
 mod ui;
 mod usage;
 

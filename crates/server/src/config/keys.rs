@@ -13,7 +13,9 @@ const TOP: &[&str] = &[
     "routes",
     "descriptors",
     "overrides",
+    "telemetry",
 ];
+const TELEMETRY: &[&str] = &["otlp_endpoint", "include_identity"];
 const SERVER: &[&str] = &[
     "listen",
     "internal",
@@ -56,6 +58,7 @@ pub(super) fn check(table: &Spanned<DeTable<'_>>, report: &mut Report<'_>) {
         let (known, place): (&[&str], &str) = match key.get_ref().as_ref() {
             "server" => (SERVER, "[server]"),
             "store" => (STORE, "[store]"),
+            "telemetry" => (TELEMETRY, "[telemetry]"),
             "routes" => (ROUTE, "[[routes]]"),
             "descriptors" => (DESCRIPTOR, "[[descriptors]]"),
             _ => continue,

@@ -21,7 +21,7 @@ pub use descriptors::DescriptorRule;
 pub use overrides::{Override, Quota};
 pub use policies::{OnStateLoss, OnStoreError, PolicyConfig, PolicyId};
 pub use routes::{Cost, Identity, Route, Segment, Usage};
-pub use server::{ConnectionLimits, ServerConfig};
+pub use server::{ConnectionLimits, ServerConfig, Telemetry};
 pub use store::{StoreConfig, StoreUrl};
 
 /// The example served when `weir serve` is given no config, and printed by
@@ -126,6 +126,7 @@ struct Raw {
     descriptors: Vec<descriptors::Raw>,
     #[serde(default)]
     overrides: overrides::Raw,
+    telemetry: Option<server::RawTelemetry>,
 }
 
 /// Parses and validates `text`; `admin_token_env` stands in for an absent
@@ -143,7 +144,10 @@ pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, Conf
     let table = toml::de::DeTable::parse(text).map_err(|e| syntax(&mut report, e))?;
     keys::check(&table, &mut report);
     let raw: Raw = toml::from_str(text).map_err(|e| syntax(&mut report, e))?;
-    let server = server::parse(raw.server, admin_token_env, &mut report);
+    let mut server = server::parse(raw.server, admin_token_env, &mut report);
+    server.telemetry = raw
+        .telemetry
+        .and_then(|t| server::telemetry(t, &mut report));
     let store = store::parse(raw.store, &mut report);
     let mut policies = policies::parse(&raw.policies, &mut report);
     if server.shadow {

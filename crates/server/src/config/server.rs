@@ -103,6 +103,37 @@ pub(super) struct Raw {
     log_format: Option<Spanned<String>>,
 }
 
+/// `[telemetry]` as written.
+#[derive(Debug, Deserialize)]
+pub(super) struct RawTelemetry {
+    otlp_endpoint: Spanned<String>,
+    include_identity: Option<Spanned<bool>>,
+}
+
+pub(super) fn telemetry(raw: RawTelemetry, report: &mut Report<'_>) -> Option<Telemetry> {
+    let endpoint = raw.otlp_endpoint.get_ref();
+    match endpoint.parse::<http::Uri>() {
+        Ok(uri)
+            if matches!(uri.scheme_str(), Some("http" | "https")) && uri.authority().is_some() =>
+        {
+            Some(Telemetry {
+                otlp_endpoint: endpoint.clone(),
+                include_identity: raw.include_identity.is_some_and(|i| *i.get_ref()),
+            })
+        }
+        _ => {
+            report.error(
+                &raw.otlp_endpoint.span(),
+                "[telemetry] otlp_endpoint",
+                format!(
+                    "`{endpoint}` is not an OTLP/gRPC endpoint such as \"http://127.0.0.1:4317\""
+                ),
+            );
+            None
+        }
+    }
+}
+
 /// The shortest admin token accepted.
 const MIN_TOKEN: usize = 16;
 
