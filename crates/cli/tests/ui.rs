@@ -2,6 +2,7 @@
 //! Chromium driven through ChromeDriver (Debian's `chromium` and
 //! `chromium-driver`, which tools/test.sh installs).
 
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -31,8 +32,11 @@ shadow = true
 struct Driver(Child);
 
 impl Drop for Driver {
+    /// Stops ChromeDriver and the Chromium it started (its process group),
+    /// also when the test failed before closing the session.
     fn drop(&mut self) {
-        let _ = self.0.kill();
+        let group = format!("-{}", self.0.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = self.0.wait();
     }
 }
@@ -56,6 +60,7 @@ async fn browser() -> Option<(Driver, Client)> {
     let driver = Driver(
         Command::new("chromedriver")
             .arg(format!("--port={port}"))
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

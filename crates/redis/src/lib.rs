@@ -15,6 +15,8 @@
 
 use std::fmt::Write as _;
 
+pub mod cluster;
+
 use redis::Script;
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
@@ -49,12 +51,24 @@ pub enum StoreError {
     /// cluster, checks of several identities live on several nodes).
     #[error("{0}")]
     Unsupported(&'static str),
+    /// Fewer replicas than asked acknowledged an admission in time
+    /// (`replica_acks`): it may not survive a failover.
+    #[error("{acked} of {wanted} replicas acknowledged the write in time")]
+    Replication {
+        /// Replicas that did.
+        acked: u64,
+        /// Replicas asked for.
+        wanted: u32,
+    },
 }
 
 impl StoreError {
     /// Whether trying again later may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Redis(_) | Self::Timeout(_))
+        matches!(
+            self,
+            Self::Redis(_) | Self::Timeout(_) | Self::Replication { .. }
+        )
     }
 }
 
@@ -271,6 +285,34 @@ impl RedisStore {
             .query(redis::cmd("EXISTS").arg(key(name, identity)))
             .await?;
         Ok(found > 0)
+    }
+
+    /// Waits until `replicas` replicas hold every write made so far on the
+    /// connection to the master of `identity`'s keys (`WAIT`), for at most
+    /// four fifths of the store's timeout; how many do.
+    pub async fn wait_replicas(&self, identity: &str, replicas: u32) -> Result<u64, StoreError> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let ms = u64::try_from(self.timeout.as_millis() * 4 / 5).unwrap_or(u64::MAX);
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(replicas).arg(ms.max(1));
+        self.call(async {
+            match &self.connection {
+                Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
+                Connection::Cluster(c) => {
+                    let route = Route::new(cluster::slot(identity), SlotAddr::Master);
+                    let routing =
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                    let value = c.clone().route_command(cmd, routing).await?;
+                    redis::from_redis_value(value).map_err(Into::into)
+                }
+            }
+        })
+        .await
+    }
+
+    /// Whether this store is a cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.connection, Connection::Cluster(_))
     }
 
     /// One command on the node or the cluster, within the timeout.

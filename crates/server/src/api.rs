@@ -346,6 +346,25 @@ struct Ready {
     degraded: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     local_keys: Option<usize>,
+    /// On a cluster, each master: its slots go to Redis while it is up.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    nodes: Vec<NodeBody>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct NodeBody {
+    node: String,
+    up: bool,
+    slots: usize,
+}
+
+/// A cluster's masters, as [`NodeBody`]s.
+pub(crate) fn nodes(remote: &crate::breaker::Remote) -> Vec<NodeBody> {
+    remote
+        .nodes()
+        .into_iter()
+        .map(|(node, up, slots)| NodeBody { node, up, slots })
+        .collect()
 }
 
 /// `GET /readyz`: ready to decide. With Redis down the server still
@@ -363,14 +382,16 @@ pub(crate) async fn readyz(State(state): State<Arc<AppState>>) -> Response {
             store_up: None,
             degraded: None,
             local_keys: None,
+            nodes: Vec::new(),
         },
         Some(remote) => Ready {
             ready: true,
             store: "redis",
             keys: None,
             store_up: Some(remote.is_up()),
-            degraded: Some(!remote.is_up()),
+            degraded: Some(!remote.is_up() || remote.nodes().iter().any(|n| !n.1)),
             local_keys: Some(keys),
+            nodes: nodes(remote),
         },
     };
     Json(ready).into_response()

@@ -311,14 +311,16 @@ impl Backend {
             StoreUrl::Redis(url) => {
                 let kept = match previous {
                     Some(Self::Redis { remote, .. })
-                        if remote.serves(url, config.store.timeout) =>
+                        if remote.serves(url, config.store.timeout, config.store.replica_acks) =>
                     {
                         Some(remote.clone())
                     }
                     _ => None,
                 };
-                let remote =
-                    kept.unwrap_or_else(|| Remote::new(url, config.store.timeout, MAX_KEY));
+                let remote = kept.unwrap_or_else(|| {
+                    let acks = config.store.replica_acks;
+                    Remote::new(url, config.store.timeout, MAX_KEY, acks)
+                });
                 Self::Redis {
                     remote,
                     fallback: local,
@@ -603,6 +605,30 @@ fn redis_check<'a>(table: &'a PolicyTable, check: &Check<'a>) -> weir_redis::Che
     }
 }
 
+/// One charge on Redis; with `replica_acks`, an admission is not answered
+/// before that many replicas hold it.
+async fn charged(
+    store: &weir_redis::RedisStore,
+    replica_acks: u32,
+    checks: &[weir_redis::Check<'_>],
+    max_delay: Nanos,
+) -> Result<weir_redis::Checked, StoreError> {
+    let checked = store
+        .decide(checks, None, Mode::Charge { max_delay })
+        .await?;
+    let charged = checked.all.allowed && checks.iter().any(|c| c.check.cost > 0);
+    if let (true, Some(first)) = (replica_acks > 0 && charged, checks.first()) {
+        let acked = store.wait_replicas(first.check.key, replica_acks).await?;
+        if acked < u64::from(replica_acks) {
+            return Err(StoreError::Replication {
+                acked,
+                wanted: replica_acks,
+            });
+        }
+    }
+    Ok(checked)
+}
+
 async fn decide_remote(
     table: &PolicyTable,
     remote: &Remote,
@@ -618,13 +644,22 @@ async fn decide_remote(
     weir_core::check::validate(&core, MAX_KEY).map_err(Refusal::Invalid)?;
     let traced = Traced::start("weir.store");
     traced.set("db.system.name", "redis");
-    match remote.available() {
+    // On a cluster, the breaker of the master serving this identity.
+    let node = checks.first().and_then(|c| remote.node_for(c.key));
+    let node = node.as_deref();
+    if let Some(node) = node {
+        traced.set("server.address", node.addr.clone());
+    }
+    match remote
+        .available()
+        .filter(|_| node.is_none_or(|n| n.is_up()))
+    {
         Some(store) => match traced
-            .around(store.decide(&redis, None, Mode::Charge { max_delay }))
+            .around(charged(&store, remote.replica_acks, &redis, max_delay))
             .await
         {
             Ok(checked) => {
-                remote.succeeded();
+                remote.succeeded(node);
                 if checked.state_lost {
                     Meters::state_lost();
                     tracing::warn!(
@@ -641,10 +676,11 @@ async fn decide_remote(
             Err(StoreError::Invalid(e)) => return Err(Refusal::Invalid(e)),
             Err(StoreError::Unsupported(m)) => return Err(Refusal::Unsupported(m)),
             Err(e) => {
-                remote.failed();
+                remote.failed(node);
                 Meters::store_error(match e {
                     StoreError::Timeout(_) => "timeout",
                     StoreError::Reply => "reply",
+                    StoreError::Replication { .. } => "replication",
                     _ => "redis",
                 });
                 tracing::debug!(error = %e, "store call failed");

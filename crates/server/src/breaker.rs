@@ -4,6 +4,13 @@
 //! than `[store] timeout`; after [`OPEN_AFTER`] failures in a row the breaker
 //! opens and requests stop waiting at all; a background probe closes it
 //! within [`PROBE_EVERY`] of Redis answering again.
+//!
+//! On a Redis Cluster each master has a breaker of its own: the masters
+//! and their slots are read every [`TOPOLOGY_EVERY`], a check goes to the
+//! breaker of the master serving its identity's slot, and one master down
+//! puts only its own slots on the fallback. When slots move (a failover, a
+//! master added or removed) they take the state of their new master, and
+//! the connection is made again so that it routes by the new slots at once.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
@@ -17,6 +24,58 @@ use weir_redis::RedisStore;
 pub const OPEN_AFTER: u32 = 3;
 /// How often an open breaker (or a store never reached) is probed.
 pub const PROBE_EVERY: Duration = Duration::from_millis(100);
+/// How often a cluster's masters and slots are read again.
+pub const TOPOLOGY_EVERY: Duration = Duration::from_millis(500);
+
+/// One master of a cluster, behind its own breaker.
+#[derive(Debug)]
+pub struct Node {
+    /// `host:port`.
+    pub addr: String,
+    failures: AtomicU32,
+    up: AtomicBool,
+    gauge: Gauge,
+}
+
+impl Node {
+    fn new(addr: &str) -> Self {
+        let gauge = metrics::gauge!("weir_store_node_up", "node" => addr.to_owned());
+        gauge.set(1.0);
+        Self {
+            addr: addr.to_owned(),
+            failures: AtomicU32::new(0),
+            up: AtomicBool::new(true),
+            gauge,
+        }
+    }
+
+    /// Whether checks of this master's slots go to Redis.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    fn set_up(&self, up: bool) {
+        if self.up.swap(up, Ordering::AcqRel) != up {
+            self.gauge.set(if up { 1.0 } else { 0.0 });
+            match up {
+                true => {
+                    tracing::info!(node = %self.addr, "cluster node up: its slots go to Redis again")
+                }
+                false => {
+                    tracing::warn!(node = %self.addr, "cluster node down: its slots decide by on_store_error")
+                }
+            }
+        }
+    }
+}
+
+/// The masters of a cluster and which one serves each slot.
+#[derive(Debug)]
+struct Topology {
+    /// Per slot, the index of its master in `nodes` (`u16::MAX`: none).
+    owner: Vec<u16>,
+    nodes: Vec<Arc<Node>>,
+}
 
 /// A shared Redis store behind a circuit breaker.
 #[derive(Debug)]
@@ -30,13 +89,17 @@ pub struct Remote {
     /// Whether the store has been up before (the log says "again" after).
     was_up: AtomicBool,
     gauge: Gauge,
+    /// A cluster's masters, once read.
+    topology: ArcSwapOption<Topology>,
+    /// `[store] replica_acks`.
+    pub(crate) replica_acks: u32,
 }
 
 impl Remote {
     /// A store for `url` (keys up to `max_key_len` bytes), connected (and
     /// probed when down) by a background task that ends with the last
     /// reference.
-    pub fn new(url: &str, timeout: Duration, max_key_len: usize) -> Arc<Self> {
+    pub fn new(url: &str, timeout: Duration, max_key_len: usize, replica_acks: u32) -> Arc<Self> {
         let remote = Arc::new(Self {
             url: url.to_owned(),
             timeout,
@@ -46,6 +109,8 @@ impl Remote {
             up: AtomicBool::new(false),
             was_up: AtomicBool::new(false),
             gauge: metrics::gauge!("weir_store_up"),
+            topology: ArcSwapOption::empty(),
+            replica_acks,
         });
         remote.gauge.set(0.0);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -54,9 +119,42 @@ impl Remote {
         remote
     }
 
-    /// Whether this store serves `url` with `timeout` (kept across reloads).
-    pub(crate) fn serves(&self, url: &str, timeout: Duration) -> bool {
-        self.url == url && self.timeout == timeout
+    /// Whether this store serves `url` with `timeout` and `replica_acks`
+    /// (kept across reloads).
+    pub(crate) fn serves(&self, url: &str, timeout: Duration, replica_acks: u32) -> bool {
+        self.url == url && self.timeout == timeout && self.replica_acks == replica_acks
+    }
+
+    /// On a cluster whose masters are known, the master serving the keys
+    /// of `identity`.
+    pub(crate) fn node_for(&self, identity: &str) -> Option<Arc<Node>> {
+        let topology = self.topology.load();
+        let topology = topology.as_ref()?;
+        let owner = *topology
+            .owner
+            .get(usize::from(weir_redis::cluster::slot(identity)))?;
+        topology.nodes.get(usize::from(owner)).cloned()
+    }
+
+    /// A cluster's masters: address, up, and how many slots each serves.
+    pub fn nodes(&self) -> Vec<(String, bool, usize)> {
+        let topology = self.topology.load();
+        let Some(topology) = topology.as_ref() else {
+            return Vec::new();
+        };
+        topology
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let slots = topology
+                    .owner
+                    .iter()
+                    .filter(|&&o| usize::from(o) == i)
+                    .count();
+                (node.addr.clone(), node.is_up(), slots)
+            })
+            .collect()
     }
 
     /// Whether requests go to Redis (the breaker is closed).
@@ -91,14 +189,84 @@ impl Remote {
         }
     }
 
-    pub(crate) fn succeeded(&self) {
-        self.failures.store(0, Ordering::Release);
+    /// A store call went well (on `node`, on a cluster).
+    pub(crate) fn succeeded(&self, node: Option<&Node>) {
+        match node {
+            Some(node) => node.failures.store(0, Ordering::Release),
+            None => self.failures.store(0, Ordering::Release),
+        }
     }
 
-    pub(crate) fn failed(&self) {
-        if self.failures.fetch_add(1, Ordering::AcqRel) + 1 >= OPEN_AFTER {
-            self.set_up(false);
+    /// A store call failed (on `node`, on a cluster: only its breaker).
+    pub(crate) fn failed(&self, node: Option<&Node>) {
+        match node {
+            Some(node) => {
+                if node.failures.fetch_add(1, Ordering::AcqRel) + 1 >= OPEN_AFTER {
+                    node.set_up(false);
+                }
+            }
+            None => {
+                if self.failures.fetch_add(1, Ordering::AcqRel) + 1 >= OPEN_AFTER {
+                    self.set_up(false);
+                }
+            }
         }
+    }
+
+    /// The addresses to ask for the topology: the known masters, then the
+    /// URL's.
+    fn seeds(&self) -> Vec<String> {
+        let mut addrs: Vec<String> = self
+            .topology
+            .load()
+            .as_ref()
+            .map(|t| t.nodes.iter().map(|n| n.addr.clone()).collect())
+            .unwrap_or_default();
+        if let Some(nodes) = self.url.strip_prefix("redis-cluster://") {
+            addrs.extend(nodes.split(',').map(str::to_owned));
+        }
+        addrs.dedup();
+        addrs
+    }
+
+    /// Reads the masters again; whether any slot changed master.
+    async fn refresh(&self) -> bool {
+        let seeds = self.seeds();
+        let asked =
+            weir_redis::cluster::masters(&seeds, self.timeout.max(Duration::from_millis(200)));
+        let Ok(masters) = asked.await else {
+            return false;
+        };
+        let old = self.topology.load_full();
+        let mut owner = vec![u16::MAX; usize::from(weir_redis::cluster::SLOTS)];
+        let mut nodes = Vec::new();
+        for (i, master) in masters.iter().enumerate() {
+            // A master keeps its breaker; a new one starts up.
+            let node = old
+                .as_ref()
+                .and_then(|t| t.nodes.iter().find(|n| n.addr == master.addr).cloned())
+                .unwrap_or_else(|| Arc::new(Node::new(&master.addr)));
+            nodes.push(node);
+            for &(start, end) in &master.slots {
+                for slot in start..=end.min(weir_redis::cluster::SLOTS - 1) {
+                    owner[usize::from(slot)] = u16::try_from(i).unwrap_or(u16::MAX);
+                }
+            }
+        }
+        let moved = old.as_ref().is_some_and(|t| {
+            t.owner.iter().zip(&owner).any(|(a, b)| {
+                t.nodes.get(usize::from(*a)).map(|n| &n.addr)
+                    != nodes.get(usize::from(*b)).map(|n| &n.addr)
+            })
+        });
+        for gone in old.iter().flat_map(|t| &t.nodes) {
+            if !nodes.iter().any(|n| n.addr == gone.addr) {
+                gone.gauge.set(0.0);
+            }
+        }
+        self.topology
+            .store(Some(Arc::new(Topology { owner, nodes })));
+        moved
     }
 }
 
@@ -107,12 +275,17 @@ async fn supervise(remote: Weak<Remote>) {
     let mut tick = tokio::time::interval(PROBE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_error = String::new();
+    let mut tended = 0u64;
     loop {
         tick.tick().await;
         let Some(remote) = remote.upgrade() else {
             return;
         };
         if remote.is_up() {
+            if let Some(store) = remote.store.load_full().filter(|s| s.is_cluster()) {
+                tended += 1;
+                tend(&remote, &store, tended).await;
+            }
             continue;
         }
         let store = match remote.store.load_full() {
@@ -156,8 +329,38 @@ async fn supervise(remote: Weak<Remote>) {
             }
         };
         if store.ping().await.is_ok() {
-            remote.succeeded();
+            remote.succeeded(None);
+            if store.is_cluster() {
+                remote.refresh().await;
+            }
             remote.set_up(true);
         }
+    }
+}
+
+/// A connected cluster, every [`PROBE_EVERY`]: its down masters probed; and
+/// every [`TOPOLOGY_EVERY`], its masters read again — connecting anew when
+/// slots moved.
+async fn tend(remote: &Remote, store: &RedisStore, tick: u64) {
+    let nodes = remote.topology.load_full();
+    for node in nodes.iter().flat_map(|t| &t.nodes).filter(|n| !n.is_up()) {
+        if weir_redis::cluster::ping(&node.addr, remote.timeout.max(Duration::from_millis(100)))
+            .await
+        {
+            node.failures.store(0, Ordering::Release);
+            node.set_up(true);
+        }
+    }
+    let every = (TOPOLOGY_EVERY.as_millis() / PROBE_EVERY.as_millis()).max(1) as u64;
+    if tick % every != 0 || !remote.refresh().await {
+        return;
+    }
+    tracing::info!(url = %remote.url, "cluster slots moved: connecting anew");
+    let connect = RedisStore::connect(&remote.url);
+    if let Ok(Ok(fresh)) = tokio::time::timeout(Duration::from_secs(1), connect).await {
+        let fresh = fresh
+            .with_timeout(store.timeout())
+            .with_max_key_len(remote.max_key_len);
+        remote.store.store(Some(Arc::new(fresh)));
     }
 }

@@ -79,6 +79,8 @@ struct Store {
     breaker: &'static str,
     /// Keys held in process (with Redis: the fallback's).
     local_keys: usize,
+    /// On a cluster, each master and its breaker.
+    nodes: Vec<crate::api::NodeBody>,
 }
 
 #[derive(Debug, Serialize)]
@@ -95,9 +97,9 @@ struct PolicyStats<'a> {
 pub(crate) async fn stats(State(state): State<Arc<AppState>>) -> Response {
     use std::sync::atomic::Ordering::Relaxed;
     let shared = state.current();
-    let (kind, up) = match &shared.backend {
-        Backend::Memory(_) => ("memory", true),
-        Backend::Redis { remote, .. } => ("redis", remote.is_up()),
+    let (kind, up, nodes) = match &shared.backend {
+        Backend::Memory(_) => ("memory", true, Vec::new()),
+        Backend::Redis { remote, .. } => ("redis", remote.is_up(), crate::api::nodes(remote)),
     };
     let policies = shared
         .table
@@ -122,6 +124,7 @@ pub(crate) async fn stats(State(state): State<Arc<AppState>>) -> Response {
             up,
             breaker: if up { "closed" } else { "open" },
             local_keys: shared.backend.local().limiter.len(),
+            nodes,
         },
         latency_us: shared.meters.latency.read(),
         policies,

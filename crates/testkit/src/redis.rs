@@ -158,10 +158,28 @@ pub struct Cluster {
 impl Cluster {
     /// Starts the three nodes, creates the cluster and waits until it is ok.
     pub fn start() -> Self {
+        Self::with_replicas(3, 0)
+    }
+
+    /// `masters` masters with `replicas` replicas each (`nodes` holds them
+    /// all, as `redis-cli --cluster create` paired them).
+    pub fn with_replicas(masters: usize, replicas: usize) -> Self {
         require("redis-cli");
-        let nodes: Vec<RedisServer> = (0..3)
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
             .map(|_| {
-                RedisServer::start(&["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+                RedisServer::start(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-node-timeout",
+                    "1000",
+                    // Replicas in sync at once, not after 5 s.
+                    "--repl-diskless-sync-delay",
+                    "0",
+                    // A master down stops only its own slots, not the
+                    // cluster (docs/RELIABILITY.md).
+                    "--cluster-require-full-coverage",
+                    "no",
+                ])
             })
             .collect();
         let addrs: Vec<String> = nodes
@@ -171,22 +189,62 @@ impl Cluster {
         let created = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(Stdio::null())
             .status()
             .unwrap();
         assert!(created.success(), "redis-cli --cluster create {addrs:?}");
         for _ in 0..200 {
-            if nodes[0]
-                .cli(&["cluster", "info"])
-                .contains("cluster_state:ok")
-            {
+            // Up, and every replica in sync with its master.
+            let ok = nodes.iter().all(|n| {
+                let synced = n.cli(&["info", "replication"]);
+                n.cli(&["cluster", "info"]).contains("cluster_state:ok")
+                    && (synced.contains("role:master") || synced.contains("master_link_status:up"))
+            });
+            if ok {
                 std::thread::sleep(Duration::from_millis(200));
                 return Self { nodes };
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!("the cluster did not come up");
+    }
+
+    /// The masters and their slot ranges, as the node `asker` sees them
+    /// (`CLUSTER NODES`; failed masters left out): indexes in `nodes`.
+    pub fn masters(&self, asker: usize) -> Vec<(usize, Vec<(u16, u16)>)> {
+        let nodes = self.nodes[asker].cli(&["cluster", "nodes"]);
+        let mut masters = Vec::new();
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
+                continue;
+            }
+            let port = fields[1]
+                .split(['@', ':'])
+                .nth(1)
+                .and_then(|p| p.parse::<u16>().ok());
+            let Some(index) = self.nodes.iter().position(|n| Some(n.port) == port) else {
+                continue;
+            };
+            let ranges = fields[8..]
+                .iter()
+                .filter_map(|range| {
+                    let (a, b) = range.split_once('-').unwrap_or((range, range));
+                    Some((a.parse().ok()?, b.parse().ok()?))
+                })
+                .collect();
+            masters.push((index, ranges));
+        }
+        masters
+    }
+
+    /// The master serving `slot`, as the node `asker` sees it.
+    pub fn master_of(&self, slot: u16, asker: usize) -> Option<usize> {
+        self.masters(asker)
+            .into_iter()
+            .find(|(_, ranges)| ranges.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+            .map(|(index, _)| index)
     }
 
     /// `redis-cluster://HOST:PORT,HOST:PORT,HOST:PORT`.

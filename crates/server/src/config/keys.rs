@@ -34,7 +34,13 @@ const SERVER: &[&str] = &[
     "near_limit_ratio",
     "log_format",
 ];
-const STORE: &[&str] = &["url", "timeout", "max_keys", "fallback_share"];
+const STORE: &[&str] = &[
+    "url",
+    "timeout",
+    "max_keys",
+    "fallback_share",
+    "replica_acks",
+];
 const ROUTE: &[&str] = &[
     "match",
     "identity",

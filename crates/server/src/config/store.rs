@@ -36,6 +36,10 @@ pub struct StoreConfig {
     pub max_keys: usize,
     /// The local fallback's share of each limit, in parts per million.
     pub fallback_share: u64,
+    /// `replica_acks = N`: an admission is answered once N replicas hold
+    /// it (`WAIT`), else decided as a store error; 0 (the default): not
+    /// waited for.
+    pub replica_acks: u32,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -44,6 +48,7 @@ pub(super) struct Raw {
     timeout: Option<Spanned<String>>,
     max_keys: Option<Spanned<u64>>,
     fallback_share: Option<Spanned<Value>>,
+    replica_acks: Option<Spanned<u64>>,
 }
 
 pub(super) fn parse(raw: Raw, report: &mut Report<'_>) -> StoreConfig {
@@ -100,10 +105,25 @@ pub(super) fn parse(raw: Raw, report: &mut Report<'_>) -> StoreConfig {
     let max_keys = raw.max_keys.map_or(weir_limiter::DEFAULT_MAX_KEYS, |m| {
         usize::try_from(*m.get_ref()).unwrap_or(usize::MAX).max(1)
     });
+    let replica_acks = match &raw.replica_acks {
+        None => 0,
+        Some(n) => match u32::try_from(*n.get_ref()) {
+            Ok(n) if n <= 16 && (n == 0 || url != StoreUrl::Memory) => n,
+            _ => {
+                report.error(
+                    &n.span(),
+                    "[store] replica_acks",
+                    "must be 0 to 16 replicas, with a Redis url",
+                );
+                0
+            }
+        },
+    };
     StoreConfig {
         url,
         timeout,
         max_keys,
         fallback_share,
+        replica_acks,
     }
 }

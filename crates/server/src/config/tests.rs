@@ -150,7 +150,7 @@ max_wiat = "1s"
             (
                 1,
                 "top level admin_tokn",
-                "unknown key (valid: server, store, policies, routes, descriptors, overrides)"
+                "unknown key (valid: server, store, policies, routes, descriptors, overrides, telemetry)"
             ),
             (
                 4,

@@ -55,7 +55,8 @@ function showStore(stats) {
   const s = stats.store;
   $("store-kind").textContent = s.kind === "redis" ? "Redis (shared)" : "in process";
   $("store-state").textContent = s.up ? "up" : "degraded: policies decide by on_store_error";
-  $("store-breaker").textContent = s.breaker;
+  $("store-breaker").textContent = s.nodes.length === 0 ? s.breaker
+    : s.nodes.map((n) => n.node + " " + (n.up ? "closed" : "open") + " (" + n.slots + " slots)").join(" · ");
   $("store-keys").textContent = s.local_keys.toLocaleString();
   const badge = $("store-badge");
   badge.textContent = s.kind + (s.up ? " · up" : " · degraded");
