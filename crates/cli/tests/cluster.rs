@@ -144,3 +144,160 @@ fn one_master_down_degrades_only_its_own_slots() {
         "slowest answer {slowest:?}"
     );
 }
+
+/// Keys on the killed master's slots, checked until after the promotion
+/// with `replica_acks`: the admissions weir answered that the promoted
+/// replica does not count (lost, so they could be admitted again).
+fn lost_in_a_failover(replica_acks: u32) -> u64 {
+    let mut cluster = Cluster::with_replicas(3, 1);
+    let limit = 1_000_000;
+    let config = format!(
+        "[server]\nadmin_token = \"a-long-enough-admin-token\"\n\n[store]\nurl = \"{}\"\ntimeout = \"100ms\"\nreplica_acks = {replica_acks}\n\n[policies.api]\nalgorithm = \"fixed-window\"\nlimit = {limit}\nwindow = \"1h\"\non_store_error = \"deny\"\n",
+        cluster.url()
+    );
+    let path = temp(&format!("cluster-acks-{replica_acks}.toml"), &config);
+    let server = Arc::new(Server::start(&["--config", path.to_str().unwrap()]));
+    let started = Instant::now();
+    while server
+        .request("GET", "/readyz", "")
+        .1
+        .matches("\"up\":true")
+        .count()
+        < 3
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the cluster never came up in weir"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let victim = cluster.master_of(slot(&identity(0)), 0).unwrap();
+    let survivor = cluster
+        .masters(0)
+        .into_iter()
+        .map(|(i, _)| i)
+        .find(|&i| i != victim)
+        .unwrap();
+    // Four keys of the victim's slots, hammered from four threads.
+    let keys: Vec<usize> = (0..KEYS)
+        .filter(|&k| cluster.master_of(slot(&identity(k)), survivor) == Some(victim))
+        .take(4)
+        .collect();
+    let stop = Arc::new(Mutex::new(false));
+    let threads: Vec<_> = keys
+        .iter()
+        .map(|&key| {
+            let (server, stop) = (server.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let body = format!(r#"{{"policy":"api","key":"k{key}"}}"#);
+                let mut admitted = 0u64;
+                while !*stop.lock().unwrap() {
+                    let (status, reply) = server.request("POST", "/v1/check", &body);
+                    if status == 200 && reply.contains("\"allowed\":true") {
+                        admitted += 1;
+                    }
+                }
+                (key, admitted)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    cluster.nodes[victim].kill();
+    let killed = Instant::now();
+    while cluster
+        .master_of(slot(&identity(0)), survivor)
+        .is_none_or(|o| o == victim)
+    {
+        assert!(
+            killed.elapsed() < Duration::from_secs(20),
+            "no replica was promoted"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    *stop.lock().unwrap() = true;
+    let mut lost = 0;
+    for thread in threads {
+        let (key, admitted) = thread.join().unwrap();
+        let inspect = || {
+            server.request_with(
+                "GET",
+                &format!("/v1/keys/api/api:k{key}"),
+                "Authorization: Bearer a-long-enough-admin-token\r\n",
+                "",
+            )
+        };
+        let asked = Instant::now();
+        let inspected = loop {
+            match inspect() {
+                (200, inspected) => break inspected,
+                (_, e) if asked.elapsed() > Duration::from_secs(5) => panic!("{e}"),
+                _ => std::thread::sleep(Duration::from_millis(50)),
+            }
+        };
+        let remaining: u64 = inspected
+            .split("\"remaining\":")
+            .nth(1)
+            .and_then(|r| r.split([',', '}']).next())
+            .and_then(|r| r.parse().ok())
+            .unwrap();
+        let counted = limit - remaining;
+        assert!(
+            admitted > 0 && counted > 0,
+            "k{key}: {admitted} admitted, {counted} counted"
+        );
+        lost += admitted.saturating_sub(counted);
+    }
+    eprintln!("replica_acks = {replica_acks}: {lost} admissions lost in the failover");
+    lost
+}
+
+#[test]
+fn with_replica_acks_no_admission_is_lost_in_a_failover() {
+    assert_eq!(lost_in_a_failover(1), 0);
+}
+
+/// An admission is answered only once a replica holds it: with the
+/// replica stopped, `replica_acks = 1` refuses (the store error rule,
+/// `deny` here) where `replica_acks = 0` admits; once it runs again, both
+/// admit.
+#[test]
+fn replica_acks_wait_for_the_replica() {
+    let cluster = Cluster::with_replicas(3, 1);
+    let servers: Vec<Server> = [0, 1]
+        .iter()
+        .map(|acks| {
+            let config = format!(
+                "[store]\nurl = \"{}\"\ntimeout = \"100ms\"\nreplica_acks = {acks}\n\n[policies.api]\nalgorithm = \"fixed-window\"\nlimit = 1000\nwindow = \"1h\"\non_store_error = \"deny\"\n",
+                cluster.url()
+            );
+            let path = temp(&format!("cluster-wait-{acks}.toml"), &config);
+            Server::start(&["--config", path.to_str().unwrap()])
+        })
+        .collect();
+    let check = |server: &Server| {
+        let (status, reply) = server.request("POST", "/v1/check", r#"{"policy":"api","key":"k0"}"#);
+        (status, reply.contains("\"allowed\":true"))
+    };
+    let started = Instant::now();
+    while !servers.iter().all(|s| check(s) == (200, true)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the cluster never came up in weir"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let master = cluster.master_of(slot(&identity(0)), 0).unwrap();
+    let replica = cluster.replica_of(master, 0).unwrap();
+    cluster.nodes[replica].signal("STOP");
+    let (without, with) = (check(&servers[0]), check(&servers[1]));
+    cluster.nodes[replica].signal("CONT");
+    assert_eq!(without, (200, true), "replica_acks = 0 admits");
+    assert_eq!(with, (503, false), "replica_acks = 1 waits, then refuses");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        check(&servers[1]),
+        (200, true),
+        "admitted once the replica is back"
+    );
+}

@@ -239,6 +239,23 @@ impl Cluster {
         masters
     }
 
+    /// A replica of the master `master`, as the node `asker` sees it.
+    pub fn replica_of(&self, master: usize, asker: usize) -> Option<usize> {
+        let nodes = self.nodes[asker].cli(&["cluster", "nodes"]);
+        let index = |addr: &str| {
+            let port = addr.split(['@', ':']).nth(1)?.parse::<u16>().ok()?;
+            self.nodes.iter().position(|n| n.port == port)
+        };
+        let lines: Vec<Vec<&str>> = nodes.lines().map(|l| l.split(' ').collect()).collect();
+        let id = lines
+            .iter()
+            .find(|f| f.len() > 3 && index(f[1]) == Some(master))?[0];
+        lines
+            .iter()
+            .find(|f| f.len() > 3 && f[2].contains("slave") && f[3] == id)
+            .and_then(|f| index(f[1]))
+    }
+
     /// The master serving `slot`, as the node `asker` sees it.
     pub fn master_of(&self, slot: u16, asker: usize) -> Option<usize> {
         self.masters(asker)
