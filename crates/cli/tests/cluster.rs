@@ -301,3 +301,93 @@ fn replica_acks_wait_for_the_replica() {
         "admitted once the replica is back"
     );
 }
+
+/// Two `weir serve` on a cluster while a master is added and the slots
+/// rebalanced, then a master drained and removed: no answer degraded, no
+/// error, and the two together never admit a key past its limit.
+#[test]
+fn slots_moving_under_load_change_no_decision() {
+    let mut cluster = Cluster::with_replicas(3, 0);
+    let limit = 150;
+    let config = format!(
+        "[store]\nurl = \"{}\"\ntimeout = \"100ms\"\n\n[policies.api]\nalgorithm = \"fixed-window\"\nlimit = {limit}\nwindow = \"1h\"\non_store_error = \"deny\"\n",
+        cluster.url()
+    );
+    let path = temp("cluster-rebalance.toml", &config);
+    let servers: Vec<Arc<Server>> = (0..2)
+        .map(|_| Arc::new(Server::start(&["--config", path.to_str().unwrap()])))
+        .collect();
+    for server in &servers {
+        let started = Instant::now();
+        while server
+            .request("GET", "/readyz", "")
+            .1
+            .matches("\"up\":true")
+            .count()
+            < 3
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "the cluster never came up in weir"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let keys = 40;
+    let stop = Arc::new(Mutex::new(false));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (server, stop) = (servers[t % 2].clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut admitted = vec![0u64; keys];
+                let mut problems = Vec::new();
+                let mut key = t;
+                while !*stop.lock().unwrap() {
+                    let body = format!(r#"{{"policy":"api","key":"k{key}"}}"#);
+                    let (status, reply) = server.request("POST", "/v1/check", &body);
+                    match status {
+                        200 if reply.contains("\"allowed\":true") => admitted[key] += 1,
+                        200 | 429 if !reply.contains("\"degraded\":true") => {}
+                        _ => problems.push(format!("{status} {reply}")),
+                    }
+                    key = (key + 4) % keys;
+                }
+                (admitted, problems)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let added = cluster.add_master();
+    cluster.rebalance();
+    let moved = cluster
+        .masters(0)
+        .iter()
+        .find(|(i, _)| *i == added)
+        .map(|(_, r)| r.len());
+    assert!(
+        moved.is_some_and(|ranges| ranges > 0),
+        "no slot moved to the new master"
+    );
+    cluster.remove_master(0, 1);
+    std::thread::sleep(Duration::from_millis(1500));
+    *stop.lock().unwrap() = true;
+    let mut admitted = vec![0u64; keys];
+    for thread in threads {
+        let (counts, problems) = thread.join().unwrap();
+        assert!(
+            problems.is_empty(),
+            "{} problems, first: {:?}",
+            problems.len(),
+            problems.first()
+        );
+        admitted.iter_mut().zip(counts).for_each(|(a, c)| *a += c);
+    }
+    assert!(
+        admitted.iter().all(|&a| a <= limit),
+        "over the limit: {admitted:?}"
+    );
+    assert!(
+        admitted.iter().filter(|&&a| a == limit).count() > keys / 2,
+        "limits not reached: {admitted:?}"
+    );
+}

@@ -147,6 +147,47 @@ impl Drop for RedisServer {
     }
 }
 
+/// How every cluster node runs.
+const CLUSTER_NODE: &[&str] = &[
+    "--cluster-enabled",
+    "yes",
+    "--cluster-node-timeout",
+    "1000",
+    // Replicas in sync at once, not after 5 s.
+    "--repl-diskless-sync-delay",
+    "0",
+    // A master down stops only its own slots, not the cluster
+    // (docs/RELIABILITY.md).
+    "--cluster-require-full-coverage",
+    "no",
+];
+
+/// `redis-cli --cluster ARGS…`: whether it succeeded, and what it said.
+fn try_cluster_cli(args: &[&str]) -> (bool, String) {
+    let done = Command::new("redis-cli")
+        .arg("--cluster")
+        .args(args)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&done.stdout).into_owned();
+    (done.status.success() && !said.contains("[ERR]"), said)
+}
+
+/// `redis-cli --cluster ARGS…`, which must succeed — tried again while the
+/// nodes still converge (a few seconds at most).
+fn cluster_cli(args: &[&str]) {
+    let mut said = String::new();
+    for _ in 0..30 {
+        let (ok, out) = try_cluster_cli(args);
+        if ok {
+            return;
+        }
+        said = out;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("redis-cli --cluster {args:?}: {said}");
+}
+
 /// A Redis Cluster of three masters, slots spread by `redis-cli --cluster
 /// create`.
 #[derive(Debug)]
@@ -166,21 +207,7 @@ impl Cluster {
     pub fn with_replicas(masters: usize, replicas: usize) -> Self {
         require("redis-cli");
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
-            .map(|_| {
-                RedisServer::start(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-node-timeout",
-                    "1000",
-                    // Replicas in sync at once, not after 5 s.
-                    "--repl-diskless-sync-delay",
-                    "0",
-                    // A master down stops only its own slots, not the
-                    // cluster (docs/RELIABILITY.md).
-                    "--cluster-require-full-coverage",
-                    "no",
-                ])
-            })
+            .map(|_| RedisServer::start(CLUSTER_NODE))
             .collect();
         let addrs: Vec<String> = nodes
             .iter()
@@ -262,6 +289,59 @@ impl Cluster {
             .into_iter()
             .find(|(_, ranges)| ranges.iter().any(|&(a, b)| (a..=b).contains(&slot)))
             .map(|(index, _)| index)
+    }
+
+    /// Adds an empty master; its index in `nodes`.
+    pub fn add_master(&mut self) -> usize {
+        let node = RedisServer::start(CLUSTER_NODE);
+        let (new, known) = (
+            format!("127.0.0.1:{}", node.port),
+            format!("127.0.0.1:{}", self.nodes[0].port),
+        );
+        cluster_cli(&["add-node", &new, &known]);
+        self.nodes.push(node);
+        let index = self.nodes.len() - 1;
+        for _ in 0..200 {
+            if self.masters(0).iter().any(|(i, _)| *i == index) || self.knows(index) {
+                return index;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the new master never joined");
+    }
+
+    fn knows(&self, index: usize) -> bool {
+        let port = self.nodes[index].port.to_string();
+        self.nodes[0]
+            .cli(&["cluster", "nodes"])
+            .contains(&format!(":{port}@"))
+    }
+
+    /// Moves slots until every master (empty ones too) has its share.
+    pub fn rebalance(&self) {
+        let known = format!("127.0.0.1:{}", self.nodes[0].port);
+        cluster_cli(&[
+            "rebalance",
+            &known,
+            "--cluster-use-empty-masters",
+            "--cluster-yes",
+        ]);
+    }
+
+    /// Moves every slot off the master `index`, then takes it out of the
+    /// cluster (asking the node `asker`).
+    pub fn remove_master(&self, index: usize, asker: usize) {
+        let id = self.nodes[index].cli(&["cluster", "myid"]);
+        let id = id.trim();
+        let known = format!("127.0.0.1:{}", self.nodes[asker].port);
+        cluster_cli(&[
+            "rebalance",
+            &known,
+            "--cluster-weight",
+            &format!("{id}=0"),
+            "--cluster-yes",
+        ]);
+        cluster_cli(&["del-node", &known, id]);
     }
 
     /// `redis-cluster://HOST:PORT,HOST:PORT,HOST:PORT`.
