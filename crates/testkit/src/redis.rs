@@ -184,6 +184,10 @@ fn cluster_cli(args: &[&str]) {
         }
         said = out;
         std::thread::sleep(Duration::from_millis(200));
+        // A move cut short leaves its slot open: close it first.
+        if let Some(node) = args.get(1).filter(|_| said.contains("open")) {
+            try_cluster_cli(&["fix", node, "--cluster-yes"]);
+        }
     }
     panic!("redis-cli --cluster {args:?}: {said}");
 }
