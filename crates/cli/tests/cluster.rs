@@ -2,18 +2,44 @@
 //! under load over many keys on every shard: one master killed degrades
 //! only its own slots, and weir is back on Redis soon after the promotion.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use weir_redis::cluster::slot;
 use weir_testkit::Cluster;
 
-use crate::serve::{Server, temp};
+use crate::serve::{Server, request_at, temp};
 
 /// One answer: when, which key, degraded or not, how long it took.
 type Answer = (Instant, usize, bool, Duration);
 
 const KEYS: usize = 300;
+
+/// Tells load threads to stop — also when the test fails first, so that
+/// none outlives it.
+#[derive(Clone, Default)]
+struct Stop(Arc<AtomicBool>);
+
+impl Stop {
+    fn stopped(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// `POST /v1/check` with `body` to the server at `addr`: status and body.
+fn check_at(addr: &str, body: &str) -> (u16, String) {
+    let answer = request_at(addr, "POST", "/v1/check", "", body);
+    let status = answer[9..12].parse().unwrap();
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
+    (status, body.unwrap_or_default())
+}
 
 fn identity(key: usize) -> String {
     // The decision API stores `KEY` as `api:KEY`.
@@ -21,21 +47,17 @@ fn identity(key: usize) -> String {
 }
 
 /// Checks keys round-robin from `threads` threads until `stop` is set.
-fn load(
-    server: &Arc<Server>,
-    threads: usize,
-    stop: &Arc<Mutex<bool>>,
-) -> Vec<std::thread::JoinHandle<Vec<Answer>>> {
+fn load(server: &Server, threads: usize, stop: &Stop) -> Vec<std::thread::JoinHandle<Vec<Answer>>> {
     (0..threads)
         .map(|t| {
-            let (server, stop) = (server.clone(), stop.clone());
+            let (addr, stop) = (server.addr.clone(), stop.clone());
             std::thread::spawn(move || {
                 let mut answers = Vec::new();
                 let mut key = t;
-                while !*stop.lock().unwrap() {
+                while !stop.stopped() {
                     let body = format!(r#"{{"policy":"api","key":"k{key}"}}"#);
                     let started = Instant::now();
-                    let (status, reply) = server.request("POST", "/v1/check", &body);
+                    let (status, reply) = check_at(&addr, &body);
                     assert_eq!(status, 200, "{reply}");
                     answers.push((
                         started,
@@ -59,7 +81,7 @@ fn one_master_down_degrades_only_its_own_slots() {
         cluster.url()
     );
     let path = temp("cluster-failover.toml", &config);
-    let server = Arc::new(Server::start(&["--config", path.to_str().unwrap()]));
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
     let started = Instant::now();
     while server
         .request("GET", "/readyz", "")
@@ -87,7 +109,7 @@ fn one_master_down_degrades_only_its_own_slots() {
         .collect();
     assert!(on_victim.iter().any(|v| *v) && on_victim.iter().any(|v| !*v));
 
-    let stop = Arc::new(Mutex::new(false));
+    let stop = Stop::default();
     let threads = load(&server, 4, &stop);
     std::thread::sleep(Duration::from_millis(1500));
     let killed = Instant::now();
@@ -104,7 +126,7 @@ fn one_master_down_degrades_only_its_own_slots() {
         std::thread::sleep(Duration::from_millis(20));
     };
     std::thread::sleep(Duration::from_secs(2));
-    *stop.lock().unwrap() = true;
+    drop(stop);
     let answers: Vec<Answer> = threads
         .into_iter()
         .flat_map(|t| t.join().unwrap())
@@ -156,7 +178,7 @@ fn lost_in_a_failover(replica_acks: u32) -> u64 {
         cluster.url()
     );
     let path = temp(&format!("cluster-acks-{replica_acks}.toml"), &config);
-    let server = Arc::new(Server::start(&["--config", path.to_str().unwrap()]));
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
     let started = Instant::now();
     while server
         .request("GET", "/readyz", "")
@@ -183,16 +205,16 @@ fn lost_in_a_failover(replica_acks: u32) -> u64 {
         .filter(|&k| cluster.master_of(slot(&identity(k)), survivor) == Some(victim))
         .take(4)
         .collect();
-    let stop = Arc::new(Mutex::new(false));
+    let stop = Stop::default();
     let threads: Vec<_> = keys
         .iter()
         .map(|&key| {
-            let (server, stop) = (server.clone(), stop.clone());
+            let (addr, stop) = (server.addr.clone(), stop.clone());
             std::thread::spawn(move || {
                 let body = format!(r#"{{"policy":"api","key":"k{key}"}}"#);
                 let mut admitted = 0u64;
-                while !*stop.lock().unwrap() {
-                    let (status, reply) = server.request("POST", "/v1/check", &body);
+                while !stop.stopped() {
+                    let (status, reply) = check_at(&addr, &body);
                     if status == 200 && reply.contains("\"allowed\":true") {
                         admitted += 1;
                     }
@@ -215,7 +237,7 @@ fn lost_in_a_failover(replica_acks: u32) -> u64 {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_secs(1));
-    *stop.lock().unwrap() = true;
+    drop(stop);
     let mut lost = 0;
     for thread in threads {
         let (key, admitted) = thread.join().unwrap();
@@ -314,8 +336,8 @@ fn slots_moving_under_load_change_no_decision() {
         cluster.url()
     );
     let path = temp("cluster-rebalance.toml", &config);
-    let servers: Vec<Arc<Server>> = (0..2)
-        .map(|_| Arc::new(Server::start(&["--config", path.to_str().unwrap()])))
+    let servers: Vec<Server> = (0..2)
+        .map(|_| Server::start(&["--config", path.to_str().unwrap()]))
         .collect();
     for server in &servers {
         let started = Instant::now();
@@ -334,17 +356,17 @@ fn slots_moving_under_load_change_no_decision() {
         }
     }
     let keys = 40;
-    let stop = Arc::new(Mutex::new(false));
+    let stop = Stop::default();
     let threads: Vec<_> = (0..4)
         .map(|t| {
-            let (server, stop) = (servers[t % 2].clone(), stop.clone());
+            let (addr, stop) = (servers[t % 2].addr.clone(), stop.clone());
             std::thread::spawn(move || {
                 let mut admitted = vec![0u64; keys];
                 let mut problems = Vec::new();
                 let mut key = t;
-                while !*stop.lock().unwrap() {
+                while !stop.stopped() {
                     let body = format!(r#"{{"policy":"api","key":"k{key}"}}"#);
-                    let (status, reply) = server.request("POST", "/v1/check", &body);
+                    let (status, reply) = check_at(&addr, &body);
                     match status {
                         200 if reply.contains("\"allowed\":true") => admitted[key] += 1,
                         200 | 429 if !reply.contains("\"degraded\":true") => {}
@@ -370,7 +392,7 @@ fn slots_moving_under_load_change_no_decision() {
     );
     cluster.remove_master(0, 1);
     std::thread::sleep(Duration::from_millis(1500));
-    *stop.lock().unwrap() = true;
+    drop(stop);
     let mut admitted = vec![0u64; keys];
     for thread in threads {
         let (counts, problems) = thread.join().unwrap();

@@ -75,15 +75,7 @@ impl Server {
         headers: &str,
         body: &str,
     ) -> String {
-        let mut stream = TcpStream::connect(&self.addr).unwrap();
-        let request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: weir\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        stream.write_all(request.as_bytes()).unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        response
+        request_at(&self.addr, method, path, headers, body)
     }
 
     fn signal(&self, name: &str) {
@@ -110,6 +102,26 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// One HTTP/1.1 request to `addr` (a server's, for threads that must not
+/// keep the server alive): the whole answer, head and body.
+pub(crate) fn request_at(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: weir\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
 }
 
 pub(crate) fn temp(name: &str, text: &str) -> std::path::PathBuf {

@@ -92,7 +92,10 @@ async fn decides_and_answers_with_ratelimit_fields() {
     let between = u64::try_from(first.elapsed().as_millis()).unwrap();
     assert_eq!(delays[0], 0);
     let second = delays[1].as_u64().unwrap();
-    assert!(second <= 500 && second + between >= 499, "{delays:?} {between} ms apart");
+    assert!(
+        second <= 500 && second + between >= 499,
+        "{delays:?} {between} ms apart"
+    );
 }
 
 #[tokio::test]
