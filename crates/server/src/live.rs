@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::table::Outcome;
 
@@ -209,8 +209,8 @@ fn upper(i: usize) -> u64 {
 }
 
 impl Latency {
-    pub(crate) fn observe(&self, started: Instant) {
-        let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    pub(crate) fn observe(&self, elapsed: Duration) {
+        let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         self.buckets[bucket(us)].fetch_add(1, Ordering::Relaxed);
     }
 

@@ -135,8 +135,9 @@ impl Meters {
 
     /// The time one check took.
     pub(crate) fn observe(&self, started: Instant) {
-        self.duration.record(started.elapsed().as_secs_f64());
-        self.latency.observe(started);
+        let elapsed = started.elapsed();
+        self.duration.record(elapsed.as_secs_f64());
+        self.latency.observe(elapsed);
     }
 
     /// One gRPC call's outcome and latency (only a server with gRPC on
