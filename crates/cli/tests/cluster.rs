@@ -73,14 +73,10 @@ fn load(server: &Server, threads: usize, stop: &Stop) -> Vec<std::thread::JoinHa
         .collect()
 }
 
-#[test]
-fn one_master_down_degrades_only_its_own_slots() {
-    let mut cluster = Cluster::with_replicas(3, 1);
-    let config = format!(
-        "[store]\nurl = \"{}\"\ntimeout = \"100ms\"\n\n[policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 1000000\nrate = \"1000000/s\"\n",
-        cluster.url()
-    );
-    let path = temp("cluster-failover.toml", &config);
+/// `weir serve` on `config` (written to `name`), once it sees every master
+/// of a three-master cluster up.
+fn serve(name: &str, config: &str) -> Server {
+    let path = temp(name, config);
     let server = Server::start(&["--config", path.to_str().unwrap()]);
     let started = Instant::now();
     while server
@@ -96,14 +92,31 @@ fn one_master_down_degrades_only_its_own_slots() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    // The master of k0's slot dies; a surviving master tells the promotion.
+    server
+}
+
+/// The master of `k0`'s slot (to be killed), and another master (to ask).
+fn victim(cluster: &Cluster) -> (usize, usize) {
     let victim = cluster.master_of(slot(&identity(0)), 0).unwrap();
-    let survivor = cluster
-        .masters(0)
-        .into_iter()
-        .map(|(i, _)| i)
+    let masters = cluster.masters(0);
+    let survivor = masters
+        .iter()
+        .map(|(i, _)| *i)
         .find(|&i| i != victim)
         .unwrap();
+    (victim, survivor)
+}
+
+#[test]
+fn one_master_down_degrades_only_its_own_slots() {
+    let mut cluster = Cluster::with_replicas(3, 1);
+    let config = format!(
+        "[store]\nurl = \"{}\"\ntimeout = \"100ms\"\n\n[policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 1000000\nrate = \"1000000/s\"\n",
+        cluster.url()
+    );
+    let server = serve("cluster-failover.toml", &config);
+    // The master of k0's slot dies; a surviving master tells the promotion.
+    let (victim, survivor) = victim(&cluster);
     let on_victim: Vec<bool> = (0..KEYS)
         .map(|k| cluster.master_of(slot(&identity(k)), survivor) == Some(victim))
         .collect();
@@ -177,29 +190,8 @@ fn lost_in_a_failover(replica_acks: u32) -> u64 {
         "[server]\nadmin_token = \"a-long-enough-admin-token\"\n\n[store]\nurl = \"{}\"\ntimeout = \"100ms\"\nreplica_acks = {replica_acks}\n\n[policies.api]\nalgorithm = \"fixed-window\"\nlimit = {limit}\nwindow = \"1h\"\non_store_error = \"deny\"\n",
         cluster.url()
     );
-    let path = temp(&format!("cluster-acks-{replica_acks}.toml"), &config);
-    let server = Server::start(&["--config", path.to_str().unwrap()]);
-    let started = Instant::now();
-    while server
-        .request("GET", "/readyz", "")
-        .1
-        .matches("\"up\":true")
-        .count()
-        < 3
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(15),
-            "the cluster never came up in weir"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let victim = cluster.master_of(slot(&identity(0)), 0).unwrap();
-    let survivor = cluster
-        .masters(0)
-        .into_iter()
-        .map(|(i, _)| i)
-        .find(|&i| i != victim)
-        .unwrap();
+    let server = serve(&format!("cluster-acks-{replica_acks}.toml"), &config);
+    let (victim, survivor) = victim(&cluster);
     // Four keys of the victim's slots, hammered from four threads.
     let keys: Vec<usize> = (0..KEYS)
         .filter(|&k| cluster.master_of(slot(&identity(k)), survivor) == Some(victim))
@@ -335,26 +327,9 @@ fn slots_moving_under_load_change_no_decision() {
         "[store]\nurl = \"{}\"\ntimeout = \"100ms\"\n\n[policies.api]\nalgorithm = \"fixed-window\"\nlimit = {limit}\nwindow = \"1h\"\non_store_error = \"deny\"\n",
         cluster.url()
     );
-    let path = temp("cluster-rebalance.toml", &config);
     let servers: Vec<Server> = (0..2)
-        .map(|_| Server::start(&["--config", path.to_str().unwrap()]))
+        .map(|_| serve("cluster-rebalance.toml", &config))
         .collect();
-    for server in &servers {
-        let started = Instant::now();
-        while server
-            .request("GET", "/readyz", "")
-            .1
-            .matches("\"up\":true")
-            .count()
-            < 3
-        {
-            assert!(
-                started.elapsed() < Duration::from_secs(15),
-                "the cluster never came up in weir"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
     let keys = 40;
     let stop = Stop::default();
     let threads: Vec<_> = (0..4)

@@ -36,11 +36,21 @@ pub(crate) fn upstream() -> u16 {
 
 /// One GET through Envoy: the status and the response head.
 fn get(port: u16, path: &str, headers: &str) -> (u16, String) {
+    let (status, response) = call(port, &format!("GET {path}"), headers, "");
+    let head = response.split("\r\n\r\n").next().unwrap_or("").to_owned();
+    (status, head)
+}
+
+/// One request (`METHOD PATH`) through Envoy, closed after: the status and
+/// the whole answer, lower-cased (0 and nothing when Envoy is not up yet).
+fn call(port: u16, line: &str, headers: &str, body: &str) -> (u16, String) {
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
         return (0, String::new());
     };
-    let request =
-        format!("GET {path} HTTP/1.1\r\nHost: kartly\r\n{headers}Connection: close\r\n\r\n");
+    let request = format!(
+        "{line} HTTP/1.1\r\nHost: kartly\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
     stream.write_all(request.as_bytes()).unwrap();
     let mut response = String::new();
     let _ = stream.read_to_string(&mut response);
@@ -48,12 +58,7 @@ fn get(port: u16, path: &str, headers: &str) -> (u16, String) {
         .get(9..12)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let head = response
-        .split("\r\n\r\n")
-        .next()
-        .unwrap_or("")
-        .to_lowercase();
-    (status, head)
+    (status, response.to_lowercase())
 }
 
 struct Envoy(Child);
@@ -192,22 +197,9 @@ fn the_envoy_llm_example_charges_the_tokens_of_each_answer() {
         &format!("127.0.0.1:{grpc}"),
     ]);
     let ask = |tenant: &str, tokens: u64| {
+        let headers = format!("x-tenant: {tenant}\r\nContent-Type: application/json\r\n");
         let body = format!(r#"{{"usage":{tokens}}}"#);
-        let request = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: llm\r\nx-tenant: {tenant}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", ingress)) else {
-            return (0, String::new());
-        };
-        stream.write_all(request.as_bytes()).unwrap();
-        let mut response = String::new();
-        let _ = stream.read_to_string(&mut response);
-        let status = response
-            .get(9..12)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        (status, response.to_lowercase())
+        call(ingress, "POST /v1/chat/completions", &headers, &body)
     };
     let started = Instant::now();
     while ask("warm-up", 1).0 != 200 {
