@@ -10,7 +10,9 @@
 //! entry carries its own bound as `error`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crossbeam_utils::CachePadded;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -23,13 +25,58 @@ pub(crate) const SLICES: u64 = 6;
 /// One slice.
 pub(crate) const SLICE: Duration = Duration::from_secs(10);
 
+/// Counters that threads add to without sharing a cache line: one padded
+/// row per stripe (a thread keeps the stripe it was given), summed on read.
+#[derive(Debug)]
+struct Striped<const N: usize>(Box<[CachePadded<[AtomicU64; N]>]>);
+
+/// Stripes per counter: more than the workers of most machines.
+const STRIPES: usize = 16;
+
+impl<const N: usize> Default for Striped<N> {
+    fn default() -> Self {
+        Self(
+            (0..STRIPES)
+                .map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))))
+                .collect(),
+        )
+    }
+}
+
+impl<const N: usize> Striped<N> {
+    fn add(&self, i: usize) {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        thread_local! {
+            static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+        }
+        let stripe = STRIPE.with(|s| *s);
+        self.0[stripe][i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn sum(&self, i: usize) -> u64 {
+        self.0
+            .iter()
+            .map(|row| row[i].load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+/// The counts of a policy's decisions, by [`Counted`].
+const COUNTED: usize = 4;
+
+/// What [`Live`] counts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Counted {
+    Allowed,
+    Limited,
+    Degraded,
+    ShadowLimited,
+}
+
 /// One policy's live counts and heavy hitters.
 #[derive(Debug, Default)]
 pub(crate) struct Live {
-    pub(crate) allowed: AtomicU64,
-    pub(crate) limited: AtomicU64,
-    pub(crate) degraded: AtomicU64,
-    pub(crate) shadow_limited: AtomicU64,
+    counts: Striped<COUNTED>,
     top: Mutex<Vec<(u64, Sketch)>>,
 }
 
@@ -83,21 +130,26 @@ pub(crate) struct Hitter {
 impl Live {
     /// One decision for `key`.
     pub(crate) fn count(&self, outcome: Outcome, degraded: bool, key: &str) {
-        let counter = match outcome {
-            Outcome::Allowed => &self.allowed,
+        let counted = match outcome {
+            Outcome::Allowed => Counted::Allowed,
             Outcome::Rejected => {
                 self.record(key, slice_now());
-                &self.limited
+                Counted::Limited
             }
-            Outcome::ShadowLimited => &self.shadow_limited,
+            Outcome::ShadowLimited => Counted::ShadowLimited,
             Outcome::Uncharged | Outcome::Error | Outcome::Unlimited | Outcome::NearLimit => {
                 return;
             }
         };
-        counter.fetch_add(1, Ordering::Relaxed);
+        self.counts.add(counted as usize);
         if degraded {
-            self.degraded.fetch_add(1, Ordering::Relaxed);
+            self.counts.add(Counted::Degraded as usize);
         }
+    }
+
+    /// Decisions counted as `counted` since the configuration loaded.
+    pub(crate) fn total(&self, counted: Counted) -> u64 {
+        self.counts.sum(counted as usize)
     }
 
     fn record(&self, key: &str, slice: u64) {
@@ -174,20 +226,12 @@ impl Live {
 /// Check latencies since start, in buckets four to an octave of
 /// microseconds: the dashboard takes percentiles of the difference between
 /// two readings.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Latency {
-    buckets: [AtomicU64; BUCKETS],
+    buckets: Striped<BUCKETS>,
 }
 
 const BUCKETS: usize = 128;
-
-impl Default for Latency {
-    fn default() -> Self {
-        Self {
-            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-        }
-    }
-}
 
 /// The bucket of `us` microseconds: `4 log2(us)`, plus the next two bits.
 fn bucket(us: u64) -> usize {
@@ -211,16 +255,14 @@ fn upper(i: usize) -> u64 {
 impl Latency {
     pub(crate) fn observe(&self, elapsed: Duration) {
         let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-        self.buckets[bucket(us)].fetch_add(1, Ordering::Relaxed);
+        self.buckets.add(bucket(us));
     }
 
     /// `[largest µs of the bucket, count]` for every bucket used.
     pub(crate) fn read(&self) -> Vec<[u64; 2]> {
-        self.buckets
-            .iter()
-            .enumerate()
-            .filter_map(|(i, b)| {
-                let n = b.load(Ordering::Relaxed);
+        (0..BUCKETS)
+            .filter_map(|i| {
+                let n = self.buckets.sum(i);
                 (n > 0).then(|| [upper(i), n])
             })
             .collect()
@@ -230,6 +272,25 @@ impl Latency {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn striped_counts_add_up_across_threads() {
+        let live = std::sync::Arc::new(Live::default());
+        let threads: Vec<_> = (0..20)
+            .map(|_| {
+                let live = live.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..1_000 {
+                        live.count(Outcome::Allowed, true, "k");
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        assert_eq!(live.total(Counted::Allowed), 20_000);
+        assert_eq!(live.total(Counted::Degraded), 20_000);
+        assert_eq!(live.total(Counted::Limited), 0);
+    }
 
     #[test]
     fn buckets_cover_every_value_in_order() {

@@ -95,7 +95,7 @@ struct PolicyStats<'a> {
 /// `GET /v1/stats`: decisions per policy since the configuration loaded,
 /// the store's state and check latencies. No identity is shown.
 pub(crate) async fn stats(State(state): State<Arc<AppState>>) -> Response {
-    use std::sync::atomic::Ordering::Relaxed;
+    use crate::live::Counted;
     let shared = state.current();
     let (kind, up, nodes) = match &shared.backend {
         Backend::Memory(_) => ("memory", true, Vec::new()),
@@ -106,10 +106,10 @@ pub(crate) async fn stats(State(state): State<Arc<AppState>>) -> Response {
         .iter()
         .map(|(_, e)| PolicyStats {
             name: &e.name,
-            allowed: e.live.allowed.load(Relaxed),
-            limited: e.live.limited.load(Relaxed),
-            degraded: e.live.degraded.load(Relaxed),
-            shadow_limited: e.live.shadow_limited.load(Relaxed),
+            allowed: e.live.total(Counted::Allowed),
+            limited: e.live.total(Counted::Limited),
+            degraded: e.live.total(Counted::Degraded),
+            shadow_limited: e.live.total(Counted::ShadowLimited),
         })
         .collect();
     let time_ms = std::time::SystemTime::now()
