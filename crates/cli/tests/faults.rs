@@ -25,6 +25,16 @@ fn check(server: &Server, policy: &str, key: &str) -> (u16, serde_json::Value, D
     (status, json, took)
 }
 
+/// Set when dropped: the load threads' signal to stop.
+#[derive(Default)]
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// The value of one Prometheus series (0 when absent).
 fn metric(server: &Server, series: &str) -> f64 {
     let (_, text) = server.request("GET", "/metrics", "");
@@ -119,11 +129,12 @@ rate = "1/m"
     let path = temp("faults.toml", &config);
     let server = Arc::new(Server::start(&["--config", path.to_str().unwrap()]));
 
-    // A steady load on the `local` policy for the whole test.
-    let stop = Arc::new(AtomicBool::new(false));
+    // A steady load on the `local` policy for the whole test — stopped also
+    // when the test fails first, so that no load (and no weir) outlives it.
+    let stop = StopOnDrop::default();
     let load: Vec<_> = (0..3)
         .map(|i| {
-            let (server, stop) = (server.clone(), stop.clone());
+            let (server, stop) = (server.clone(), stop.0.clone());
             thread::spawn(move || {
                 let (mut answered, mut degraded_seen, mut slowest) = (0u64, 0u64, Duration::ZERO);
                 while !stop.load(Ordering::Relaxed) {
@@ -191,7 +202,7 @@ rate = "1/m"
     stall.join().unwrap();
     recovery(&server);
 
-    stop.store(true, Ordering::Relaxed);
+    drop(stop);
     let mut total = (0, 0, Duration::ZERO);
     for handle in load {
         let (answered, degraded_seen, slowest) = handle.join().unwrap();
