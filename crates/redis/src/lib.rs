@@ -488,13 +488,7 @@ impl RedisStore {
         let mode = Mode::Charge {
             max_delay: Nanos::MAX,
         };
-        let checked = self.decide(&[check], at, mode).await?;
-        checked
-            .all
-            .decisions
-            .into_iter()
-            .next()
-            .ok_or(StoreError::Reply)
+        only(self.decide(&[check], at, mode).await?)
     }
 
     /// One policy, one identity.
@@ -506,15 +500,10 @@ impl RedisStore {
         cost: u64,
         at: Option<Nanos>,
     ) -> Result<Decision, StoreError> {
-        let checked = self
-            .check_all(&[(name, policy, identity)], cost, at)
-            .await?;
-        checked
-            .all
-            .decisions
-            .into_iter()
-            .next()
-            .ok_or(StoreError::Reply)
+        only(
+            self.check_all(&[(name, policy, identity)], cost, at)
+                .await?,
+        )
     }
 }
 
@@ -542,6 +531,16 @@ fn parse(reply: &[i64], count: usize) -> Result<Checked, StoreError> {
         },
         state_lost: reply[1] == 1,
     })
+}
+
+/// The one decision of a request of one check.
+fn only(checked: Checked) -> Result<Decision, StoreError> {
+    checked
+        .all
+        .decisions
+        .into_iter()
+        .next()
+        .ok_or(StoreError::Reply)
 }
 
 /// `rl:v1:{IDENTITY}:POLICY`, both escaped: every byte outside

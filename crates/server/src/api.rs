@@ -374,7 +374,7 @@ pub(crate) fn nodes(remote: &crate::breaker::Remote) -> Vec<NodeBody> {
 pub(crate) async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let shared = state.current();
     let keys = shared.backend.local().limiter.len();
-    let ready = match shared.backend.remote() {
+    let mut ready = match shared.backend.remote() {
         None => Ready {
             ready: true,
             store: "memory",
@@ -389,11 +389,14 @@ pub(crate) async fn readyz(State(state): State<Arc<AppState>>) -> Response {
             store: "redis",
             keys: None,
             store_up: Some(remote.is_up()),
-            degraded: Some(!remote.is_up() || remote.nodes().iter().any(|n| !n.1)),
+            degraded: None,
             local_keys: Some(keys),
             nodes: nodes(remote),
         },
     };
+    if let Some(remote) = shared.backend.remote() {
+        ready.degraded = Some(!remote.is_up() || ready.nodes.iter().any(|n| !n.up));
+    }
     Json(ready).into_response()
 }
 

@@ -27,43 +27,80 @@ pub const PROBE_EVERY: Duration = Duration::from_millis(100);
 /// How often a cluster's masters and slots are read again.
 pub const TOPOLOGY_EVERY: Duration = Duration::from_millis(500);
 
-/// One master of a cluster, behind its own breaker.
+/// Opens after [`OPEN_AFTER`] failures in a row; closed again by a probe.
+/// Its gauge says 1 while closed.
 #[derive(Debug)]
-pub struct Node {
-    /// `host:port`.
-    pub addr: String,
+struct Breaker {
     failures: AtomicU32,
     up: AtomicBool,
     gauge: Gauge,
 }
 
+impl Breaker {
+    fn new(gauge: Gauge, up: bool) -> Self {
+        gauge.set(if up { 1.0 } else { 0.0 });
+        Self {
+            failures: AtomicU32::new(0),
+            up: AtomicBool::new(up),
+            gauge,
+        }
+    }
+
+    fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    /// Opens or closes it; whether that changed anything.
+    fn set_up(&self, up: bool) -> bool {
+        if up {
+            self.failures.store(0, Ordering::Release);
+        }
+        let changed = self.up.swap(up, Ordering::AcqRel) != up;
+        if changed {
+            self.gauge.set(if up { 1.0 } else { 0.0 });
+        }
+        changed
+    }
+
+    fn succeeded(&self) {
+        self.failures.store(0, Ordering::Release);
+    }
+
+    /// One failure more; whether it opened the breaker.
+    fn failed(&self) -> bool {
+        self.failures.fetch_add(1, Ordering::AcqRel) + 1 >= OPEN_AFTER && self.set_up(false)
+    }
+}
+
+/// One master of a cluster, behind its own breaker.
+#[derive(Debug)]
+pub struct Node {
+    /// `host:port`.
+    pub addr: String,
+    breaker: Breaker,
+}
+
 impl Node {
     fn new(addr: &str) -> Self {
         let gauge = metrics::gauge!("weir_store_node_up", "node" => addr.to_owned());
-        gauge.set(1.0);
         Self {
             addr: addr.to_owned(),
-            failures: AtomicU32::new(0),
-            up: AtomicBool::new(true),
-            gauge,
+            breaker: Breaker::new(gauge, true),
         }
     }
 
     /// Whether checks of this master's slots go to Redis.
     pub fn is_up(&self) -> bool {
-        self.up.load(Ordering::Acquire)
+        self.breaker.is_up()
     }
 
-    fn set_up(&self, up: bool) {
-        if self.up.swap(up, Ordering::AcqRel) != up {
-            self.gauge.set(if up { 1.0 } else { 0.0 });
-            match up {
-                true => {
-                    tracing::info!(node = %self.addr, "cluster node up: its slots go to Redis again")
-                }
-                false => {
-                    tracing::warn!(node = %self.addr, "cluster node down: its slots decide by on_store_error")
-                }
+    fn logged(&self, up: bool) {
+        match up {
+            true => {
+                tracing::info!(node = %self.addr, "cluster node up: its slots go to Redis again")
+            }
+            false => {
+                tracing::warn!(node = %self.addr, "cluster node down: its slots decide by on_store_error")
             }
         }
     }
@@ -84,11 +121,10 @@ pub struct Remote {
     timeout: Duration,
     max_key_len: usize,
     store: ArcSwapOption<RedisStore>,
-    failures: AtomicU32,
-    up: AtomicBool,
+    /// The store's breaker (on a cluster: whether it is connected).
+    breaker: Breaker,
     /// Whether the store has been up before (the log says "again" after).
     was_up: AtomicBool,
-    gauge: Gauge,
     /// A cluster's masters, once read.
     topology: ArcSwapOption<Topology>,
     /// `[store] replica_acks`.
@@ -105,14 +141,11 @@ impl Remote {
             timeout,
             max_key_len,
             store: ArcSwapOption::empty(),
-            failures: AtomicU32::new(0),
-            up: AtomicBool::new(false),
+            breaker: Breaker::new(metrics::gauge!("weir_store_up"), false),
             was_up: AtomicBool::new(false),
-            gauge: metrics::gauge!("weir_store_up"),
             topology: ArcSwapOption::empty(),
             replica_acks,
         });
-        remote.gauge.set(0.0);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(supervise(Arc::downgrade(&remote)));
         }
@@ -159,7 +192,7 @@ impl Remote {
 
     /// Whether requests go to Redis (the breaker is closed).
     pub fn is_up(&self) -> bool {
-        self.up.load(Ordering::Acquire)
+        self.breaker.is_up()
     }
 
     /// Waits until connected or `within` has passed; whether it is up.
@@ -176,40 +209,27 @@ impl Remote {
         self.store.load_full().filter(|_| self.is_up())
     }
 
-    fn set_up(&self, up: bool) {
-        if self.up.swap(up, Ordering::AcqRel) != up {
-            self.gauge.set(if up { 1.0 } else { 0.0 });
-            if up && self.was_up.swap(true, Ordering::AcqRel) {
-                tracing::info!(url = %self.url, "store up: decisions go to Redis again");
-            } else if up {
-                tracing::info!(url = %self.url, "store connected: decisions go to Redis");
-            } else {
-                tracing::warn!(url = %self.url, "store down: circuit open, policies decide by on_store_error");
-            }
+    fn logged(&self, up: bool) {
+        if up && self.was_up.swap(true, Ordering::AcqRel) {
+            tracing::info!(url = %self.url, "store up: decisions go to Redis again");
+        } else if up {
+            tracing::info!(url = %self.url, "store connected: decisions go to Redis");
+        } else {
+            tracing::warn!(url = %self.url, "store down: circuit open, policies decide by on_store_error");
         }
     }
 
     /// A store call went well (on `node`, on a cluster).
     pub(crate) fn succeeded(&self, node: Option<&Node>) {
-        match node {
-            Some(node) => node.failures.store(0, Ordering::Release),
-            None => self.failures.store(0, Ordering::Release),
-        }
+        node.map_or(&self.breaker, |n| &n.breaker).succeeded();
     }
 
     /// A store call failed (on `node`, on a cluster: only its breaker).
     pub(crate) fn failed(&self, node: Option<&Node>) {
         match node {
-            Some(node) => {
-                if node.failures.fetch_add(1, Ordering::AcqRel) + 1 >= OPEN_AFTER {
-                    node.set_up(false);
-                }
-            }
-            None => {
-                if self.failures.fetch_add(1, Ordering::AcqRel) + 1 >= OPEN_AFTER {
-                    self.set_up(false);
-                }
-            }
+            Some(node) if node.breaker.failed() => node.logged(false),
+            None if self.breaker.failed() => self.logged(false),
+            _ => {}
         }
     }
 
@@ -222,10 +242,16 @@ impl Remote {
             .as_ref()
             .map(|t| t.nodes.iter().map(|n| n.addr.clone()).collect())
             .unwrap_or_default();
-        if let Some(nodes) = self.url.strip_prefix("redis-cluster://") {
-            addrs.extend(nodes.split(',').map(str::to_owned));
+        for seed in self
+            .url
+            .strip_prefix("redis-cluster://")
+            .into_iter()
+            .flat_map(|n| n.split(','))
+        {
+            if !addrs.iter().any(|a| a == seed) {
+                addrs.push(seed.to_owned());
+            }
         }
-        addrs.dedup();
         addrs
     }
 
@@ -261,7 +287,7 @@ impl Remote {
         });
         for gone in old.iter().flat_map(|t| &t.nodes) {
             if !nodes.iter().any(|n| n.addr == gone.addr) {
-                gone.gauge.set(0.0);
+                gone.breaker.gauge.set(0.0);
             }
         }
         self.topology
@@ -329,11 +355,12 @@ async fn supervise(remote: Weak<Remote>) {
             }
         };
         if store.ping().await.is_ok() {
-            remote.succeeded(None);
             if store.is_cluster() {
                 remote.refresh().await;
             }
-            remote.set_up(true);
+            if remote.breaker.set_up(true) {
+                remote.logged(true);
+            }
         }
     }
 }
@@ -344,11 +371,9 @@ async fn supervise(remote: Weak<Remote>) {
 async fn tend(remote: &Remote, store: &RedisStore, tick: u64) {
     let nodes = remote.topology.load_full();
     for node in nodes.iter().flat_map(|t| &t.nodes).filter(|n| !n.is_up()) {
-        if weir_redis::cluster::ping(&node.addr, remote.timeout.max(Duration::from_millis(100)))
-            .await
-        {
-            node.failures.store(0, Ordering::Release);
-            node.set_up(true);
+        let timeout = remote.timeout.max(Duration::from_millis(100));
+        if weir_redis::cluster::ping(&node.addr, timeout).await && node.breaker.set_up(true) {
+            node.logged(true);
         }
     }
     let every = (TOPOLOGY_EVERY.as_millis() / PROBE_EVERY.as_millis()).max(1) as u64;
