@@ -1,6 +1,6 @@
 //! The in-process store against governor, side by side in one run: keyed
-//! checks with each library's real clock (weir: the OS monotonic clock;
-//! governor: quanta's TSC clock), 1 key and 100,000 keys, one thread and two.
+//! checks with each library's real clock (both: quanta's TSC clock where
+//! the kernel keeps time by the TSC), 1 key and 100,000 keys, 1 and 2 threads.
 //! Throughput is reported as elements (decisions) per second.
 //!
 //! `cargo bench -p weir-limiter --bench store`

@@ -256,7 +256,6 @@ impl<C: Clock> Builder<C> {
 
     /// The limiter, once the policies are known to be valid.
     fn assemble(self) -> Limiter<C> {
-        let monotonic = self.clock.is_monotonic();
         let index = self
             .policies
             .iter()
@@ -272,11 +271,9 @@ impl<C: Clock> Builder<C> {
             .map(|(name, policy)| {
                 let store = kept
                     .iter()
-                    .find(|(n, s)| {
-                        *n == name && *s.policy() == policy && s.is_monotonic() == monotonic
-                    })
+                    .find(|(n, s)| *n == name && *s.policy() == policy)
                     .map_or_else(
-                        || Arc::new(Store::new(policy, self.shards, monotonic)),
+                        || Arc::new(Store::new(policy, self.shards)),
                         |(_, s)| s.clone(),
                     );
                 let max = own.get(&name).copied().unwrap_or(usize::MAX);
@@ -577,10 +574,9 @@ impl<C: Clock> Limiter<C> {
                 "at most {AD_HOC} ad-hoc policies; `{name}` is one more"
             ))
         })?;
-        let monotonic = self.clock.is_monotonic();
         let _ = cell.set(Named {
             name: name.to_owned(),
-            store: Arc::new(Store::new(policy, self.shards, monotonic)),
+            store: Arc::new(Store::new(policy, self.shards)),
             budget: Budget::new(usize::MAX, Some(self.budget.clone())),
         });
         names.insert(name.to_owned(), slot);
@@ -598,13 +594,21 @@ impl<C: Clock> Limiter<C> {
         })
     }
 
-    /// A single check, validated as `weir-core` does; a standing report
-    /// (cost 0) is only for [`Limiter::check_all`].
+    /// A single check, validated as `weir-core` validates one (a standing
+    /// report, cost 0, is validated as cost 1).
     fn validate(&self, check: Check<'_>) -> Result<&Named, Error> {
-        let resolved = self.resolve(&check)?;
-        let cost = check.cost.max(1);
-        weir_core::check::validate(&[weir_core::Check { cost, ..resolved }], self.max_key_len)?;
-        self.named(check.policy)
+        let named = self.named(check.policy)?;
+        let cost_error = |error| CheckError::Cost {
+            policy: named.name.clone(),
+            error,
+        };
+        named
+            .store
+            .policy()
+            .validate_cost(check.cost.max(1))
+            .map_err(cost_error)?;
+        weir_core::check::check_key(check.key, self.max_key_len)?;
+        Ok(named)
     }
 
     /// With the budget spent: sweep everything, unless a sweep ran very

@@ -3,16 +3,17 @@
 //! A check takes its shard's read lock (shared, so checks of unrelated keys
 //! and of one hot key run in parallel) and then either
 //!
-//! - the **one-word path**: with a monotonic clock, token bucket, GCRA and
-//!   leaky bucket keep their state as GCRA's theoretical arrival time
-//!   `tat = seen·n + level` (in `1/n` ns) in one `AtomicU64`, updated by
-//!   compare-and-swap, the clock read after the state is loaded so that no
-//!   committed state is newer than `now` and SPEC.md's clamp never applies. A
-//!   map entry is then 32 bytes: the key inline and the word. Used when the
-//!   rate's reduced numerator `n` is at most 2 (`2/s`, `100/s`, `120/m` all
-//!   have `n = 1`), so `tat` fits 64 bits until 2262.
-//! - the **locked path**: every other state, and every state under a clock
-//!   that may go back (a fake clock), sits behind its own mutex.
+//! - the **one-word path**: token bucket, GCRA and leaky bucket keep their
+//!   state as GCRA's theoretical arrival time `tat = seen·n + level` (in
+//!   `1/n` ns) in one `AtomicU64`, updated by compare-and-swap, beside the
+//!   latest time any check of the key has read. A check's time is the
+//!   later of its own reading and that one — SPEC.md's clamp, exact whatever
+//!   the clock (a fake one set back, or time-stamp counters read on two
+//!   cores, which can disagree by a microsecond). A map entry is then 40
+//!   bytes: the key inline and the two words. Used when the rate's reduced
+//!   numerator `n` is at most 2 (`2/s`, `100/s`, `120/m` all have `n = 1`),
+//!   so `tat` fits 64 bits until 2262.
+//! - the **locked path**: every other state sits behind its own mutex.
 //!
 //! Keys up to 24 bytes are stored inline (no pointer to chase on lookup). A
 //! new key takes the shard's write lock once. Idle keys (SPEC.md's idle rule:
@@ -149,9 +150,27 @@ pub(crate) trait Slot: Sized {
     fn status(&self, rules: &Rules, now: Nanos) -> (u64, Nanos);
 }
 
-impl Slot for AtomicU64 {
+/// The one-word state: `tat`, and the latest time a check of the key read
+/// (a check's time is never earlier: SPEC.md's clamp).
+#[derive(Debug, Default)]
+pub(crate) struct Word {
+    tat: AtomicU64,
+    seen: AtomicU64,
+}
+
+impl Word {
+    /// The level at `now` (at least the latest time seen), and that time.
+    fn level(&self, rules: &Rules, now: Nanos) -> (u64, Nanos) {
+        let n = rules.word.map_or(1, |(_, n)| n);
+        let tat = self.tat.load(Ordering::Acquire);
+        let now = now.max(self.seen.load(Ordering::Acquire));
+        (tat.saturating_sub(now.saturating_mul(n)), now)
+    }
+}
+
+impl Slot for Word {
     fn new(_: &Rules) -> Self {
-        Self::new(0)
+        Self::default()
     }
 
     fn decide(
@@ -167,8 +186,10 @@ impl Slot for AtomicU64 {
                 .check(&mut rules.policy.new_state(), now(), cost);
         };
         loop {
-            let current = self.load(Ordering::Acquire);
-            let now = now();
+            let current = self.tat.load(Ordering::Acquire);
+            // Read after `tat`: at least the time of the state loaded.
+            let seen = self.seen.load(Ordering::Acquire);
+            let now = now().max(seen);
             let state = LevelState {
                 seen: now,
                 level: current.saturating_sub(now.saturating_mul(n)),
@@ -185,13 +206,22 @@ impl Slot for AtomicU64 {
                 (Op::Check, Leveled::Bucket(b)) => b.check(state, now, cost),
                 (Op::Check, Leveled::Shaper(l)) => l.check(state, now, cost),
             };
+            // Every check moves the key's latest time (SPEC.md), before an
+            // admission commits its state: whoever loads that state then
+            // loads a time at least as late.
+            if now > seen {
+                self.seen.fetch_max(now, Ordering::AcqRel);
+            }
+            // A rejection changes nothing else (its level is positive, so
+            // `tat` is the same).
+            if !decision.allowed {
+                return Ok(decision);
+            }
             let new = next.seen.saturating_mul(n).saturating_add(next.level);
-            // A rejection changes nothing (its level is positive, so `tat`
-            // is the same); an admission must win the race to commit.
-            if !decision.allowed
-                || self
-                    .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
+            if self
+                .tat
+                .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
             {
                 return Ok(decision);
             }
@@ -200,10 +230,7 @@ impl Slot for AtomicU64 {
     }
 
     fn peek(&self, rules: &Rules, cost: u64, now: Nanos) -> Result<Decision, CostError> {
-        let n = rules.word.map_or(1, |(_, n)| n);
-        let level = self
-            .load(Ordering::Acquire)
-            .saturating_sub(now.saturating_mul(n));
+        let (level, now) = self.level(rules, now);
         rules
             .policy
             .peek(&State::Level(LevelState { seen: now, level }), now, cost)
@@ -211,14 +238,12 @@ impl Slot for AtomicU64 {
 
     fn is_idle(&self, rules: &Rules, now: Nanos) -> bool {
         let n = rules.word.map_or(1, |(_, n)| n);
-        self.load(Ordering::Acquire) <= now.saturating_mul(n)
+        self.seen.load(Ordering::Acquire) <= now
+            && self.tat.load(Ordering::Acquire) <= now.saturating_mul(n)
     }
 
     fn status(&self, rules: &Rules, now: Nanos) -> (u64, Nanos) {
-        let n = rules.word.map_or(1, |(_, n)| n);
-        let level = self
-            .load(Ordering::Acquire)
-            .saturating_sub(now.saturating_mul(n));
+        let (level, now) = self.level(rules, now);
         rules
             .policy
             .status(&State::Level(LevelState { seen: now, level }), now)
@@ -455,14 +480,14 @@ macro_rules! each_kind {
 
 #[derive(Debug)]
 enum Table {
-    Word(Shards<AtomicU64>),
+    Word(Shards<Word>),
     Locked(Shards<Mutex<State>>),
 }
 
 /// A write-locked shard, for checks over several policies.
 #[derive(Debug)]
 pub(crate) enum Guard<'a> {
-    Word(RwLockWriteGuard<'a, ShardMap<AtomicU64>>),
+    Word(RwLockWriteGuard<'a, ShardMap<Word>>),
     Locked(RwLockWriteGuard<'a, ShardMap<Mutex<State>>>),
 }
 
@@ -471,13 +496,10 @@ pub(crate) struct Store {
     rules: Rules,
     table: Table,
     mask: usize,
-    monotonic: bool,
 }
 
 impl Store {
-    /// `monotonic`: whether every time given is at or after every earlier
-    /// one (the one-word path depends on it).
-    pub(crate) fn new(policy: Policy, shards: usize, monotonic: bool) -> Self {
+    pub(crate) fn new(policy: Policy, shards: usize) -> Self {
         let leveled = match policy {
             Policy::TokenBucket(b) | Policy::Gcra(b) => {
                 Some((Leveled::Bucket(b), b.rate().tokens()))
@@ -485,7 +507,7 @@ impl Store {
             Policy::LeakyBucket(l) => Some((Leveled::Shaper(l), l.rate().tokens())),
             Policy::FixedWindow(_) | Policy::SlidingLog(_) | Policy::SlidingCounter(_) => None,
         };
-        let word = leveled.filter(|&(_, n)| monotonic && n <= 2);
+        let word = leveled.filter(|&(_, n)| n <= 2);
         let count = shards.max(1).next_power_of_two();
         let table = match word {
             Some(_) => Table::Word(Shards::new(count)),
@@ -499,7 +521,6 @@ impl Store {
             },
             table,
             mask: count - 1,
-            monotonic,
         }
     }
 
@@ -608,11 +629,6 @@ impl Store {
             budget.give_back(1);
         }
         removed
-    }
-
-    /// Whether the one-word path may be taken (the clock never goes back).
-    pub(crate) fn is_monotonic(&self) -> bool {
-        self.monotonic
     }
 
     /// Whether `key` is stored.

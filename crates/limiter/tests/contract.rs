@@ -2,11 +2,10 @@
 //! random traces, several keys, with sweeps running in between.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
 use weir_core::{Nanos, State};
-use weir_limiter::{Check, CheckError, Clock, Decision, Error, FakeClock, Limiter, Policy};
+use weir_limiter::{Check, CheckError, Decision, Error, FakeClock, Limiter, Policy};
 
 fn policies() -> impl Strategy<Value = Policy> {
     prop::sample::select(vec![
@@ -31,41 +30,10 @@ fn trace(back: bool) -> impl Strategy<Value = Vec<(i64, u8, u64)>> {
     )
 }
 
-/// A hand-moved clock that promises never to go back (the tests only move it
-/// forward), so the store takes its one-word path.
-#[derive(Debug, Default)]
-pub(crate) struct Forward(pub(crate) AtomicU64);
-
-impl Clock for Forward {
-    fn now(&self) -> Nanos {
-        self.0.load(Ordering::SeqCst)
-    }
-
-    fn is_monotonic(&self) -> bool {
-        true
-    }
-}
-
-trait SetClock: Clock {
-    fn set(&self, now: Nanos);
-}
-
-impl SetClock for FakeClock {
-    fn set(&self, now: Nanos) {
-        FakeClock::set(self, now);
-    }
-}
-
-impl SetClock for Forward {
-    fn set(&self, now: Nanos) {
-        self.0.store(now, Ordering::SeqCst);
-    }
-}
-
-fn compare<C: SetClock>(
+fn compare(
     policy: Policy,
     trace: &[(i64, u8, u64)],
-    limiter: &Limiter<C>,
+    limiter: &Limiter<FakeClock>,
 ) -> Result<(), TestCaseError> {
     let mut reference: HashMap<String, State> = HashMap::new();
     let mut now: Nanos = 10_000_000_000;
@@ -97,9 +65,6 @@ proptest! {
     #[test]
     fn same_decisions_as_the_core_while_sweeping(policy in policies(), trace in trace(false)) {
         let limiter = Limiter::builder().policy("p", policy).shards(1).max_keys(40).clock(FakeClock::at(0)).build().unwrap();
-        compare(policy, &trace, &limiter)?;
-        // The same on the one-word path (token bucket, GCRA, leaky bucket).
-        let limiter = Limiter::builder().policy("p", policy).shards(1).max_keys(40).clock(Forward::default()).build().unwrap();
         compare(policy, &trace, &limiter)?;
     }
 
@@ -381,10 +346,10 @@ fn ad_hoc_policies_are_found_by_name_and_decided_with_the_others() {
 
 /// Checks (costs 0 to 3) and reports (up to 25) mixed on a few keys: the
 /// store charges and answers exactly as the core, on both paths.
-fn compare_reports<C: SetClock>(
+fn compare_reports(
     policy: Policy,
     trace: &[(i64, u8, u64, bool)],
-    limiter: &Limiter<C>,
+    limiter: &Limiter<FakeClock>,
 ) -> Result<(), TestCaseError> {
     let mut reference: HashMap<String, State> = HashMap::new();
     let mut now: Nanos = 10_000_000_000;
@@ -429,8 +394,6 @@ proptest! {
         ),
     ) {
         let limiter = Limiter::builder().policy("p", policy).clock(FakeClock::at(0)).build().unwrap();
-        compare_reports(policy, &trace, &limiter)?;
-        let limiter = Limiter::builder().policy("p", policy).clock(Forward::default()).build().unwrap();
         compare_reports(policy, &trace, &limiter)?;
     }
 }
