@@ -25,6 +25,7 @@ pub struct Decision {
 }
 
 impl Decision {
+    #[inline]
     pub(crate) fn rejected(remaining: u64, retry_after: Nanos, reset: Nanos) -> Self {
         Self {
             allowed: false,
@@ -35,6 +36,7 @@ impl Decision {
         }
     }
 
+    #[inline]
     pub(crate) fn allowed(remaining: u64, reset: Nanos) -> Self {
         Self {
             allowed: true,

@@ -1,7 +1,9 @@
 //! One policy's keys: a sharded map from key to state.
 //!
-//! A check takes its shard's read lock (shared, so checks of unrelated keys
-//! and of one hot key run in parallel) and then either
+//! A check takes its shard's read lock — a `ShardedLock`, whose readers
+//! each lock a copy of their own, so a check writes no cache line that
+//! another thread's check reads or writes, and checks of unrelated keys and
+//! of one hot key run in parallel — and then either
 //!
 //! - the **one-word path**: token bucket, GCRA and leaky bucket keep their
 //!   state as GCRA's theoretical arrival time `tat = seen·n + level` (in
@@ -25,7 +27,9 @@
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 
 use compact_str::CompactString;
 use hashbrown::HashTable;
@@ -173,6 +177,7 @@ impl Slot for Word {
         Self::default()
     }
 
+    #[inline(always)]
     fn decide(
         &self,
         rules: &Rules,
@@ -387,26 +392,27 @@ impl<S: Slot> ShardMap<S> {
 
 type Pick = foldhash::fast::RandomState;
 
-fn read<S>(lock: &RwLock<ShardMap<S>>) -> RwLockReadGuard<'_, ShardMap<S>> {
+fn read<S>(lock: &ShardedLock<ShardMap<S>>) -> ShardedLockReadGuard<'_, ShardMap<S>> {
     lock.read().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn write<S>(lock: &RwLock<ShardMap<S>>) -> RwLockWriteGuard<'_, ShardMap<S>> {
+fn write<S>(lock: &ShardedLock<ShardMap<S>>) -> ShardedLockWriteGuard<'_, ShardMap<S>> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[derive(Debug)]
 struct Shards<S> {
-    shards: Box<[RwLock<ShardMap<S>>]>,
+    shards: Box<[ShardedLock<ShardMap<S>>]>,
 }
 
 impl<S: Slot> Shards<S> {
     fn new(count: usize) -> Self {
         Self {
-            shards: (0..count).map(|_| RwLock::default()).collect(),
+            shards: (0..count).map(|_| ShardedLock::default()).collect(),
         }
     }
 
+    #[inline]
     fn check(
         &self,
         rules: &Rules,
@@ -487,8 +493,8 @@ enum Table {
 /// A write-locked shard, for checks over several policies.
 #[derive(Debug)]
 pub(crate) enum Guard<'a> {
-    Word(RwLockWriteGuard<'a, ShardMap<Word>>),
-    Locked(RwLockWriteGuard<'a, ShardMap<Mutex<State>>>),
+    Word(ShardedLockWriteGuard<'a, ShardMap<Word>>),
+    Locked(ShardedLockWriteGuard<'a, ShardMap<Mutex<State>>>),
 }
 
 #[derive(Debug)]
@@ -544,6 +550,7 @@ impl Store {
 
     /// Checks `key`, creating it if it is new; `now` is read after the key's
     /// state is loaded (and under its lock).
+    #[inline]
     pub(crate) fn check(
         &self,
         key: &str,

@@ -22,6 +22,7 @@ pub struct LevelState {
 
 impl LevelState {
     /// The evaluation time `t = max(now, seen)` and the level drained to it.
+    #[inline]
     pub fn at(self, now: Nanos, rate: Rate) -> (Nanos, u128) {
         let t = now.max(self.seen);
         let drained = u128::from(t - self.seen) * u128::from(rate.tokens());
@@ -64,6 +65,7 @@ impl TokenBucket {
 
     /// The pure transition: `(state, now, cost) → (decision, new state)`.
     /// `cost` must be in `1..=capacity` (see [`crate::Policy::check`]).
+    #[inline]
     pub fn check(&self, state: LevelState, now: Nanos, cost: u64) -> (Decision, LevelState) {
         let (n, p) = (
             u128::from(self.rate.tokens()),
@@ -108,6 +110,7 @@ impl LeakyBucket {
 
     /// The pure transition: `(state, now, cost) → (decision, new state)`.
     /// `cost` (slots occupied) must be in `1..=queue`.
+    #[inline]
     pub fn check(&self, state: LevelState, now: Nanos, cost: u64) -> (Decision, LevelState) {
         let (n, p) = (
             u128::from(self.rate.tokens()),
