@@ -738,11 +738,14 @@ impl<C: Clock> Limiter<C> {
             }
         }
         for (decision, &(p, s, key, cost)) in decisions.iter_mut().zip(&targets) {
+            let store = &self.at(p).store;
+            let charged = store
+                .check_locked(&guards[guard_of(p, s)], key, cost, now)
+                .map_err(cost_error(p))?;
+            // A standing (cost 0) charges nothing but moves the key's latest
+            // time, as any check does; its answer is the standing above.
             if cost > 0 {
-                let store = &self.at(p).store;
-                *decision = store
-                    .check_locked(&guards[guard_of(p, s)], key, cost, now)
-                    .map_err(cost_error(p))?;
+                *decision = charged;
             }
         }
         Ok(AllDecision {

@@ -15,6 +15,7 @@
 
 use std::fmt::Write as _;
 
+mod batch;
 pub mod cluster;
 
 use redis::Script;
@@ -31,7 +32,7 @@ pub const SCRIPT: &str = include_str!("weir.lua");
 pub const DEFAULT_MAX_KEY_LEN: usize = weir_core::MAX_IDENTITY;
 
 /// Why a check could not be decided by Redis.
-#[derive(Debug, Error)]
+#[derive(Debug, Clone, Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// Redis failed or could not be reached: transient, not a rejection.
@@ -160,7 +161,7 @@ enum Connection {
 #[derive(Clone)]
 pub struct RedisStore {
     connection: Connection,
-    script: Script,
+    batcher: batch::Batcher,
     timeout: std::time::Duration,
     marker: bool,
     max_key_len: usize,
@@ -213,8 +214,8 @@ impl RedisStore {
         };
         let timeout = std::time::Duration::from_millis(50);
         Ok(Self {
+            batcher: batch::Batcher::start(connection.clone(), Script::new(SCRIPT)),
             connection,
-            script: Script::new(SCRIPT),
             timeout,
             marker: false,
             max_key_len: DEFAULT_MAX_KEY_LEN,
@@ -423,19 +424,17 @@ impl RedisStore {
                 "on a Redis Cluster, the checks of one request share one identity",
             ));
         }
-        let mut invocation = self.script.prepare_invoke();
-        // Each check carries its own cost (`c=`); the request's is unused.
-        invocation.arg(1);
-        match at {
-            None => invocation.arg("redis"),
-            Some(t) => invocation.arg(format!("{} {}", t / NANOS_PER_SEC, t % NANOS_PER_SEC)),
-        };
-        match mode {
+        let mode = match mode {
             // Every delay is below 2^53 ns; a larger bound is the same.
-            Mode::Charge { max_delay } => invocation.arg(max_delay.min(1 << 53)),
-            Mode::Peek => invocation.arg("peek"),
+            Mode::Charge { max_delay } => max_delay.min(1 << 53).to_string(),
+            Mode::Peek => "peek".to_owned(),
         };
-        invocation.arg(if self.marker { "m" } else { "-" });
+        let time = match at {
+            None => "r".to_owned(),
+            Some(t) => format!("{} {}", t / NANOS_PER_SEC, t % NANOS_PER_SEC),
+        };
+        let mut keys = Vec::with_capacity(checks.len());
+        let mut specs = Vec::with_capacity(checks.len());
         for Check {
             check,
             on_loss,
@@ -443,7 +442,7 @@ impl RedisStore {
             report,
         } in checks
         {
-            invocation.key(key(check.name, check.key));
+            keys.push(key(check.name, check.key));
             let mut spec = check.policy.script_spec();
             if *on_loss == OnLoss::Empty {
                 spec.push_str(" e");
@@ -455,15 +454,25 @@ impl RedisStore {
                 spec.push_str(" r");
             }
             let _ = write!(spec, " c={}", check.cost);
-            invocation.arg(spec);
+            specs.push(spec);
         }
-        if self.marker {
-            invocation.key(MARKER);
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let request = batch::Request {
+            head: format!("{} {mode} {time}", checks.len()),
+            keys,
+            specs,
+            slot: self.is_cluster().then(|| cluster::slot(core[0].key)),
+            marker: self.marker,
+            timeout: self.timeout,
+            reply,
+        };
+        // Queued for the next script call on the connection (see `batch`).
+        self.batcher.submit(request).ok_or(StoreError::Reply)?;
+        match tokio::time::timeout(self.timeout, answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(StoreError::Reply),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
-        // One round trip; the multiplexed connection pipelines concurrent
-        // calls, and `invoke_async` loads the script again on NOSCRIPT.
-        let reply: Vec<i64> = self.invoke(&invocation).await?;
-        parse(&reply, checks.len())
     }
 
     /// Reports usage of `cost` for one policy and identity after the fact

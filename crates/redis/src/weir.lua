@@ -1,32 +1,38 @@
--- weir: one atomic decision over N keys (all-or-nothing), SPEC.md exactly.
+-- weir: atomic decisions, SPEC.md exactly. One call decides a batch of
+-- requests in order, each over N keys (all-or-nothing), exactly as the same
+-- requests made one call each, one after another, would be decided.
 --
--- KEYS[i]  the store key of check i (all in one hash slot on a cluster), then
---          optionally the generation marker (ARGV[4] = "m")
--- ARGV[1]  cost (of every check without its own)
--- ARGV[2]  "redis" to use Redis TIME, or "S NS" (explicit seconds, nanoseconds)
--- ARGV[3]  "peek" (decide, write nothing), or the longest delay a shaper may
---          impose (ns); a longer one refuses the request, charging nothing
--- ARGV[4]  "m" when the last key is the generation marker, else "-"
--- ARGV[4+i] the policy of check i, then " e" when a lost key counts as empty,
---          " c=K" for a cost of its own (0: report the standing, charge
---          nothing, never refuse), " s" for a shadow check (decided and
---          charged as if enforced, but never refusing the request; when it
---          would refuse it charges nothing), and " r" for a report (usage
---          after the fact: always charged, possibly into debt; allowed, with
---          the wait of a check of cost 1):
+-- KEYS     the keys of every request's checks, request after request (a
+--          request's keys share one hash slot on a cluster, and so do a
+--          batch's), then optionally the generation marker
+-- ARGV[1]  "m" when the last key is the generation marker, else "-"
+-- then, for each request, a header and one argument per check:
+--   "N MODE TIME"  N checks; MODE "peek" (decide, write nothing) or the
+--          longest delay a shaper may impose (ns; a longer one refuses the
+--          request, charging nothing); TIME "r" for Redis TIME, or "S NS"
+--          (explicit seconds, nanoseconds)
+--   per check: the policy, then " e" when a lost key counts as empty,
+--          " c=K" for its cost (0: report the standing, charge nothing,
+--          never refuse), " s" for a shadow check (decided and charged as if
+--          enforced, but never refusing the request; when it would refuse it
+--          charges nothing), and " r" for a report (usage after the fact:
+--          always charged, possibly into debt; allowed, with the wait of a
+--          check of cost 1):
 --          "tb C n p"  token bucket / GCRA: capacity C, rate reduced to n/p ns
 --          "lb Q n p"  leaky bucket: queue Q, rate n/p
 --          "fw L W"    fixed window      "sc L W" sliding counter
 --          "sl L W"    sliding log       (W in ns)
--- Returns {all_allowed, state_lost, then per check: allowed, remaining,
--- retry_after, reset, delay} (durations in ns). A check that would allow but
--- was charged nothing (another refused) reports its standing as it is.
+-- Returns, request after request, {all_allowed, state_lost, then per check:
+-- allowed, remaining, retry_after, reset, delay} (durations in ns). A check
+-- that would allow but was charged nothing (another refused) reports its
+-- standing as it is.
 --
 -- State loss: the marker holds the time the store was last found without it
 -- (a restart without data, a flush, an eviction). Keys missing since then
--- count, for policies marked " e", as used up at that time; others start full. Every number is an exact integer below 2^53 (the policy
--- bounds of weir-core guarantee it); times are (seconds, nanoseconds) pairs,
--- so absolute nanoseconds (~1.8e18) never appear in a double.
+-- count, for policies marked " e", as used up at that time; others start
+-- full. Every number is an exact integer below 2^53 (the policy bounds of
+-- weir-core guarantee it); times are (seconds, nanoseconds) pairs, so
+-- absolute nanoseconds (~1.8e18) never appear in a double.
 --
 -- State per key (a string): "seen_s seen_ns ..." then
 --   tb/lb: level (1/p token units at seen)
@@ -70,6 +76,7 @@ local function sub(s, n, d) -- pair - d ns (d < 2^53, result >= 0)
   return s - back, n + back * E9 - d
 end
 local function fmt(x) return string.format('%.0f', x) end
+local function fmt3(x, y, z) return string.format('%.0f %.0f %.0f', x, y, z) end
 
 local function words(text)
   local out = {}
@@ -98,280 +105,307 @@ local function read_varint(s, pos)
   end
 end
 
--- Evaluation time: now, clamped to the key's latest time.
-local base_cost = tonumber(ARGV[1])
-local now_s, now_ns
-local redis_time = ARGV[2] == 'redis'
-if redis_time then
-  local t = redis.call('TIME')
-  now_s, now_ns = tonumber(t[1]), tonumber(t[2]) * 1000
-else
-  local t = words(ARGV[2])
-  now_s, now_ns = t[1], t[2]
-end
-
-local peek = ARGV[3] == 'peek'
-local max_delay = tonumber(ARGV[3]) or 0
-local count_keys = #KEYS
-local lost, gen = 0, nil
-if ARGV[4] == 'm' then
-  count_keys = count_keys - 1
-  local g = redis.call('GET', KEYS[#KEYS])
-  if g then gen = words(g)
-  else
-    lost, gen = 1, { now_s, now_ns }
-    if not peek then redis.call('SET', KEYS[#KEYS], fmt(now_s) .. ' ' .. fmt(now_ns)) end
-  end
-end
+local marker = ARGV[1] == 'm' and KEYS[#KEYS] or nil
+local redis_s, redis_ns -- Redis TIME, read once per call
 
 local function window_start(s, n, W) -- the start of the window holding (s, n)
   return sub(s, n, (mulmod(s, E9 % W, W) + n % W) % W)
 end
 
-local checks = {}
-for i = 1, count_keys do
-  local spec = {}
-  for w in string.gmatch(ARGV[4 + i], '%S+') do spec[#spec + 1] = w end
-  local kind = spec[1]
-  local a, b, c = tonumber(spec[2]), tonumber(spec[3]), tonumber(spec[4])
-  local cost, empty, shadow, report = base_cost, false, false, false
-  local flags = (kind == 'tb' or kind == 'lb') and 5 or 4
-  for k = flags, #spec do
-    if spec[k] == 'e' then empty = true
-    elseif spec[k] == 's' then shadow = true
-    elseif spec[k] == 'r' then report = true
-    elseif string.sub(spec[k], 1, 2) == 'c=' then cost = tonumber(string.sub(spec[k], 3)) end
-  end
-  local raw = redis.call('GET', KEYS[i])
-  local st, blob = {}, ''
-  if raw then
-    local bar = string.find(raw, '|', 1, true)
-    if bar then st, blob = words(string.sub(raw, 1, bar - 1)), string.sub(raw, bar + 1)
-    else st = words(raw) end
-  elseif gen and empty then
-    -- Lost: as if used up when the loss was found.
-    local gs, gn = gen[1], gen[2]
-    raw = true
-    if kind == 'tb' then st = { gs, gn, a * c }
-    elseif kind == 'lb' then st = { gs, gn, (a + 1) * c }
-    elseif kind == 'sl' then st, blob = { gs, gn, gs, gn }, varint(0) .. varint(a)
-    else
-      local ws, wn = window_start(gs, gn, b)
-      st = { gs, gn, ws, wn, a, 0 }
+-- A check's argument: kind, its three numbers, cost and flags; parsed once
+-- per call (a batch repeats a few policies many times).
+local parsed = {}
+local function parse(arg)
+  local p = parsed[arg]
+  if not p then
+    local spec = {}
+    for w in string.gmatch(arg, '%S+') do spec[#spec + 1] = w end
+    p = { spec[1], tonumber(spec[2]), tonumber(spec[3]), tonumber(spec[4]), 1, false, false, false }
+    local flags = (spec[1] == 'tb' or spec[1] == 'lb') and 5 or 4
+    for k = flags, #spec do
+      if spec[k] == 'e' then p[6] = true
+      elseif spec[k] == 's' then p[7] = true
+      elseif spec[k] == 'r' then p[8] = true
+      elseif string.sub(spec[k], 1, 2) == 'c=' then p[5] = tonumber(string.sub(spec[k], 3)) end
     end
+    parsed[arg] = p
   end
-  local ts, tn = now_s, now_ns
-  if raw then ts, tn = later(now_s, now_ns, st[1], st[2]) end
-  local d = { allowed = 0, remaining = 0, retry = 0, reset = 0, delay = 0 }
-  local new -- the state text if charged; `fresh` the refreshed one if not
-  local fresh
-  local status -- {remaining, reset} with no request
+  return p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]
+end
 
-  if kind == 'tb' or kind == 'lb' then
-    local size, n, p = a, b, c
-    local level = 0
-    if raw then
-      local el = diff(ts, tn, st[1], st[2])
-      if el > idiv(st[3], n) + 1 then level = 0 else level = math.max(st[3] - el * n, 0) end
+-- Decides one request: its checks are KEYS[k + i] and ARGV[a + i], i = 1..n;
+-- appends its answer to `out`.
+local function decide(k, a, n, head, out)
+  local now_s, now_ns
+  local redis_time = head[3] == 'r'
+  if redis_time then
+    if not redis_s then
+      local t = redis.call('TIME')
+      redis_s, redis_ns = tonumber(t[1]), tonumber(t[2]) * 1000
     end
-    fresh = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(level)
-    if kind == 'tb' then
-      local full, need = size * p, level + cost * p
-      status = { idiv(math.max(full - level, 0), p), cdiv(level, n) }
-      if report then
-        -- Always charged, possibly into debt; retry: to a check of cost 1.
-        d.allowed, d.remaining, d.reset = 1, idiv(math.max(full - need, 0), p), cdiv(need, n)
-        if need + p > full then d.retry = cdiv(need + p - full, n) end
-        new = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(need)
-      elseif need <= full then
-        d.allowed, d.remaining, d.reset = 1, idiv(full - need, p), cdiv(need, n)
-        new = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(need)
-      else
-        d.remaining, d.retry, d.reset = idiv(math.max(full - level, 0), p), cdiv(need - full, n), cdiv(level, n)
-      end
+    now_s, now_ns = redis_s, redis_ns
+  else
+    now_s, now_ns = tonumber(head[3]), tonumber(head[4])
+  end
+
+  local peek = head[2] == 'peek'
+  local max_delay = tonumber(head[2]) or 0
+  local lost, gen = 0, nil
+  if marker then
+    local g = redis.call('GET', marker)
+    if g then gen = words(g)
     else
-      local bound, slots = size * p, (size + 1) * p
-      status = { idiv(math.max(slots - level, 0), p), cdiv(level, n) }
-      if report then
-        local after = level + cost * p
-        d.allowed, d.reset = 1, cdiv(after, n)
-        d.remaining = idiv(math.max(slots - after, 0), p)
-        if after > bound then d.retry = cdiv(after - bound, n) end
-        new = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(after)
-      elseif level <= bound then
-        local after = level + cost * p
-        d.allowed, d.delay, d.reset = 1, cdiv(level, n), cdiv(after, n)
-        d.remaining = idiv(math.max(slots - after, 0), p)
-        new = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(after)
-      else
-        d.remaining, d.retry, d.reset = idiv(math.max(slots - level, 0), p), cdiv(level - bound, n), cdiv(level, n)
-      end
+      lost, gen = 1, { now_s, now_ns }
+      if not peek then redis.call('SET', marker, fmt(now_s) .. ' ' .. fmt(now_ns)) end
     end
-  elseif kind == 'fw' or kind == 'sc' then
-    local L, W = a, b
-    local ss, sn = window_start(ts, tn, W)
-    local left = W - diff(ts, tn, ss, sn)
-    local cur, prev = 0, 0
+  end
+
+  local checks = {}
+  for i = 1, n do
+    local kind, a, b, c, cost, empty, shadow, report = parse(ARGV[a + i])
+    local raw = redis.call('GET', KEYS[k + i])
+    local st, blob = {}, ''
     if raw then
-      if st[3] == ss and st[4] == sn then cur, prev = st[5], st[6] or 0
+      local bar = string.find(raw, '|', 1, true)
+      if bar then st, blob = words(string.sub(raw, 1, bar - 1)), string.sub(raw, bar + 1)
+      else st = words(raw) end
+    elseif gen and empty then
+      -- Lost: as if used up when the loss was found.
+      local gs, gn = gen[1], gen[2]
+      raw = true
+      if kind == 'tb' then st = { gs, gn, a * c }
+      elseif kind == 'lb' then st = { gs, gn, (a + 1) * c }
+      elseif kind == 'sl' then st, blob = { gs, gn, gs, gn }, varint(0) .. varint(a)
       else
-        local ps, pn = add(st[3], st[4], W)
-        if kind == 'sc' and ps == ss and pn == sn then cur, prev = 0, st[5] end
+        local ws, wn = window_start(gs, gn, b)
+        st = { gs, gn, ws, wn, a, 0 }
       end
     end
-    local head = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ss) .. ' ' .. fmt(sn) .. ' '
-    if kind == 'fw' then
-      fresh = head .. fmt(cur)
-      status = { math.max(L - cur, 0), (cur > 0) and left or 0 }
-      if report then
-        local after = cur + cost
-        d.allowed, d.remaining, d.reset = 1, math.max(L - after, 0), (after > 0) and left or 0
-        if after + 1 > L then d.retry = left end
-        new = head .. fmt(after)
-      elseif cur + cost <= L then
-        d.allowed, d.remaining, d.reset = 1, L - cur - cost, left
-        new = head .. fmt(cur + cost)
-      else
-        d.remaining, d.retry, d.reset = math.max(L - cur, 0), left, (cur > 0) and left or 0
+    local ts, tn = now_s, now_ns
+    if raw then ts, tn = later(now_s, now_ns, st[1], st[2]) end
+    local d = { allowed = 0, remaining = 0, retry = 0, reset = 0, delay = 0 }
+    local new -- the state text if charged; `fresh` the refreshed one if not
+    local fresh
+    local status -- {remaining, reset} with no request
+
+    if kind == 'tb' or kind == 'lb' then
+      local size, n, p = a, b, c
+      local level = 0
+      if raw then
+        local el = diff(ts, tn, st[1], st[2])
+        if el > idiv(st[3], n) + 1 then level = 0 else level = math.max(st[3] - el * n, 0) end
       end
-    else
-      fresh = head .. fmt(cur) .. ' ' .. fmt(prev)
-      local function standing(c)
-        local room, used = (L - c) * W, prev * left
-        local r = 0
-        if room >= used then r = idiv(room - used, W) end
-        local reset = 0
-        if c > 0 then reset = left + W elseif prev > 0 then reset = left end
-        return r, reset
-      end
-      status = { standing(cur) }
-      if report then
-        local after = cur + cost
-        d.allowed = 1
-        d.remaining, d.reset = standing(after)
-        -- The wait of a check of cost 1 on the new counts.
-        if not (L - after - 1 >= 0 and prev * left <= (L - after - 1) * W) then
-          if after + 1 <= L then d.retry = left - idiv((L - after - 1) * W, prev)
-          else d.retry = left + (W - idiv((L - 1) * W, after)) end
+      if kind == 'tb' then
+        local full, need = size * p, level + cost * p
+        status = { idiv(math.max(full - level, 0), p), cdiv(level, n) }
+        if report then
+          -- Always charged, possibly into debt; retry: to a check of cost 1.
+          d.allowed, d.remaining, d.reset = 1, idiv(math.max(full - need, 0), p), cdiv(need, n)
+          if need + p > full then d.retry = cdiv(need + p - full, n) end
+          new = fmt3(ts, tn, need)
+        elseif need <= full then
+          d.allowed, d.remaining, d.reset = 1, idiv(full - need, p), cdiv(need, n)
+          new = fmt3(ts, tn, need)
+        else
+          d.remaining, d.retry, d.reset = idiv(math.max(full - level, 0), p), cdiv(need - full, n), cdiv(level, n)
         end
-        new = head .. fmt(after) .. ' ' .. fmt(prev)
-      elseif L - cur - cost >= 0 and prev * left <= (L - cur - cost) * W then
-        d.allowed = 1
-        d.remaining, d.reset = standing(cur + cost)
-        new = head .. fmt(cur + cost) .. ' ' .. fmt(prev)
       else
-        d.remaining, d.reset = standing(cur)
-        if cur + cost <= L then d.retry = left - idiv((L - cur - cost) * W, prev)
-        else d.retry = left + (W - idiv((L - cost) * W, cur)) end
-      end
-    end
-  else -- 'sl'
-    local L, W = a, b
-    local times, costs = {}, {}
-    local count = 0
-    if raw and #blob > 0 then
-      local es, en = st[3], st[4]
-      local pos = 1
-      while pos <= #blob do
-        local gap, c2
-        gap, pos = read_varint(blob, pos)
-        c2, pos = read_varint(blob, pos)
-        es, en = add(es, en, gap)
-        if diff(ts, tn, es, en) < W then -- live: a > t - W
-          times[#times + 1] = { es, en }
-          costs[#costs + 1] = c2
-          count = count + c2
+        local bound, slots = size * p, (size + 1) * p
+        status = { idiv(math.max(slots - level, 0), p), cdiv(level, n) }
+        if report then
+          local after = level + cost * p
+          d.allowed, d.reset = 1, cdiv(after, n)
+          d.remaining = idiv(math.max(slots - after, 0), p)
+          if after > bound then d.retry = cdiv(after - bound, n) end
+          new = fmt3(ts, tn, after)
+        elseif level <= bound then
+          local after = level + cost * p
+          d.allowed, d.delay, d.reset = 1, cdiv(level, n), cdiv(after, n)
+          d.remaining = idiv(math.max(slots - after, 0), p)
+          new = fmt3(ts, tn, after)
+        else
+          d.remaining, d.retry, d.reset = idiv(math.max(slots - level, 0), p), cdiv(level - bound, n), cdiv(level, n)
         end
       end
-    end
-    local function encode(extra)
-      local list = {}
-      for k = 1, #times do list[#list + 1] = { times[k], costs[k] } end
-      if extra then list[#list + 1] = extra end
-      if #list == 0 then return fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ts) .. ' ' .. fmt(tn) .. '|' end
-      local first = list[1][1]
-      local parts = { fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(first[1]) .. ' ' .. fmt(first[2]) .. '|' }
-      local ps, pn = first[1], first[2]
-      for k = 1, #list do
-        local e = list[k]
-        parts[#parts + 1] = varint(diff(e[1][1], e[1][2], ps, pn)) .. varint(e[2])
-        ps, pn = e[1][1], e[1][2]
+      -- The refreshed state, written only by a rejection or a standing.
+      if d.allowed == 0 or cost == 0 then fresh = fmt3(ts, tn, level) end
+    elseif kind == 'fw' or kind == 'sc' then
+      local L, W = a, b
+      local ss, sn = window_start(ts, tn, W)
+      local left = W - diff(ts, tn, ss, sn)
+      local cur, prev = 0, 0
+      if raw then
+        if st[3] == ss and st[4] == sn then cur, prev = st[5], st[6] or 0
+        else
+          local ps, pn = add(st[3], st[4], W)
+          if kind == 'sc' and ps == ss and pn == sn then cur, prev = 0, st[5] end
+        end
       end
-      return table.concat(parts)
-    end
-    fresh = encode(nil)
-    status = { math.max(L - count, 0), 0 }
-    if #times > 0 then status[2] = W - diff(ts, tn, times[#times][1], times[#times][2]) end
-    if report then
-      local after = count + cost
-      d.allowed, d.remaining, d.reset = 1, math.max(L - after, 0), W
-      if cost == 0 then d.reset = status[2] end
-      if after + 1 > L then
-        -- The oldest entry (this report last) whose expiry leaves room for 1.
-        local excess, sum = after + 1 - L, 0
-        local found = false
+      local head = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ss) .. ' ' .. fmt(sn) .. ' '
+      if kind == 'fw' then
+        fresh = head .. fmt(cur)
+        status = { math.max(L - cur, 0), (cur > 0) and left or 0 }
+        if report then
+          local after = cur + cost
+          d.allowed, d.remaining, d.reset = 1, math.max(L - after, 0), (after > 0) and left or 0
+          if after + 1 > L then d.retry = left end
+          new = head .. fmt(after)
+        elseif cur + cost <= L then
+          d.allowed, d.remaining, d.reset = 1, L - cur - cost, left
+          new = head .. fmt(cur + cost)
+        else
+          d.remaining, d.retry, d.reset = math.max(L - cur, 0), left, (cur > 0) and left or 0
+        end
+      else
+        fresh = head .. fmt(cur) .. ' ' .. fmt(prev)
+        local function standing(c)
+          local room, used = (L - c) * W, prev * left
+          local r = 0
+          if room >= used then r = idiv(room - used, W) end
+          local reset = 0
+          if c > 0 then reset = left + W elseif prev > 0 then reset = left end
+          return r, reset
+        end
+        status = { standing(cur) }
+        if report then
+          local after = cur + cost
+          d.allowed = 1
+          d.remaining, d.reset = standing(after)
+          -- The wait of a check of cost 1 on the new counts.
+          if not (L - after - 1 >= 0 and prev * left <= (L - after - 1) * W) then
+            if after + 1 <= L then d.retry = left - idiv((L - after - 1) * W, prev)
+            else d.retry = left + (W - idiv((L - 1) * W, after)) end
+          end
+          new = head .. fmt(after) .. ' ' .. fmt(prev)
+        elseif L - cur - cost >= 0 and prev * left <= (L - cur - cost) * W then
+          d.allowed = 1
+          d.remaining, d.reset = standing(cur + cost)
+          new = head .. fmt(cur + cost) .. ' ' .. fmt(prev)
+        else
+          d.remaining, d.reset = standing(cur)
+          if cur + cost <= L then d.retry = left - idiv((L - cur - cost) * W, prev)
+          else d.retry = left + (W - idiv((L - cost) * W, cur)) end
+        end
+      end
+    else -- 'sl'
+      local L, W = a, b
+      local times, costs = {}, {}
+      local count = 0
+      if raw and #blob > 0 then
+        local es, en = st[3], st[4]
+        local pos = 1
+        while pos <= #blob do
+          local gap, c2
+          gap, pos = read_varint(blob, pos)
+          c2, pos = read_varint(blob, pos)
+          es, en = add(es, en, gap)
+          if diff(ts, tn, es, en) < W then -- live: a > t - W
+            times[#times + 1] = { es, en }
+            costs[#costs + 1] = c2
+            count = count + c2
+          end
+        end
+      end
+      local function encode(extra)
+        local list = {}
+        for k = 1, #times do list[#list + 1] = { times[k], costs[k] } end
+        if extra then list[#list + 1] = extra end
+        if #list == 0 then return fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ts) .. ' ' .. fmt(tn) .. '|' end
+        local first = list[1][1]
+        local parts = { fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(first[1]) .. ' ' .. fmt(first[2]) .. '|' }
+        local ps, pn = first[1], first[2]
+        for k = 1, #list do
+          local e = list[k]
+          parts[#parts + 1] = varint(diff(e[1][1], e[1][2], ps, pn)) .. varint(e[2])
+          ps, pn = e[1][1], e[1][2]
+        end
+        return table.concat(parts)
+      end
+      fresh = encode(nil)
+      status = { math.max(L - count, 0), 0 }
+      if #times > 0 then status[2] = W - diff(ts, tn, times[#times][1], times[#times][2]) end
+      if report then
+        local after = count + cost
+        d.allowed, d.remaining, d.reset = 1, math.max(L - after, 0), W
+        if cost == 0 then d.reset = status[2] end
+        if after + 1 > L then
+          -- The oldest entry (this report last) whose expiry leaves room for 1.
+          local excess, sum = after + 1 - L, 0
+          local found = false
+          for k = 1, #times do
+            sum = sum + costs[k]
+            if sum >= excess then d.retry = W - diff(ts, tn, times[k][1], times[k][2]); found = true; break end
+          end
+          if not found then d.retry = W end
+        end
+        if cost > 0 then new = encode({ { ts, tn }, cost }) else new = fresh end
+      elseif count + cost <= L then
+        d.allowed, d.remaining, d.reset = 1, L - count - cost, W
+        new = encode({ { ts, tn }, cost })
+      else
+        d.remaining = math.max(L - count, 0)
+        local excess, sum = count + cost - L, 0
         for k = 1, #times do
           sum = sum + costs[k]
-          if sum >= excess then d.retry = W - diff(ts, tn, times[k][1], times[k][2]); found = true; break end
+          if sum >= excess then d.retry = W - diff(ts, tn, times[k][1], times[k][2]); break end
         end
-        if not found then d.retry = W end
+        local last = times[#times]
+        d.reset = W - diff(ts, tn, last[1], last[2])
       end
-      if cost > 0 then new = encode({ { ts, tn }, cost }) else new = fresh end
-    elseif count + cost <= L then
-      d.allowed, d.remaining, d.reset = 1, L - count - cost, W
-      new = encode({ { ts, tn }, cost })
+    end
+    if cost == 0 and not report then
+      -- Charges nothing: the standing, or a refusal while in debt. It moves
+      -- the key's latest time, as any check does.
+      if d.allowed == 1 then d = { allowed = 1, remaining = status[1], retry = 0, reset = status[2], delay = 0 } end
+      new = fresh
+    end
+    checks[i] = { d = d, new = new, fresh = fresh, status = status, shadow = shadow }
+  end
+
+  local function refuses(d) return d.allowed == 0 or d.delay > max_delay end
+  local all = 1
+  for i = 1, #checks do
+    if not checks[i].shadow and refuses(checks[i].d) then all = 0 end
+  end
+  if peek then all = -1 end
+
+  local function store(key, text, reset)
+    if redis_time and reset == 0 then
+      redis.call('DEL', key)
+    elseif redis_time then
+      redis.call('SET', key, text, 'PX', math.max(cdiv(reset, 1000000), 1))
     else
-      d.remaining = math.max(L - count, 0)
-      local excess, sum = count + cost - L, 0
-      for k = 1, #times do
-        sum = sum + costs[k]
-        if sum >= excess then d.retry = W - diff(ts, tn, times[k][1], times[k][2]); break end
-      end
-      local last = times[#times]
-      d.reset = W - diff(ts, tn, last[1], last[2])
+      -- Explicit times (replay, tests) say nothing of the Redis clock: keep
+      -- the state an hour, so runs do not litter the server.
+      redis.call('SET', key, text, 'PX', 3600000)
     end
   end
-  if cost == 0 and not report then
-    -- Charges nothing: the standing, or a refusal while in debt.
-    if d.allowed == 1 then d = { allowed = 1, remaining = status[1], retry = 0, reset = status[2], delay = 0 } end
-    new = nil
-  end
-  checks[i] = { d = d, new = new, fresh = fresh, status = status, shadow = shadow }
-end
 
-local function refuses(d) return d.allowed == 0 or d.delay > max_delay end
-local all = 1
-for i = 1, #checks do
-  if not checks[i].shadow and refuses(checks[i].d) then all = 0 end
-end
-if peek then all = -1 end
-
-local function store(key, text, reset)
-  if redis_time and reset == 0 then
-    redis.call('DEL', key)
-  elseif redis_time then
-    redis.call('SET', key, text, 'PX', math.max(cdiv(reset, 1000000), 1))
-  else
-    -- Explicit times (replay, tests) say nothing of the Redis clock: keep
-    -- the state an hour, so runs do not litter the server.
-    redis.call('SET', key, text, 'PX', 3600000)
+  out[#out + 1] = math.max(all, 0)
+  out[#out + 1] = lost
+  for i = 1, #checks do
+    local c = checks[i]
+    local d = c.d
+    if all == 1 and c.new and not (c.shadow and refuses(d)) then
+      store(KEYS[k + i], c.new, d.reset)
+    elseif all == 0 and #checks == 1 and d.allowed == 0 then
+      store(KEYS[k + i], c.fresh, d.reset) -- a rejection refreshes accounting
+    end
+    if all == 0 and d.allowed == 1 then d.remaining, d.reset = c.status[1], c.status[2] end
+    out[#out + 1] = d.allowed
+    out[#out + 1] = d.remaining
+    out[#out + 1] = d.retry
+    out[#out + 1] = d.reset
+    out[#out + 1] = d.delay
   end
 end
 
-local out = { math.max(all, 0), lost }
-for i = 1, #checks do
-  local c = checks[i]
-  local d = c.d
-  if all == 1 and c.new and not (c.shadow and refuses(d)) then
-    store(KEYS[i], c.new, d.reset)
-  elseif all == 0 and #checks == 1 and d.allowed == 0 then
-    store(KEYS[i], c.fresh, d.reset) -- a rejection refreshes accounting
-  end
-  if all == 0 and d.allowed == 1 then d.remaining, d.reset = c.status[1], c.status[2] end
-  out[#out + 1] = d.allowed
-  out[#out + 1] = d.remaining
-  out[#out + 1] = d.retry
-  out[#out + 1] = d.reset
-  out[#out + 1] = d.delay
+local out, k, a = {}, 0, 1
+while a < #ARGV do
+  local head = {}
+  for w in string.gmatch(ARGV[a + 1], '%S+') do head[#head + 1] = w end
+  local n = tonumber(head[1])
+  decide(k, a + 1, n, head, out)
+  k, a = k + n, a + 1 + n
 end
 return out

@@ -3,7 +3,7 @@
 
 use weir_core::{NANOS_PER_SEC, Policy};
 
-use crate::contract::{POLICIES, connect, replay, replay_ops};
+use crate::contract::{POLICIES, connect, queued_requests_decide_in_order, replay, replay_ops};
 use weir_testkit::Cluster;
 
 #[test]
@@ -22,6 +22,8 @@ fn a_cluster_decides_as_the_core() {
         replay(&store, &runtime, policy, &trace, 1_000 + case as u64);
         replay_ops(&store, &runtime, policy, &ops, 2_000 + case as u64);
     }
+    // Queued requests: a script call per hash slot, decided in order.
+    queued_requests_decide_in_order(&cluster.url(), 2);
     // Several policies of one identity: one slot, one script.
     let a = Policy::parse("gcra burst=1 rate=1/h").unwrap();
     let b = Policy::parse("sliding-log limit=5 window=1h").unwrap();

@@ -113,11 +113,6 @@ fn reports_and_debt_decide_as_the_core() {
     runner
         .run(&strategy, |(policy, trace)| {
             let n = case.fetch_add(1, Ordering::SeqCst);
-            // Forward only: a check of cost 0 moves no state in Redis.
-            let trace: Vec<_> = trace
-                .iter()
-                .map(|&(g, k, c, r)| (g.max(0), k, c, r))
-                .collect();
             // Names apart from the check-only test's.
             let case = 1_000_000 + n;
             replay_ops(
@@ -487,4 +482,89 @@ fn a_lost_state_is_detected_and_empty_keys_refill_from_then() {
             .allowed
     );
     assert!(!run("z", &window, OnLoss::Full, t1 + NANOS_PER_SEC).1);
+}
+
+/// Requests queued together (here: every one before the first is sent) go
+/// to Redis as a few script calls, not one each, and are decided exactly as
+/// the core decides them one after another in the order they were queued:
+/// one key's checks and reports, several keys, times going back.
+pub(crate) fn queued_requests_decide_in_order(url: &str, case: u64) {
+    // One thread: tasks run in the order they were spawned, and each queues
+    // its request on its first poll.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = runtime.block_on(RedisStore::connect(url)).unwrap();
+    let policy = Policy::parse("token-bucket capacity=5 rate=2/s").unwrap();
+    let start: Nanos = 1_796_000_000 * NANOS_PER_SEC;
+    let ops: Vec<(String, Nanos, u64, bool)> = (0..400u64)
+        .map(|i| {
+            let key = format!("b{case}-k{}", i % 7);
+            let at = start + (i * 7_919 % 500) * 1_000_000;
+            (key, at, i % 3, i % 11 == 0)
+        })
+        .collect();
+    let calls_before = evalsha_calls(url);
+    let answers = runtime.block_on(async {
+        let mut tasks = Vec::new();
+        for (key, at, cost, report) in ops.clone() {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                match report {
+                    true => store.report("b", &policy, &key, cost, Some(at)).await,
+                    false => store.check("b", &policy, &key, cost, Some(at)).await,
+                }
+            }));
+        }
+        let mut answers = Vec::new();
+        for task in tasks {
+            answers.push(task.await.unwrap().unwrap());
+        }
+        answers
+    });
+    let calls = evalsha_calls(url) - calls_before;
+    assert!(calls < 40, "400 queued requests took {calls} script calls");
+    let mut model: HashMap<String, State> = HashMap::new();
+    for ((key, at, cost, report), got) in ops.iter().zip(answers) {
+        let state = model
+            .entry(key.clone())
+            .or_insert_with(|| policy.new_state());
+        let expected = match report {
+            true => policy.report(state, *at, *cost).unwrap(),
+            false => policy.check(state, *at, *cost).unwrap(),
+        };
+        assert_eq!(got, expected, "{key} at {at}, cost {cost}, report {report}");
+    }
+}
+
+/// Script calls so far, over every node of `url`.
+fn evalsha_calls(url: &str) -> u64 {
+    let nodes = url
+        .trim_start_matches("redis-cluster://")
+        .trim_start_matches("redis://");
+    nodes
+        .split(',')
+        .map(|node| {
+            let client = redis::Client::open(format!("redis://{node}")).unwrap();
+            let mut connection = client.get_connection().unwrap();
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query(&mut connection)
+                .unwrap();
+            ["cmdstat_evalsha:calls=", "cmdstat_eval:calls="]
+                .iter()
+                .filter_map(|stat| {
+                    let at = info.find(stat)? + stat.len();
+                    info[at..].split(',').next()?.parse::<u64>().ok()
+                })
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+#[test]
+fn queued_requests_go_as_one_call_and_decide_in_order() {
+    let server = RedisServer::start(&[]);
+    queued_requests_decide_in_order(&server.url(), 1);
 }

@@ -1,0 +1,158 @@
+//! Batching: requests waiting for the connection go to Redis as one script
+//! call, which decides them in the order they were queued — the decisions
+//! of the same requests sent one call each, one after another.
+//!
+//! A batch never waits for more requests to arrive: a sender takes whatever
+//! is queued when one of its [`IN_FLIGHT`] calls is free (one request when
+//! the store is idle, many under load), so batching adds no latency; it
+//! only lets one call's overhead (the round trip, `EVALSHA`, the Lua call,
+//! `TIME`) carry many decisions. On a cluster a batch is split by hash slot
+//! (one script call's keys must share one), and the slots' calls go out
+//! together.
+
+use std::sync::Arc;
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::{Checked, Connection, MARKER, StoreError, parse};
+
+/// Script calls of one store in flight at once: while one is in Redis the
+/// next batch gathers, so Redis is never idle waiting for a round trip.
+pub(crate) const IN_FLIGHT: usize = 2;
+
+/// The most requests one script call decides (Redis runs nothing else
+/// while a script runs: this bounds the stall, ~1 ms at worst here).
+pub(crate) const MAX_BATCH: usize = 128;
+
+/// One request: its header and checks, as the script reads them.
+#[derive(Debug)]
+pub(crate) struct Request {
+    /// "N MODE TIME" (see `weir.lua`).
+    pub(crate) head: String,
+    pub(crate) keys: Vec<String>,
+    pub(crate) specs: Vec<String>,
+    /// The hash slot of its keys, on a cluster.
+    pub(crate) slot: Option<u16>,
+    /// With the generation marker.
+    pub(crate) marker: bool,
+    /// The store's deadline for a call.
+    pub(crate) timeout: std::time::Duration,
+    pub(crate) reply: oneshot::Sender<Result<Checked, StoreError>>,
+}
+
+/// The queue in front of a store's connection.
+#[derive(Debug, Clone)]
+pub(crate) struct Batcher {
+    queue: mpsc::UnboundedSender<Request>,
+}
+
+impl Batcher {
+    /// Starts the sender (on the current tokio runtime); it stops when the
+    /// last handle is dropped.
+    pub(crate) fn start(connection: Connection, script: redis::Script) -> Self {
+        let (queue, requests) = mpsc::unbounded_channel();
+        tokio::spawn(send(requests, connection, Arc::new(script)));
+        Self { queue }
+    }
+
+    /// Queues `request`; `None` if the sender is gone (the runtime is
+    /// shutting down).
+    pub(crate) fn submit(&self, request: Request) -> Option<()> {
+        self.queue.send(request).ok()
+    }
+}
+
+async fn send(
+    mut requests: mpsc::UnboundedReceiver<Request>,
+    connection: Connection,
+    script: Arc<redis::Script>,
+) {
+    let calls = Arc::new(Semaphore::new(IN_FLIGHT));
+    loop {
+        let Ok(call) = calls.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = requests.recv().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match requests.try_recv() {
+                Ok(request) => batch.push(request),
+                Err(_) => break,
+            }
+        }
+        let call = Arc::new(call);
+        for group in by_call(batch) {
+            let (connection, script, call) = (connection.clone(), script.clone(), call.clone());
+            tokio::spawn(async move {
+                decide(group, &connection, &script).await;
+                drop(call);
+            });
+        }
+    }
+}
+
+/// Splits a batch into script calls: one per hash slot (and marker use),
+/// each keeping the order its requests were queued in.
+fn by_call(batch: Vec<Request>) -> Vec<Vec<Request>> {
+    let mut groups: Vec<Vec<Request>> = Vec::new();
+    for request in batch {
+        let same =
+            |g: &&mut Vec<Request>| g[0].slot == request.slot && g[0].marker == request.marker;
+        match groups.iter_mut().find(same) {
+            Some(group) => group.push(request),
+            None => groups.push(vec![request]),
+        }
+    }
+    groups
+}
+
+/// One script call deciding `group` in order; each request gets its answer
+/// (or the call's error).
+async fn decide(group: Vec<Request>, connection: &Connection, script: &redis::Script) {
+    let mut invocation = script.prepare_invoke();
+    let marker = group[0].marker;
+    invocation.arg(if marker { "m" } else { "-" });
+    for request in &group {
+        invocation.arg(&request.head);
+        for (key, spec) in request.keys.iter().zip(&request.specs) {
+            invocation.key(key).arg(spec);
+        }
+    }
+    if marker {
+        invocation.key(MARKER);
+    }
+    // Callers bound their own wait too (queueing included).
+    let timeout = group.iter().map(|r| r.timeout).max().unwrap_or_default();
+    let call = async {
+        match connection {
+            Connection::Single(c) => invocation.invoke_async(&mut c.clone()).await,
+            Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
+        }
+    };
+    let reply: Result<Vec<i64>, StoreError> = match tokio::time::timeout(timeout, call).await {
+        Ok(reply) => reply.map_err(StoreError::Redis),
+        Err(_) => Err(StoreError::Timeout(timeout)),
+    };
+    let mut rest: &[i64] = match &reply {
+        Ok(reply) => reply,
+        Err(_) => &[],
+    };
+    for request in group {
+        let answer = match &reply {
+            Err(e) => Err(e.clone()),
+            Ok(_) => {
+                let len = 2 + 5 * request.keys.len();
+                match rest.split_at_checked(len) {
+                    Some((mine, others)) => {
+                        rest = others;
+                        parse(mine, request.keys.len())
+                    }
+                    None => Err(StoreError::Reply),
+                }
+            }
+        };
+        let _ = request.reply.send(answer);
+    }
+}
