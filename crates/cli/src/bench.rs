@@ -38,6 +38,15 @@ pub(crate) struct Args {
     /// multiplexed connection).
     #[arg(long, default_value_t = 50)]
     concurrency: usize,
+    /// The percentage of checks (0–100) made by ten flooding identities,
+    /// checked so often that they stay over their limit; the rest walk
+    /// `--keys` as usual.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=100))]
+    over_limit: u64,
+    /// With a Redis store: send every check to Redis, even one Redis has
+    /// already promised to refuse (the refusal cache is on by default).
+    #[arg(long)]
+    no_refusal_cache: bool,
 }
 
 /// One latency sample every this many checks (timing each would double the
@@ -208,20 +217,30 @@ fn run_redis(args: &Args, policy: weir_core::Policy, duration: u64) -> anyhow::R
         let store = weir_redis::RedisStore::connect(&args.store)
             .await
             .map_err(|e| anyhow!("--store {}: {e}", args.store))?
-            .with_timeout(Duration::from_secs(1));
+            .with_timeout(Duration::from_secs(1))
+            .with_refusal_cache(!args.no_refusal_cache);
         let keys: Arc<Vec<String>> = Arc::new((0..args.keys).map(|i| format!("key-{i}")).collect());
+        let flood: Arc<Vec<String>> = Arc::new((0..10).map(|i| format!("flood-{i}")).collect());
         let deadline = tokio::time::Instant::now() + Duration::from_nanos(duration);
         let start = Instant::now();
         let tasks: Vec<_> = (0..args.concurrency.max(1))
             .map(|t| {
-                let (store, keys, cost) = (store.clone(), keys.clone(), args.cost);
+                let (store, keys, flood) = (store.clone(), keys.clone(), flood.clone());
+                let (cost, over_limit) = (args.cost, args.over_limit);
                 tokio::spawn(async move {
                     let mut tally = Tally::new()?;
                     let mut i = t * 7919 % keys.len();
                     while tokio::time::Instant::now() < deadline {
-                        i = (i + 1) % keys.len();
+                        let n = tally.decisions + t as u64;
+                        let key = match n % 100 < over_limit {
+                            true => &flood[n as usize % flood.len()],
+                            false => {
+                                i = (i + 1) % keys.len();
+                                &keys[i]
+                            }
+                        };
                         let began = Instant::now();
-                        let decision = store.check("bench", &policy, &keys[i], cost, None).await;
+                        let decision = store.check("bench", &policy, key, cost, None).await;
                         let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
                         tally.latency.saturating_record(ns.max(1));
                         match decision {
@@ -240,6 +259,7 @@ fn run_redis(args: &Args, policy: weir_core::Policy, duration: u64) -> anyhow::R
         }
         let extra = serde_json::json!({
             "store": args.store, "concurrency": args.concurrency, "store_errors": total.refused,
+            "refusal_cache": !args.no_refusal_cache, "over_limit_percent": args.over_limit,
         });
         let report = total.report(&policy, args, start.elapsed().as_secs_f64(), extra);
         println!("{report}");

@@ -143,7 +143,7 @@ async fn decide(group: Vec<Request>, connection: &Connection, script: &redis::Sc
         let answer = match &reply {
             Err(e) => Err(e.clone()),
             Ok(_) => {
-                let len = 2 + 5 * request.keys.len();
+                let len = 2 + 6 * request.keys.len();
                 match rest.split_at_checked(len) {
                     Some((mine, others)) => {
                         rest = others;

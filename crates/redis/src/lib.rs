@@ -17,6 +17,9 @@ use std::fmt::Write as _;
 
 mod batch;
 pub mod cluster;
+mod refusals;
+
+pub use refusals::CHANNEL as RESETS_CHANNEL;
 
 use redis::Script;
 use redis::aio::ConnectionManager;
@@ -83,6 +86,9 @@ pub struct Checked {
     /// state (restarted empty, flushed, evicted) since the marker was set —
     /// or it was never set (a new store).
     pub state_lost: bool,
+    /// Per check, how far its key's latest time moved its time forward
+    /// (SPEC.md's clamp): its durations are measured from then.
+    late: Vec<Nanos>,
 }
 
 /// What a key lost with the store's state counts as.
@@ -162,6 +168,8 @@ enum Connection {
 pub struct RedisStore {
     connection: Connection,
     batcher: batch::Batcher,
+    /// Refusals still in force (`None`: every check goes to Redis).
+    refusals: Option<std::sync::Arc<refusals::Refusals>>,
     timeout: std::time::Duration,
     marker: bool,
     max_key_len: usize,
@@ -195,11 +203,14 @@ pub fn check_url(url: &str) -> Result<(), String> {
 impl RedisStore {
     /// Connects to `redis://host:port` or `redis-cluster://host:port[,host:port…]`.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let connection = match url.strip_prefix("redis-cluster://") {
+        let (connection, nodes) = match url.strip_prefix("redis-cluster://") {
             Some(nodes) => {
                 let nodes: Vec<String> = nodes.split(',').map(|n| format!("redis://{n}")).collect();
-                let client = redis::cluster::ClusterClient::new(nodes)?;
-                Connection::Cluster(client.get_async_connection().await?)
+                let client = redis::cluster::ClusterClient::new(nodes.clone())?;
+                (
+                    Connection::Cluster(client.get_async_connection().await?),
+                    nodes,
+                )
             }
             None => {
                 // Reconnect quickly after a restart: short, capped backoff.
@@ -209,12 +220,19 @@ impl RedisStore {
                     .set_number_of_retries(3)
                     .set_connection_timeout(Some(std::time::Duration::from_millis(500)));
                 let client = redis::Client::open(url)?;
-                Connection::Single(client.get_connection_manager_with_config(config).await?)
+                let manager = client.get_connection_manager_with_config(config).await?;
+                (Connection::Single(manager), vec![url.to_owned()])
             }
         };
+        let refusals = std::sync::Arc::new(refusals::Refusals::default());
+        tokio::spawn(refusals::listen(
+            std::sync::Arc::downgrade(&refusals),
+            nodes,
+        ));
         let timeout = std::time::Duration::from_millis(50);
         Ok(Self {
             batcher: batch::Batcher::start(connection.clone(), Script::new(SCRIPT)),
+            refusals: Some(refusals),
             connection,
             timeout,
             marker: false,
@@ -229,6 +247,22 @@ impl RedisStore {
     pub fn with_marker(mut self, on: bool) -> Self {
         self.marker = on && matches!(self.connection, Connection::Single(_));
         self
+    }
+
+    /// Answers checks that Redis has promised to refuse without asking it
+    /// again (on by default; see the `refusals` module docs in the source:
+    /// a refused check of cost 1 is refused until its `retry_after` has
+    /// passed, and every instance forgets a key an admin resets).
+    pub fn with_refusal_cache(mut self, on: bool) -> Self {
+        if !on {
+            self.refusals = None;
+        }
+        self
+    }
+
+    /// Refusals the cache holds now.
+    pub fn cached_refusals(&self) -> usize {
+        self.refusals.as_ref().map_or(0, |r| r.len())
     }
 
     /// The longest key accepted, in bytes (default [`DEFAULT_MAX_KEY_LEN`]).
@@ -249,9 +283,15 @@ impl RedisStore {
 
     /// Forgets `identity` under the policy `name` (granting it a fresh
     /// allowance); whether it was stored.
+    /// Every instance's refusal cache forgets the key (Redis pub/sub).
     pub async fn reset(&self, name: &str, identity: &str) -> Result<bool, StoreError> {
-        let deleted: i64 = self
-            .query(redis::cmd("DEL").arg(key(name, identity)))
+        let key = key(name, identity);
+        if let Some(refusals) = &self.refusals {
+            refusals.forget(&key);
+        }
+        let deleted: i64 = self.query(redis::cmd("DEL").arg(&key)).await?;
+        let _: i64 = self
+            .query(redis::cmd("PUBLISH").arg(refusals::CHANNEL).arg(&key))
             .await?;
         Ok(deleted > 0)
     }
@@ -424,6 +464,41 @@ impl RedisStore {
                 "on a Redis Cluster, the checks of one request share one identity",
             ));
         }
+        let keys: Vec<String> = checks
+            .iter()
+            .map(|c| key(c.check.name, c.check.key))
+            .collect();
+        // A check of cost 1 that Redis has promised to refuse is refused
+        // here (see `refusals`).
+        let cached = self.refusals.as_deref().filter(|_| {
+            let c = &checks[0];
+            matches!(mode, Mode::Charge { .. })
+                && checks.len() == 1
+                && c.check.cost == 1
+                && !(c.report || c.shadow)
+        });
+        let mut at = at;
+        let mut sent = 0;
+        if let Some(refusals) = &self.refusals {
+            let (clock, now) = match at {
+                Some(t) => (refusals::Clock::Explicit, t),
+                None => (refusals::Clock::Local, refusals.local_now()),
+            };
+            if let Some(cache) = cached
+                && let Some(refusal) = cache.answer(&keys[0], checks[0].check.policy, clock, now)
+            {
+                return Ok(Checked {
+                    all: AllDecision {
+                        allowed: false,
+                        decisions: vec![refusal],
+                    },
+                    state_lost: false,
+                    late: vec![0],
+                });
+            }
+            sent = keys.iter().fold(now, |t, k| refusals.take(k, clock, t));
+            at = at.map(|_| sent);
+        }
         let mode = match mode {
             // Every delay is below 2^53 ns; a larger bound is the same.
             Mode::Charge { max_delay } => max_delay.min(1 << 53).to_string(),
@@ -433,7 +508,6 @@ impl RedisStore {
             None => "r".to_owned(),
             Some(t) => format!("{} {}", t / NANOS_PER_SEC, t % NANOS_PER_SEC),
         };
-        let mut keys = Vec::with_capacity(checks.len());
         let mut specs = Vec::with_capacity(checks.len());
         for Check {
             check,
@@ -442,7 +516,6 @@ impl RedisStore {
             report,
         } in checks
         {
-            keys.push(key(check.name, check.key));
             let mut spec = check.policy.script_spec();
             if *on_loss == OnLoss::Empty {
                 spec.push_str(" e");
@@ -456,6 +529,7 @@ impl RedisStore {
             let _ = write!(spec, " c={}", check.cost);
             specs.push(spec);
         }
+        let cache_key = cached.map(|_| keys[0].clone());
         let (reply, answer) = tokio::sync::oneshot::channel();
         let request = batch::Request {
             head: format!("{} {mode} {time}", checks.len()),
@@ -468,11 +542,25 @@ impl RedisStore {
         };
         // Queued for the next script call on the connection (see `batch`).
         self.batcher.submit(request).ok_or(StoreError::Reply)?;
-        match tokio::time::timeout(self.timeout, answer).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(StoreError::Reply),
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        let checked = match tokio::time::timeout(self.timeout, answer).await {
+            Ok(Ok(answer)) => answer?,
+            Ok(Err(_)) => return Err(StoreError::Reply),
+            Err(_) => return Err(StoreError::Timeout(self.timeout)),
+        };
+        if let (Some(cache), Some(key), [decision], [late]) = (
+            cached,
+            cache_key,
+            checked.all.decisions.as_slice(),
+            checked.late.as_slice(),
+        ) {
+            let clock = match at {
+                Some(_) => refusals::Clock::Explicit,
+                None => refusals::Clock::Local,
+            };
+            let decided = sent.saturating_add(*late);
+            cache.record(&key, checks[0].check.policy, clock, decided, decision);
         }
+        Ok(checked)
     }
 
     /// Reports usage of `cost` for one policy and identity after the fact
@@ -517,28 +605,29 @@ impl RedisStore {
 }
 
 fn parse(reply: &[i64], count: usize) -> Result<Checked, StoreError> {
-    if reply.len() != 2 + 5 * count {
+    if reply.len() != 2 + 6 * count {
         return Err(StoreError::Reply);
     }
     let n = |x: i64| u64::try_from(x).map_err(|_| StoreError::Reply);
-    let decisions = reply[2..]
-        .chunks(5)
-        .map(|d| {
-            Ok(Decision {
-                allowed: d[0] == 1,
-                remaining: n(d[1])?,
-                retry_after: n(d[2])?,
-                reset: n(d[3])?,
-                delay: n(d[4])?,
-            })
-        })
-        .collect::<Result<_, StoreError>>()?;
+    let mut decisions = Vec::with_capacity(count);
+    let mut late = Vec::with_capacity(count);
+    for d in reply[2..].chunks(6) {
+        decisions.push(Decision {
+            allowed: d[0] == 1,
+            remaining: n(d[1])?,
+            retry_after: n(d[2])?,
+            reset: n(d[3])?,
+            delay: n(d[4])?,
+        });
+        late.push(n(d[5])?);
+    }
     Ok(Checked {
         all: AllDecision {
             allowed: reply[0] == 1,
             decisions,
         },
         state_lost: reply[1] == 1,
+        late,
     })
 }
 

@@ -23,8 +23,10 @@
 --          "fw L W"    fixed window      "sc L W" sliding counter
 --          "sl L W"    sliding log       (W in ns)
 -- Returns, request after request, {all_allowed, state_lost, then per check:
--- allowed, remaining, retry_after, reset, delay} (durations in ns). A check
--- that would allow but was charged nothing (another refused) reports its
+-- allowed, remaining, retry_after, reset, delay, late} (durations in ns;
+-- `late`: how far the key's latest time moved the check's time forward, the
+-- origin of its durations being the given time plus `late`). A check that
+-- would allow but was charged nothing (another refused) reports its
 -- standing as it is.
 --
 -- State loss: the marker holds the time the store was last found without it
@@ -106,6 +108,7 @@ local function read_varint(s, pos)
 end
 
 local marker = ARGV[1] == 'm' and KEYS[#KEYS] or nil
+local marker_value -- read once per call: nil before, false when missing
 local redis_s, redis_ns -- Redis TIME, read once per call
 
 local function window_start(s, n, W) -- the start of the window holding (s, n)
@@ -152,11 +155,14 @@ local function decide(k, a, n, head, out)
   local max_delay = tonumber(head[2]) or 0
   local lost, gen = 0, nil
   if marker then
-    local g = redis.call('GET', marker)
-    if g then gen = words(g)
+    if marker_value == nil then marker_value = redis.call('GET', marker) end
+    if marker_value then gen = words(marker_value)
     else
       lost, gen = 1, { now_s, now_ns }
-      if not peek then redis.call('SET', marker, fmt(now_s) .. ' ' .. fmt(now_ns)) end
+      if not peek then
+        marker_value = fmt(now_s) .. ' ' .. fmt(now_ns)
+        redis.call('SET', marker, marker_value)
+      end
     end
   end
 
@@ -359,7 +365,8 @@ local function decide(k, a, n, head, out)
       if d.allowed == 1 then d = { allowed = 1, remaining = status[1], retry = 0, reset = status[2], delay = 0 } end
       new = fresh
     end
-    checks[i] = { d = d, new = new, fresh = fresh, status = status, shadow = shadow }
+    checks[i] = { d = d, new = new, fresh = fresh, status = status, shadow = shadow,
+      late = diff(ts, tn, now_s, now_ns) }
   end
 
   local function refuses(d) return d.allowed == 0 or d.delay > max_delay end
@@ -397,6 +404,7 @@ local function decide(k, a, n, head, out)
     out[#out + 1] = d.retry
     out[#out + 1] = d.reset
     out[#out + 1] = d.delay
+    out[#out + 1] = c.late
   end
 end
 

@@ -568,3 +568,96 @@ fn queued_requests_go_as_one_call_and_decide_in_order() {
     let server = RedisServer::start(&[]);
     queued_requests_decide_in_order(&server.url(), 1);
 }
+
+/// Mostly identities over their limit: with the refusal cache, the same
+/// decisions as without it (and as the core), from a fraction of the calls.
+#[test]
+fn cached_refusals_decide_as_redis_would() {
+    let (with, without) = (RedisServer::start(&[]), RedisServer::start(&[]));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let cached = runtime.block_on(RedisStore::connect(&with.url())).unwrap();
+    let plain = runtime
+        .block_on(RedisStore::connect(&without.url()))
+        .unwrap()
+        .with_refusal_cache(false);
+    let start: Nanos = 1_796_000_000 * NANOS_PER_SEC;
+    for (case, spec) in POLICIES.iter().enumerate() {
+        let policy = Policy::parse(spec).unwrap();
+        let mut model: HashMap<String, State> = HashMap::new();
+        let mut now = start;
+        for i in 0..600u64 {
+            // Forward 1 ms at a time, now and then back; a cost of 2 or a
+            // report now and then.
+            now = if i % 50 == 49 {
+                now - 40_000_000
+            } else {
+                now + 1_000_000
+            };
+            let key = format!("r{case}-k{}", i % 10);
+            let (cost, report) = (1 + u64::from(i % 17 == 0), i % 41 == 0);
+            let state = model
+                .entry(key.clone())
+                .or_insert_with(|| policy.new_state());
+            let (expected, got, reference) = match report {
+                true => (
+                    policy.report(state, now, cost).unwrap(),
+                    runtime.block_on(cached.report("c", &policy, &key, cost, Some(now))),
+                    runtime.block_on(plain.report("c", &policy, &key, cost, Some(now))),
+                ),
+                false => (
+                    policy.check(state, now, cost).unwrap(),
+                    runtime.block_on(cached.check("c", &policy, &key, cost, Some(now))),
+                    runtime.block_on(plain.check("c", &policy, &key, cost, Some(now))),
+                ),
+            };
+            let (got, reference) = (got.unwrap(), reference.unwrap());
+            assert_eq!(got, reference, "{spec} {key} at {now}, cost {cost}");
+            assert_eq!(got, expected, "{spec} {key} at {now}, cost {cost}");
+        }
+    }
+    let (calls, all) = (evalsha_calls(&with.url()), evalsha_calls(&without.url()));
+    assert!(
+        calls * 3 < all,
+        "{calls} calls with the cache, {all} without"
+    );
+}
+
+/// An admin reset on one instance reaches every instance's cache.
+#[test]
+fn a_reset_reaches_every_cache() {
+    let server = RedisServer::start(&[]);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (one, other) = runtime.block_on(async {
+        let one = RedisStore::connect(&server.url()).await.unwrap();
+        let other = RedisStore::connect(&server.url()).await.unwrap();
+        (one, other)
+    });
+    let policy = Policy::parse("token-bucket capacity=1 rate=1/h").unwrap();
+    let check = || {
+        runtime
+            .block_on(one.check("p", &policy, "tenant", 1, None))
+            .unwrap()
+    };
+    assert!(check().allowed);
+    assert!(!check().allowed);
+    assert_eq!(one.cached_refusals(), 1);
+    assert!(!check().allowed, "refused from the cache");
+    // Another instance resets the key: this one hears of it.
+    assert!(runtime.block_on(other.reset("p", "tenant")).unwrap());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while one.cached_refusals() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reset never arrived"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(check().allowed);
+}

@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Reruns every side-by-side comparison of docs/BENCHMARKS.md in one go and
+# prints one table: peer, weir, ratio, p50/p99, and the command behind each.
+#
+#   bench/compare.sh [library] [redis] [gateway] [rls]     (default: all)
+#
+# Needs: a Rust toolchain; redis-server and redis-benchmark (redis-tools) for
+# `redis` and `rls`; nginx and wrk for `gateway`; a built limitador-server for
+# `rls` (LIMITADOR=/path/to/limitador-server: see ../shared/NOTES.md or
+# docs/BENCHMARKS.md for how to build it; without it the RLS rows show weir
+# alone). Missing tools are installed from Debian's packages when apt-get is
+# there. Raw outputs go to $OUT (default: target/compare).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-target/compare}
+SECONDS_EACH=${SECONDS_EACH:-8}
+mkdir -p "$OUT"
+sections=("$@")
+[ ${#sections[@]} -eq 0 ] && sections=(library redis gateway rls)
+want() { [[ " ${sections[*]} " == *" $1 "* ]]; }
+
+need() { # need PROGRAM DEBIAN-PACKAGE
+  command -v "$1" >/dev/null && return
+  if command -v apt-get >/dev/null; then
+    (apt-get install -y "$2" >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y "$2" >/dev/null; })
+  fi
+  command -v "$1" >/dev/null || { echo "compare: $1 is missing (Debian package $2)" >&2; return 1; }
+}
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+rows=()
+# row COMPARISON PEER PEER_RATE WEIR_RATE PEER_LAT WEIR_LAT COMMAND
+row() {
+  local ratio
+  ratio=$(python3 -c "p,w=float('$3' or 0),float('$4' or 0); print(f'{w/p:.2f}×' if p else '—')")
+  rows+=("| $1 | $2 | $3 | $4 | **$ratio** | $5 | $6 | \`$7\` |")
+}
+
+cargo build --release -q -p weir
+
+# --- the in-process store against governor (criterion, same run) ---------
+if want library; then
+  cargo bench -q -p weir-limiter --bench store -- --output-format bencher 'keyed/' \
+    >"$OUT/library.txt" 2>/dev/null
+  # "test keyed/1-keys/1-threads/weir/token-bucket ... bench: 62 ns/iter (+/- 3)"
+  for group in 1-keys/1-threads 1-keys/2-threads 100000-keys/1-threads 100000-keys/2-threads; do
+    rate() { awk -v g="keyed/$group/$1" '$2 == g { gsub(",", "", $5); printf "%.0f", 1e9 / $5 }' "$OUT/library.txt"; }
+    peer=$(rate governor/gcra)
+    for algorithm in token-bucket gcra fixed-window sliding-counter sliding-log leaky-bucket; do
+      row "library, ${group/-keys\// keys, }, $algorithm" "governor 0.10 (dashmap)" "$peer" "$(rate "weir/$algorithm")" "—" "—" \
+        "cargo bench -p weir-limiter --bench store"
+    done
+  done
+fi
+
+# --- Redis: batching, and the refusal cache ------------------------------
+start_redis() { # start_redis PORT
+  redis-server --port "$1" --save '' --appendonly no --daemonize no >/dev/null &
+  pids+=($!)
+  for _ in $(seq 50); do redis-cli -p "$1" PING >/dev/null 2>&1 && return; sleep 0.1; done
+}
+bench_store() { # bench_store URL EXTRA-FLAGS... -> JSON line
+  target/release/weir bench --algorithm token-bucket --capacity 10 --rate "${RATE:-100/s}" \
+    --keys 100000 --threads 2 --concurrency 50 --duration "${SECONDS_EACH}s" --store "$@"
+}
+field() { python3 -c "import json,sys; d=json.load(open('$1')); print(int(d['$2']))"; }
+if want redis || want rls; then
+  need redis-server redis-server
+  need redis-benchmark redis-tools
+  REDIS_PORT=$(free_port)
+  start_redis "$REDIS_PORT"
+fi
+if want redis; then
+  url=redis://127.0.0.1:$REDIS_PORT
+  sha=$(redis-cli -p "$REDIS_PORT" SCRIPT LOAD "$(cat crates/redis/src/weir.lua)")
+  redis-benchmark -p "$REDIS_PORT" -c 50 -n $((60000 * SECONDS_EACH / 8)) -r 100000 -P 16 -q \
+    EVALSHA "$sha" 1 'rl:v1:{key-__rand_int__}:bench' - '1 9007199254740992 r' 'tb 10 1 10000000 c=1' \
+    | tr '\r' '\n' | grep 'requests per second' | tail -1 >"$OUT/redis-benchmark.txt"
+  peer=$(grep -o '[0-9.]* requests per second' "$OUT/redis-benchmark.txt" | cut -d' ' -f1)
+  peer_p50=$(grep -o 'p50=[0-9.]* msec' "$OUT/redis-benchmark.txt" | tr -d 'p50=' || true)
+  bench_store "$url" >"$OUT/store.json"
+  row "Redis store, 50 in flight, 100,000 keys" "redis-benchmark -P 16, one EVALSHA per decision" "${peer%.*}" \
+    "$(field "$OUT/store.json" decisions_per_sec)" "p50 ${peer_p50:-?}" \
+    "$(($(field "$OUT/store.json" p50_ns) / 1000)) µs / $(($(field "$OUT/store.json" p99_ns) / 1000)) µs" \
+    "weir bench --store redis://… --concurrency 50"
+  RATE=2/s bench_store "$url" --over-limit 90 --no-refusal-cache >"$OUT/flood-off.json"
+  RATE=2/s bench_store "$url" --over-limit 90 >"$OUT/flood-on.json"
+  row "Redis store, 90 % of checks from identities over their limit (2/s)" "weir without the refusal cache" \
+    "$(field "$OUT/flood-off.json" decisions_per_sec)" "$(field "$OUT/flood-on.json" decisions_per_sec)" \
+    "$(($(field "$OUT/flood-off.json" p50_ns) / 1000)) µs / $(($(field "$OUT/flood-off.json" p99_ns) / 1000)) µs" \
+    "$(($(field "$OUT/flood-on.json" p50_ns) / 1000)) µs / $(($(field "$OUT/flood-on.json" p99_ns) / 1000)) µs" \
+    "weir bench --store redis://… --over-limit 90 [--no-refusal-cache]"
+fi
+
+# --- the gateway against nginx limit_req + proxy_pass ---------------------
+wrk_run() { # wrk_run SCRIPT URL -> "rate p50 p99"
+  wrk -t2 -c64 -d"${SECONDS_EACH}s" --latency -s "$1" "$2" >"$OUT/wrk.txt"
+  awk '/Requests\/sec/ { r = $2 } $1 == "50%" { p50 = $2 } $1 == "99%" { p99 = $2 } END { printf "%.0f %s %s", r, p50, p99 }' "$OUT/wrk.txt"
+}
+if want gateway; then
+  need nginx nginx-light
+  need wrk wrk
+  mkdir -p /tmp/weir-bench
+  nginx -c "$PWD/docs/bench/nginx.conf" -g 'daemon off;' &
+  pids+=($!)
+  target/release/weir serve --config docs/bench/weir.toml --no-watch >"$OUT/weir-serve.log" 2>&1 &
+  pids+=($!)
+  sleep 1
+  for path in admitted refused; do
+    script=docs/bench/gateway.lua
+    [ $path = refused ] && script=docs/bench/gateway-flood.lua
+    read -r nr n50 n99 <<<"$(wrk_run $script http://127.0.0.1:19001/)"
+    read -r wr w50 w99 <<<"$(wrk_run $script http://127.0.0.1:19002/)"
+    row "gateway, $path path" "nginx limit_req + proxy_pass" "$nr" "$wr" "$n50 / $n99" "$w50 / $w99" \
+      "wrk -t2 -c64 --latency -s $script"
+  done
+fi
+
+# --- the Envoy rate limit service against limitador ------------------------
+if want rls; then
+  grpc_load() { cargo bench -q -p weir-server --bench grpc_load -- --addr "$1" --seconds "$SECONDS_EACH" --keys 100000 --concurrency 64 --connections 4 2>/dev/null | tail -1; }
+  for store in memory redis; do
+    port=$(free_port)
+    config="$OUT/rls-$store.toml"
+    {
+      printf '[server]\nlisten = "127.0.0.1:%s"\ngrpc = "127.0.0.1:%s"\n' "$(free_port)" "$port"
+      [ $store = redis ] && printf '[store]\nurl = "redis://127.0.0.1:%s"\n' "$REDIS_PORT"
+      printf '[policies.seller]\nalgorithm = "fixed-window"\nlimit = 100\nwindow = "1s"\n'
+      printf '[[descriptors]]\ndomain = "bench"\nentries = ["seller"]\npolicy = "seller"\n'
+    } >"$config"
+    target/release/weir serve --config "$config" --no-watch >"$OUT/rls-$store.log" 2>&1 &
+    pids+=($!)
+    sleep 1
+    grpc_load "127.0.0.1:$port" >"$OUT/rls-weir-$store.json"
+    peer="" peer_lat="—"
+    if [ -n "${LIMITADOR:-}" ]; then
+      lport=$(free_port)
+      printf -- '- namespace: bench\n  max_value: 100\n  seconds: 1\n  conditions: []\n  variables: ["descriptors[0].seller"]\n' >"$OUT/limits.yaml"
+      backend=memory
+      [ $store = redis ] && backend="redis redis://127.0.0.1:$REDIS_PORT"
+      # shellcheck disable=SC2086
+      "$LIMITADOR" --rls-port "$lport" --http-port "$(free_port)" "$OUT/limits.yaml" $backend >"$OUT/limitador.log" 2>&1 &
+      pids+=($!)
+      sleep 2
+      grpc_load "127.0.0.1:$lport" >"$OUT/rls-limitador-$store.json"
+      peer=$(python3 -c "import json; print(int(json.load(open('$OUT/rls-limitador-$store.json'))['per_second']))")
+      peer_lat=$(python3 -c "import json; d=json.load(open('$OUT/rls-limitador-$store.json')); print(f\"{d['p50_us']} µs / {d['p99_us']} µs\")")
+      kill "${pids[-1]}"
+    fi
+    weir=$(python3 -c "import json; print(int(json.load(open('$OUT/rls-weir-$store.json'))['per_second']))")
+    weir_lat=$(python3 -c "import json; d=json.load(open('$OUT/rls-weir-$store.json')); print(f\"{d['p50_us']} µs / {d['p99_us']} µs\")")
+    row "Envoy RLS ($store), 64 calls in flight, 100,000 sellers" "limitador-server" "$peer" "$weir" "$peer_lat" "$weir_lat" \
+      "cargo bench -p weir-server --bench grpc_load -- --addr …"
+    kill "${pids[-2]}" 2>/dev/null || true
+  done
+fi
+
+echo
+echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(uname -sr); $(date -u +%F)"
+echo
+echo "| comparison | peer | peer /s | weir /s | ratio | peer p50 / p99 | weir p50 / p99 | command |"
+echo "|---|---|---|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
