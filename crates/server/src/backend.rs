@@ -310,17 +310,12 @@ impl Backend {
             StoreUrl::Memory => Self::Memory(local),
             StoreUrl::Redis(url) => {
                 let kept = match previous {
-                    Some(Self::Redis { remote, .. })
-                        if remote.serves(url, config.store.timeout, config.store.replica_acks) =>
-                    {
+                    Some(Self::Redis { remote, .. }) if remote.serves(url, &config.store) => {
                         Some(remote.clone())
                     }
                     _ => None,
                 };
-                let remote = kept.unwrap_or_else(|| {
-                    let acks = config.store.replica_acks;
-                    Remote::new(url, config.store.timeout, MAX_KEY, acks)
-                });
+                let remote = kept.unwrap_or_else(|| Remote::new(url, &config.store, MAX_KEY));
                 Self::Redis {
                     remote,
                     fallback: local,

@@ -20,6 +20,8 @@ use arc_swap::ArcSwapOption;
 use metrics::Gauge;
 use weir_redis::RedisStore;
 
+use crate::config::StoreConfig;
+
 /// Consecutive store failures that open the breaker.
 pub const OPEN_AFTER: u32 = 3;
 /// How often an open breaker (or a store never reached) is probed.
@@ -129,22 +131,25 @@ pub struct Remote {
     topology: ArcSwapOption<Topology>,
     /// `[store] replica_acks`.
     pub(crate) replica_acks: u32,
+    /// `[store] refusal_cache`.
+    refusal_cache: bool,
 }
 
 impl Remote {
     /// A store for `url` (keys up to `max_key_len` bytes), connected (and
     /// probed when down) by a background task that ends with the last
     /// reference.
-    pub fn new(url: &str, timeout: Duration, max_key_len: usize, replica_acks: u32) -> Arc<Self> {
+    pub fn new(url: &str, config: &StoreConfig, max_key_len: usize) -> Arc<Self> {
         let remote = Arc::new(Self {
             url: url.to_owned(),
-            timeout,
+            timeout: config.timeout,
             max_key_len,
             store: ArcSwapOption::empty(),
             breaker: Breaker::new(metrics::gauge!("weir_store_up"), false),
             was_up: AtomicBool::new(false),
             topology: ArcSwapOption::empty(),
-            replica_acks,
+            replica_acks: config.replica_acks,
+            refusal_cache: config.refusal_cache,
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(supervise(Arc::downgrade(&remote)));
@@ -154,8 +159,11 @@ impl Remote {
 
     /// Whether this store serves `url` with `timeout` and `replica_acks`
     /// (kept across reloads).
-    pub(crate) fn serves(&self, url: &str, timeout: Duration, replica_acks: u32) -> bool {
-        self.url == url && self.timeout == timeout && self.replica_acks == replica_acks
+    pub(crate) fn serves(&self, url: &str, config: &StoreConfig) -> bool {
+        self.url == url
+            && self.timeout == config.timeout
+            && self.replica_acks == config.replica_acks
+            && self.refusal_cache == config.refusal_cache
     }
 
     /// On a cluster whose masters are known, the master serving the keys
@@ -323,6 +331,7 @@ async fn supervise(remote: Weak<Remote>) {
                         let store = store
                             .with_timeout(remote.timeout)
                             .with_marker(true)
+                            .with_refusal_cache(remote.refusal_cache)
                             .with_max_key_len(remote.max_key_len);
                         match store.init_marker().await {
                             Ok(weir_redis::MarkerInit::New) => {
@@ -385,6 +394,7 @@ async fn tend(remote: &Remote, store: &RedisStore, tick: u64) {
     if let Ok(Ok(fresh)) = tokio::time::timeout(Duration::from_secs(1), connect).await {
         let fresh = fresh
             .with_timeout(store.timeout())
+            .with_refusal_cache(remote.refusal_cache)
             .with_max_key_len(remote.max_key_len);
         remote.store.store(Some(Arc::new(fresh)));
     }

@@ -40,6 +40,10 @@ pub struct StoreConfig {
     /// it (`WAIT`), else decided as a store error; 0 (the default): not
     /// waited for.
     pub replica_acks: u32,
+    /// `refusal_cache = false`: every check goes to Redis, even one Redis
+    /// has promised to refuse (default true: see `weir-redis`'s refusal
+    /// cache).
+    pub refusal_cache: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -49,6 +53,7 @@ pub(super) struct Raw {
     max_keys: Option<Spanned<u64>>,
     fallback_share: Option<Spanned<Value>>,
     replica_acks: Option<Spanned<u64>>,
+    refusal_cache: Option<bool>,
 }
 
 pub(super) fn parse(raw: Raw, report: &mut Report<'_>) -> StoreConfig {
@@ -125,5 +130,6 @@ pub(super) fn parse(raw: Raw, report: &mut Report<'_>) -> StoreConfig {
         max_keys,
         fallback_share,
         replica_acks,
+        refusal_cache: raw.refusal_cache.unwrap_or(true),
     }
 }
