@@ -133,8 +133,7 @@ async fn serve(source: Source, watch: bool) -> anyhow::Result<()> {
     let state = AppState::from_source(source).map_err(|e| anyhow!("{e}"))?;
     let config = &state.current().config;
     let listen = config.server.listen;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
+    let listener = std::net::TcpListener::bind(listen)
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
     let bind = |at: Option<std::net::SocketAddr>, what: &'static str| async move {
@@ -205,7 +204,9 @@ async fn serve(source: Source, watch: bool) -> anyhow::Result<()> {
             }
         })
     };
-    let served = weir_server::run(listener, state, shutdown(stopped)).await;
+    // The main listener (gateway, decision API) from a runtime per core.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let served = weir_server::run_per_core(listener, threads, state, stopped).await;
     reloader.abort();
     if let Err(e) = served {
         bail!("server failed: {e}");

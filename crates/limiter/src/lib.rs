@@ -450,6 +450,23 @@ impl<C: Clock> Limiter<C> {
         checks: &[Check<'_>],
         max_delay: Nanos,
     ) -> Result<AllDecision, Error> {
+        // One check that charges, and that no shaper bound can refuse, is
+        // decided as a single check: the same decision and state, without
+        // write-locking its shard.
+        if let [check] = checks
+            && check.cost > 0
+            && (max_delay == Nanos::MAX
+                || !matches!(
+                    self.named(check.policy)?.store.policy(),
+                    Policy::LeakyBucket(_)
+                ))
+        {
+            let decision = self.check_one(*check)?;
+            return Ok(AllDecision {
+                allowed: decision.allowed || check.shadow,
+                decisions: vec![decision],
+            });
+        }
         self.decide_all(checks, max_delay)
     }
 

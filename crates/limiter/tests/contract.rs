@@ -445,3 +445,37 @@ fn reports_to_several_policies_charge_all_or_none() {
         "{twice:?}"
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 100, ..ProptestConfig::default() })]
+
+    /// A request of one check (decided as a single check) decides and
+    /// charges as the same check within a larger request does (decided under
+    /// its shard's write lock), shadow or not. Time only goes forward: a
+    /// refused request of several checks moves no key's latest time (on
+    /// Redis neither), a refused single check does (SPEC.md).
+    #[test]
+    fn one_check_requests_decide_as_within_larger_ones(policy in policies(), trace in trace(false), shadow: bool) {
+        let standing = Policy::parse("fixed-window limit=1 window=1s").unwrap();
+        let build = || Limiter::builder().policy("p", policy).policy("q", standing).clock(FakeClock::at(0)).build().unwrap();
+        let (alone, within) = (build(), build());
+        let (p, q) = (alone.policy("p").unwrap(), alone.policy("q").unwrap());
+        let mut now: Nanos = 10_000_000_000;
+        for &(gap, key, cost) in &trace {
+            now = now.saturating_add_signed(gap * 1_000_000 + i64::from(key));
+            let key = format!("k{key}");
+            let cost = cost.clamp(1, policy.max_cost().0);
+            alone.clock().set(now);
+            within.clock().set(now);
+            let mut check = Check::new(p, &key).cost(cost);
+            if shadow {
+                check = check.shadow();
+            }
+            let got = alone.check_all(&[check]).unwrap();
+            // A standing of another policy: never refuses, charges nothing.
+            let both = within.check_all(&[check, Check::new(q, "x").cost(0)]).unwrap();
+            prop_assert_eq!(got.decisions[0], both.decisions[0]);
+            prop_assert_eq!(got.allowed, both.allowed);
+        }
+    }
+}

@@ -11,6 +11,9 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderValue, Uri};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderName, Method, Version, header};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use ipnet::IpNet;
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use weir_core::Nanos;
@@ -36,6 +39,14 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TRANSFER_ENCODING,
     header::UPGRADE,
 ];
+
+thread_local! {
+    /// The upstream connection pool of this thread: with a runtime per core
+    /// (`serve::serve_per_core`), a proxied request and its upstream call
+    /// never leave the thread that accepted the connection.
+    static UPSTREAM: Client<HttpConnector, Body> =
+        Client::builder(TokioExecutor::new()).build_http();
+}
 
 /// The path parameters when `path` matches the route's pattern.
 fn path_matches<'a>(route: &'a Route, path: &'a str) -> Option<Vec<(&'a str, &'a str)>> {
@@ -438,7 +449,9 @@ async fn send(
     let limit = usize::try_from(route.max_body).unwrap_or(usize::MAX);
     let body = Body::new(http_body_util::Limited::new(body, limit));
     let started = std::time::Instant::now();
-    let call = shared.client.request(Request::from_parts(parts, body));
+    let call = UPSTREAM
+        .with(Client::clone)
+        .request(Request::from_parts(parts, body));
     let traced = Traced::start("weir.upstream");
     traced.set("server.address", authority.to_owned());
     let answered = traced

@@ -160,6 +160,44 @@ pub async fn run(
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let (router, limits, sweeper) = prepare(state).await;
+    let served = serve::serve(listener, router, limits, shutdown).await;
+    sweeper.abort();
+    served
+}
+
+/// [`run`], from `threads` threads with a current-thread runtime each
+/// ([`serve::serve_per_core`]), until `stop` turns true.
+pub async fn run_per_core(
+    listener: std::net::TcpListener,
+    threads: usize,
+    state: Arc<AppState>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let (router, limits, sweeper) = prepare(state).await;
+    let threads = serve::serve_per_core(listener, threads, router, limits, stop)?;
+    let served = tokio::task::spawn_blocking(move || {
+        threads.into_iter().try_for_each(|thread| {
+            thread
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("a listener thread panicked")))
+        })
+    })
+    .await
+    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    sweeper.abort();
+    served
+}
+
+/// What both ways of serving share: waits briefly for the store, starts
+/// the housekeeping, and picks the face of the main listener.
+async fn prepare(
+    state: Arc<AppState>,
+) -> (
+    axum::Router,
+    config::ConnectionLimits,
+    tokio::task::JoinHandle<()>,
+) {
     // Serve at once either way; a store still down is decided by the
     // policies' on_store_error rules until the probe reaches it.
     if !state
@@ -198,9 +236,7 @@ pub async fn run(
         }
     };
     let limits = config.server.limits;
-    let served = serve::serve(listener, app(state, face), limits, shutdown).await;
-    sweeper.abort();
-    served
+    (app(state, face), limits, sweeper)
 }
 
 /// Serves the internal face (`[server] internal`: the decision API, admin,

@@ -238,8 +238,57 @@ pub async fn serve(
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let mut make = router.into_make_service_with_connect_info::<SocketAddr>();
     let open = Arc::new(Mutex::new(Open::default()));
+    serve_counted(listener, router, limits, open, shutdown).await
+}
+
+/// Serves `router` on `listener` from `threads` threads, each a
+/// current-thread tokio runtime accepting from the same listening socket:
+/// a connection, its requests and the upstream calls they make stay on the
+/// thread that accepted it (no wake-up crosses threads, no task migrates),
+/// as in nginx's worker per core. The connection caps are shared. One
+/// socket, not one per thread with `SO_REUSEPORT`, so that a second process
+/// on the same port fails to start instead of silently sharing the load.
+/// The threads end once `stop` turns true and their connections finish.
+pub fn serve_per_core(
+    listener: std::net::TcpListener,
+    threads: usize,
+    router: axum::Router,
+    limits: ConnectionLimits,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<Vec<std::thread::JoinHandle<std::io::Result<()>>>> {
+    listener.set_nonblocking(true)?;
+    let open = Arc::new(Mutex::new(Open::default()));
+    (0..threads.max(1))
+        .map(|i| {
+            let listener = listener.try_clone()?;
+            let (router, open, mut stop) = (router.clone(), open.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name(format!("weir-http-{i}"))
+                .spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()?;
+                    runtime.block_on(async move {
+                        let listener = TcpListener::from_std(listener)?;
+                        let stopped = async move {
+                            let _ = stop.wait_for(|s| *s).await;
+                        };
+                        serve_counted(listener, router, limits, open, stopped).await
+                    })
+                })
+        })
+        .collect()
+}
+
+async fn serve_counted(
+    listener: TcpListener,
+    router: axum::Router,
+    limits: ConnectionLimits,
+    open: Arc<Mutex<Open>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let mut make = router.into_make_service_with_connect_info::<SocketAddr>();
     let graceful = GracefulShutdown::new();
     let mut last_error = None;
     tokio::pin!(shutdown);

@@ -8,10 +8,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use axum::body::Body;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use weir_core::{Nanos, Policy, Rate};
@@ -32,8 +28,6 @@ pub struct Shared {
     pub table: PolicyTable,
     /// Where decisions are made.
     pub backend: Backend,
-    /// Pooled keep-alive connections to the upstreams.
-    pub(crate) client: Client<HttpConnector, Body>,
     pub(crate) meters: Meters,
     /// `[server] new_keys_per_ip`: new keys each client address may create.
     new_keys: Option<Limiter>,
@@ -71,7 +65,6 @@ impl Shared {
             }
         };
         Ok(Self {
-            client: Client::builder(TokioExecutor::new()).build_http(),
             meters,
             config,
             table,
