@@ -145,7 +145,13 @@ async fn serve(source: Source, watch: bool) -> anyhow::Result<()> {
             None => Ok(None),
         }
     };
-    let grpc = bind(config.server.grpc, "gRPC").await?;
+    let grpc = match config.server.grpc {
+        Some(at) => Some(
+            std::net::TcpListener::bind(at)
+                .with_context(|| format!("cannot listen on {at} (gRPC)"))?,
+        ),
+        None => None,
+    };
     let internal = bind(config.server.internal, "internal").await?;
     tracing::info!(%addr, config = %path.as_ref().map_or("example".into(), |p| p.display().to_string()), "weir listening");
     eprintln!("weir listening on http://{addr}");
@@ -174,9 +180,13 @@ async fn serve(source: Source, watch: bool) -> anyhow::Result<()> {
     let shutdown = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stopped.wait_for(|s| *s).await;
     };
+    // The main listener and the gRPC one each from a runtime per core.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let grpc = grpc.map(|listener| {
         let (state, stopped) = (state.clone(), stopped.clone());
-        tokio::spawn(weir_server::run_grpc(listener, state, shutdown(stopped)))
+        tokio::spawn(weir_server::run_grpc_per_core(
+            listener, threads, state, stopped,
+        ))
     });
     let internal = internal.map(|listener| {
         let (state, stopped) = (state.clone(), stopped.clone());
@@ -204,8 +214,6 @@ async fn serve(source: Source, watch: bool) -> anyhow::Result<()> {
             }
         })
     };
-    // The main listener (gateway, decision API) from a runtime per core.
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let served = weir_server::run_per_core(listener, threads, state, stopped).await;
     reloader.abort();
     if let Err(e) = served {

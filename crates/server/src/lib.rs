@@ -83,40 +83,17 @@ pub fn app(state: Arc<AppState>, face: Face) -> Router {
         router = router.fallback(gateway::forward);
     }
     router
-        .layer(axum::middleware::from_fn(limit_headers))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            bound_body,
-        ))
-        .layer(axum::middleware::from_fn(count_requests))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
 }
 
-/// Bounds the wait for each piece of a request body by `[server]
-/// body_timeout`: a client that stops sending mid-body fails the read
-/// (answered `400`, or `408` by the decision API) instead of holding the
-/// request.
-async fn bound_body(
-    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use hyper::body::Body as _;
-    if request.body().is_end_stream() {
-        return next.run(request).await;
-    }
-    let timeout = state.current().config.server.limits.body_timeout;
-    let request = request.map(|body| axum::body::Body::new(serve::TimeoutBody::new(body, timeout)));
-    next.run(request).await
-}
-
-/// The route an answer is counted under, set by the gateway.
-#[derive(Debug, Clone)]
-pub(crate) struct RouteLabel(pub(crate) Arc<str>);
-
-/// Counts every answer in `weir_http_requests_total{route,status}`: a
-/// gateway route as written, an API path as routed, or `unmatched`.
-async fn count_requests(
+/// What every request goes through, as one layer (one boxed future, not
+/// one per rule): headers over [`MAX_HEADER_BYTES`] refused with `431`, the
+/// body's pieces bounded in time ([`bound_body`]), and every answer counted
+/// in `weir_http_requests_total{route,status}` — a gateway route as
+/// written, an API path as routed, or `unmatched`.
+async fn guard(
+    state: axum::extract::State<Arc<AppState>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
@@ -124,7 +101,15 @@ async fn count_requests(
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .cloned();
-    let response = next.run(request).await;
+    let size: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    let response = match size > MAX_HEADER_BYTES {
+        true => axum::response::IntoResponse::into_response(ApiError::HeadersTooLarge(size)),
+        false => next.run(bound_body(state, request)).await,
+    };
     let route = match (response.extensions().get::<RouteLabel>(), &path) {
         (Some(label), _) => &*label.0,
         (None, Some(path)) => path.as_str(),
@@ -134,24 +119,28 @@ async fn count_requests(
     response
 }
 
+/// Bounds the wait for each piece of a request body by `[server]
+/// body_timeout`: a client that stops sending mid-body fails the read
+/// (answered `400`, or `408` by the decision API) instead of holding the
+/// request.
+fn bound_body(
+    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
+    request: axum::extract::Request,
+) -> axum::extract::Request {
+    use hyper::body::Body as _;
+    if request.body().is_end_stream() {
+        return request;
+    }
+    let timeout = state.current().config.server.limits.body_timeout;
+    request.map(|body| axum::body::Body::new(serve::TimeoutBody::new(body, timeout)))
+}
+
+/// The route an answer is counted under, set by the gateway.
+#[derive(Debug, Clone)]
+pub(crate) struct RouteLabel(pub(crate) Arc<str>);
+
 /// The most header bytes (names and values) a request may carry.
 pub const MAX_HEADER_BYTES: usize = 32 * 1024;
-
-/// Refuses requests whose headers exceed [`MAX_HEADER_BYTES`] with `431`.
-async fn limit_headers(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let size: usize = request
-        .headers()
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len())
-        .sum();
-    if size > MAX_HEADER_BYTES {
-        return axum::response::IntoResponse::into_response(ApiError::HeadersTooLarge(size));
-    }
-    next.run(request).await
-}
 
 /// Serves `state` on `listener` until `shutdown` completes, then finishes the
 /// requests in flight. Idle keys are swept every few seconds meanwhile.
@@ -176,7 +165,14 @@ pub async fn run_per_core(
 ) -> std::io::Result<()> {
     let (router, limits, sweeper) = prepare(state).await;
     let threads = serve::serve_per_core(listener, threads, router, limits, stop)?;
-    let served = tokio::task::spawn_blocking(move || {
+    let served = joined(threads).await;
+    sweeper.abort();
+    served
+}
+
+/// Waits for listener threads without blocking the runtime.
+async fn joined(threads: Vec<std::thread::JoinHandle<std::io::Result<()>>>) -> std::io::Result<()> {
+    tokio::task::spawn_blocking(move || {
         threads.into_iter().try_for_each(|thread| {
             thread
                 .join()
@@ -184,9 +180,7 @@ pub async fn run_per_core(
         })
     })
     .await
-    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-    sweeper.abort();
-    served
+    .unwrap_or_else(|e| Err(std::io::Error::other(e)))
 }
 
 /// What both ways of serving share: waits briefly for the store, starts
@@ -248,6 +242,28 @@ pub async fn run_internal(
 ) -> std::io::Result<()> {
     let limits = state.current().config.server.limits;
     serve::serve(listener, app(state, Face::Internal), limits, shutdown).await
+}
+
+/// [`run_grpc`] from `threads` threads with a current-thread runtime each
+/// ([`serve::per_core`]), until `stop` turns true.
+pub async fn run_grpc_per_core(
+    listener: std::net::TcpListener,
+    threads: usize,
+    state: Arc<AppState>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let threads = serve::per_core(listener, threads, "weir-grpc", move |listener| {
+        let (state, mut stop) = (state.clone(), stop.clone());
+        async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            run_grpc(listener, state, stopped)
+                .await
+                .map_err(std::io::Error::other)
+        }
+    })?;
+    joined(threads).await
 }
 
 /// Serves the Envoy rate limit service and the standard gRPC health service

@@ -43,14 +43,18 @@ impl<const N: usize> Default for Striped<N> {
     }
 }
 
+/// This thread's stripe: threads take stripes in turn.
+fn stripe() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+    }
+    STRIPE.with(|s| *s)
+}
+
 impl<const N: usize> Striped<N> {
     fn add(&self, i: usize) {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        thread_local! {
-            static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
-        }
-        let stripe = STRIPE.with(|s| *s);
-        self.0[stripe][i].fetch_add(1, Ordering::Relaxed);
+        self.0[stripe()][i].fetch_add(1, Ordering::Relaxed);
     }
 
     fn sum(&self, i: usize) -> u64 {
@@ -74,10 +78,21 @@ pub(crate) enum Counted {
 }
 
 /// One policy's live counts and heavy hitters.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Live {
     counts: Striped<COUNTED>,
-    top: Mutex<Vec<(u64, Sketch)>>,
+    /// Per stripe, a sketch per slice: a refusal locks its own thread's
+    /// (no lock is shared on the refusal path); a reading merges them all.
+    top: Box<[CachePadded<Mutex<Vec<(u64, Sketch)>>>]>,
+}
+
+impl Default for Live {
+    fn default() -> Self {
+        Self {
+            counts: Striped::default(),
+            top: (0..STRIPES).map(|_| CachePadded::default()).collect(),
+        }
+    }
 }
 
 /// A space-saving sketch: `CAPACITY` counters, each an identity, its count
@@ -153,7 +168,9 @@ impl Live {
     }
 
     fn record(&self, key: &str, slice: u64) {
-        let mut slices = self.top.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slices = self.top[stripe()]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let at = match slices.iter().position(|(s, _)| *s == slice) {
             Some(at) => at,
             None => {
@@ -172,9 +189,14 @@ impl Live {
     }
 
     fn top_at(&self, n: usize, slice: u64) -> (Vec<Hitter>, u64) {
-        let slices = self.top.lock().unwrap_or_else(PoisonError::into_inner);
-        let live: Vec<&Sketch> = slices
+        let stripes: Vec<_> = self
+            .top
             .iter()
+            .map(|stripe| stripe.lock().unwrap_or_else(PoisonError::into_inner))
+            .collect();
+        let live: Vec<&Sketch> = stripes
+            .iter()
+            .flat_map(|slices| slices.iter())
             .filter(|(s, _)| s + SLICES > slice)
             .map(|(_, sketch)| sketch)
             .collect();

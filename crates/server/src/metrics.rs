@@ -2,7 +2,9 @@
 //! handles that do not belong to one policy.
 
 use std::collections::HashMap;
-use std::sync::{OnceLock, PoisonError, RwLock};
+use std::sync::{OnceLock, PoisonError};
+
+use crossbeam_utils::sync::ShardedLock;
 use std::time::Instant;
 
 use metrics::{Counter, Histogram};
@@ -90,12 +92,14 @@ pub(crate) fn process() -> &'static metrics_process::Collector {
 /// Metric handles by route (or API path) and status, registered once: a
 /// request finds its handle under a read lock by one hash of the route,
 /// instead of registering it again.
-type Handles<T> = OnceLock<RwLock<HashMap<String, Vec<(u16, T)>>>>;
+/// Read on every request from every thread: a lock whose readers write no
+/// shared cache line.
+type Handles<T> = OnceLock<ShardedLock<HashMap<String, Vec<(u16, T)>>>>;
 
 /// The handle of `route` and `status`, or the one `make` registers (kept
 /// for at most [`MAX_ROUTES`] routes: routes and API paths are configured).
 fn cached<T: Clone>(handles: &Handles<T>, route: &str, status: u16, make: impl FnOnce() -> T) -> T {
-    let handles = handles.get_or_init(RwLock::default);
+    let handles = handles.get_or_init(ShardedLock::default);
     let known = handles
         .read()
         .unwrap_or_else(PoisonError::into_inner)

@@ -242,14 +242,8 @@ pub async fn serve(
     serve_counted(listener, router, limits, open, shutdown).await
 }
 
-/// Serves `router` on `listener` from `threads` threads, each a
-/// current-thread tokio runtime accepting from the same listening socket:
-/// a connection, its requests and the upstream calls they make stay on the
-/// thread that accepted it (no wake-up crosses threads, no task migrates),
-/// as in nginx's worker per core. The connection caps are shared. One
-/// socket, not one per thread with `SO_REUSEPORT`, so that a second process
-/// on the same port fails to start instead of silently sharing the load.
-/// The threads end once `stop` turns true and their connections finish.
+/// Serves `router` on `listener` from `threads` threads ([`per_core`]),
+/// sharing the connection caps, until `stop` turns true.
 pub fn serve_per_core(
     listener: std::net::TcpListener,
     threads: usize,
@@ -257,25 +251,46 @@ pub fn serve_per_core(
     limits: ConnectionLimits,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<Vec<std::thread::JoinHandle<std::io::Result<()>>>> {
-    listener.set_nonblocking(true)?;
     let open = Arc::new(Mutex::new(Open::default()));
+    per_core(listener, threads, "weir-http", move |listener| {
+        let (router, open, mut stop) = (router.clone(), open.clone(), stop.clone());
+        async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            serve_counted(listener, router, limits, open, stopped).await
+        }
+    })
+}
+
+/// Runs `serve` on `listener` from `threads` threads, each a current-thread
+/// tokio runtime accepting from the same listening socket: a connection,
+/// its requests and the calls they make stay on the thread that accepted it
+/// (no wake-up crosses threads, no task migrates), as with nginx's worker
+/// per core. One socket, not one per thread with `SO_REUSEPORT`, so that a
+/// second process on the same port fails to start instead of silently
+/// sharing the load. Each thread ends when its `serve` does.
+pub fn per_core<F, Fut>(
+    listener: std::net::TcpListener,
+    threads: usize,
+    name: &str,
+    serve: F,
+) -> std::io::Result<Vec<std::thread::JoinHandle<std::io::Result<()>>>>
+where
+    F: Fn(TcpListener) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = std::io::Result<()>>,
+{
+    listener.set_nonblocking(true)?;
     (0..threads.max(1))
         .map(|i| {
-            let listener = listener.try_clone()?;
-            let (router, open, mut stop) = (router.clone(), open.clone(), stop.clone());
+            let (listener, serve) = (listener.try_clone()?, serve.clone());
             std::thread::Builder::new()
-                .name(format!("weir-http-{i}"))
+                .name(format!("{name}-{i}"))
                 .spawn(move || {
                     let runtime = tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build()?;
-                    runtime.block_on(async move {
-                        let listener = TcpListener::from_std(listener)?;
-                        let stopped = async move {
-                            let _ = stop.wait_for(|s| *s).await;
-                        };
-                        serve_counted(listener, router, limits, open, stopped).await
-                    })
+                    runtime.block_on(async move { serve(TcpListener::from_std(listener)?).await })
                 })
         })
         .collect()
