@@ -83,8 +83,11 @@ pub(crate) struct Live {
     counts: Striped<COUNTED>,
     /// Per stripe, a sketch per slice: a refusal locks its own thread's
     /// (no lock is shared on the refusal path); a reading merges them all.
-    top: Box<[CachePadded<Mutex<Vec<(u64, Sketch)>>>]>,
+    top: Box<[CachePadded<Mutex<Slices>>]>,
 }
+
+/// A sketch per ten-second slice, the last [`SLICES`] of them.
+type Slices = Vec<(u64, Sketch)>;
 
 impl Default for Live {
     fn default() -> Self {
