@@ -207,62 +207,103 @@ fn peak_rss_bytes() -> u64 {
 }
 
 /// The same closed loop against a Redis store, on the Redis clock:
-/// `concurrency` checks in flight over one multiplexed connection.
+/// `concurrency` checks in flight, spread over `threads` threads, each a
+/// current-thread runtime with a store (a multiplexed connection and its
+/// batches) of its own — as a server with a runtime per core would.
 fn run_redis(args: &Args, policy: weir_core::Policy, duration: u64) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.threads)
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        let store = weir_redis::RedisStore::connect(&args.store)
-            .await
-            .map_err(|e| anyhow!("--store {}: {e}", args.store))?
-            .with_timeout(Duration::from_secs(1))
-            .with_refusal_cache(!args.no_refusal_cache);
-        let keys: Arc<Vec<String>> = Arc::new((0..args.keys).map(|i| format!("key-{i}")).collect());
-        let flood: Arc<Vec<String>> = Arc::new((0..10).map(|i| format!("flood-{i}")).collect());
-        let deadline = tokio::time::Instant::now() + Duration::from_nanos(duration);
-        let start = Instant::now();
-        let tasks: Vec<_> = (0..args.concurrency.max(1))
-            .map(|t| {
-                let (store, keys, flood) = (store.clone(), keys.clone(), flood.clone());
-                let (cost, over_limit) = (args.cost, args.over_limit);
-                tokio::spawn(async move {
-                    let mut tally = Tally::new()?;
-                    let mut i = t * 7919 % keys.len();
-                    while tokio::time::Instant::now() < deadline {
-                        let n = tally.decisions + t as u64;
-                        let key = match n % 100 < over_limit {
-                            true => &flood[n as usize % flood.len()],
-                            false => {
-                                i = (i + 1) % keys.len();
-                                &keys[i]
-                            }
-                        };
-                        let began = Instant::now();
-                        let decision = store.check("bench", &policy, key, cost, None).await;
-                        let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                        tally.latency.saturating_record(ns.max(1));
-                        match decision {
-                            Ok(d) => tally.allowed += u64::from(d.allowed),
-                            Err(_) => tally.refused += 1,
-                        }
-                        tally.decisions += 1;
+    let keys: Arc<Vec<String>> = Arc::new((0..args.keys).map(|i| format!("key-{i}")).collect());
+    let deadline = Instant::now() + Duration::from_nanos(duration);
+    let start = Instant::now();
+    let threads: Vec<_> = (0..args.threads)
+        .map(|thread| {
+            let keys = keys.clone();
+            let (url, cache) = (args.store.clone(), !args.no_refusal_cache);
+            let (cost, over_limit) = (args.cost, args.over_limit);
+            // This thread's share of the checks in flight.
+            let tasks: Vec<usize> = (0..args.concurrency.max(1))
+                .filter(|t| t % args.threads == thread)
+                .collect();
+            thread::spawn(move || -> anyhow::Result<Tally> {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                runtime.block_on(async move {
+                    let store = weir_redis::RedisStore::connect(&url)
+                        .await
+                        .map_err(|e| anyhow!("--store {url}: {e}"))?
+                        .with_timeout(Duration::from_secs(1))
+                        .with_refusal_cache(cache);
+                    let tasks: Vec<_> = tasks
+                        .into_iter()
+                        .map(|t| {
+                            let (store, keys) = (store.clone(), keys.clone());
+                            tokio::spawn(closed_loop(
+                                store,
+                                policy,
+                                keys,
+                                (cost, over_limit),
+                                t,
+                                deadline,
+                            ))
+                        })
+                        .collect();
+                    let mut total = Tally::new()?;
+                    for task in tasks {
+                        total.add(&task.await??)?;
                     }
-                    Ok::<_, anyhow::Error>(tally)
+                    Ok(total)
                 })
             })
-            .collect();
-        let mut total = Tally::new()?;
-        for task in tasks {
-            total.add(&task.await??)?;
+        })
+        .collect();
+    let mut total = Tally::new()?;
+    for thread in threads {
+        total.add(
+            &thread
+                .join()
+                .map_err(|_| anyhow!("a bench thread panicked"))??,
+        )?;
+    }
+    let extra = serde_json::json!({
+        "store": args.store, "concurrency": args.concurrency, "store_errors": total.refused,
+        "refusal_cache": !args.no_refusal_cache, "over_limit_percent": args.over_limit,
+    });
+    let report = total.report(&policy, args, start.elapsed().as_secs_f64(), extra);
+    println!("{report}");
+    Ok(())
+}
+
+/// One check in flight at a time until `deadline`: `over_limit` percent of
+/// them by ten flooding identities, the rest walking `keys`.
+async fn closed_loop(
+    store: weir_redis::RedisStore,
+    policy: weir_core::Policy,
+    keys: Arc<Vec<String>>,
+    (cost, over_limit): (u64, u64),
+    task: usize,
+    deadline: Instant,
+) -> anyhow::Result<Tally> {
+    let flood: Vec<String> = (0..10).map(|i| format!("flood-{i}")).collect();
+    let mut tally = Tally::new()?;
+    let mut i = task * 7919 % keys.len();
+    while Instant::now() < deadline {
+        let n = tally.decisions + task as u64;
+        let key = match n % 100 < over_limit {
+            true => &flood[n as usize % flood.len()],
+            false => {
+                i = (i + 1) % keys.len();
+                &keys[i]
+            }
+        };
+        let began = Instant::now();
+        let decision = store.check("bench", &policy, key, cost, None).await;
+        let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        tally.latency.saturating_record(ns.max(1));
+        match decision {
+            Ok(d) => tally.allowed += u64::from(d.allowed),
+            Err(_) => tally.refused += 1,
         }
-        let extra = serde_json::json!({
-            "store": args.store, "concurrency": args.concurrency, "store_errors": total.refused,
-            "refusal_cache": !args.no_refusal_cache, "over_limit_percent": args.over_limit,
-        });
-        let report = total.report(&policy, args, start.elapsed().as_secs_f64(), extra);
-        println!("{report}");
-        Ok(())
-    })
+        tally.decisions += 1;
+    }
+    Ok(tally)
 }

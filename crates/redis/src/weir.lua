@@ -77,8 +77,10 @@ local function sub(s, n, d) -- pair - d ns (d < 2^53, result >= 0)
   local back = cdiv(math.max(d - n, 0), E9)
   return s - back, n + back * E9 - d
 end
-local function fmt(x) return string.format('%.0f', x) end
-local function fmt3(x, y, z) return string.format('%.0f %.0f %.0f', x, y, z) end
+-- '%d' goes through a C long (64 bits): exact for every integer below 2^53,
+-- and several times cheaper than '%.0f'.
+local function fmt(x) return string.format('%d', x) end
+local function fmt3(x, y, z) return string.format('%d %d %d', x, y, z) end
 
 local function words(text)
   local out = {}
@@ -136,6 +138,20 @@ local function parse(arg)
   return p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]
 end
 
+local function refuses(d, max_delay) return d.allowed == 0 or d.delay > max_delay end
+
+local function store(key, text, reset, redis_time)
+  if redis_time and reset == 0 then
+    redis.call('DEL', key)
+  elseif redis_time then
+    redis.call('SET', key, text, 'PX', math.max(cdiv(reset, 1000000), 1))
+  else
+    -- Explicit times (replay, tests) say nothing of the Redis clock: keep
+    -- the state an hour, so runs do not litter the server.
+    redis.call('SET', key, text, 'PX', 3600000)
+  end
+end
+
 -- Decides one request: its checks are KEYS[k + i] and ARGV[a + i], i = 1..n;
 -- appends its answer to `out`.
 local function decide(k, a, n, head, out)
@@ -169,12 +185,16 @@ local function decide(k, a, n, head, out)
   local checks = {}
   for i = 1, n do
     local kind, a, b, c, cost, empty, shadow, report = parse(ARGV[a + i])
+    local standing = cost == 0 or n > 1
     local raw = redis.call('GET', KEYS[k + i])
     local st, blob = {}, ''
     if raw then
       local bar = string.find(raw, '|', 1, true)
       if bar then st, blob = words(string.sub(raw, 1, bar - 1)), string.sub(raw, bar + 1)
-      else st = words(raw) end
+      else
+        local x, y, z = string.match(raw, '^(%d+) (%d+) (%d+)$')
+        if x then st = { tonumber(x), tonumber(y), tonumber(z) } else st = words(raw) end
+      end
     elseif gen and empty then
       -- Lost: as if used up when the loss was found.
       local gs, gn = gen[1], gen[2]
@@ -203,7 +223,8 @@ local function decide(k, a, n, head, out)
       end
       if kind == 'tb' then
         local full, need = size * p, level + cost * p
-        status = { idiv(math.max(full - level, 0), p), cdiv(level, n) }
+        -- The standing: for a cost of 0, or a request others may refuse.
+        if standing then status = { idiv(math.max(full - level, 0), p), cdiv(level, n) } end
         if report then
           -- Always charged, possibly into debt; retry: to a check of cost 1.
           d.allowed, d.remaining, d.reset = 1, idiv(math.max(full - need, 0), p), cdiv(need, n)
@@ -217,6 +238,7 @@ local function decide(k, a, n, head, out)
         end
       else
         local bound, slots = size * p, (size + 1) * p
+        -- Always: a wait over max_delay refuses an allowed check too.
         status = { idiv(math.max(slots - level, 0), p), cdiv(level, n) }
         if report then
           local after = level + cost * p
@@ -369,34 +391,22 @@ local function decide(k, a, n, head, out)
       late = diff(ts, tn, now_s, now_ns) }
   end
 
-  local function refuses(d) return d.allowed == 0 or d.delay > max_delay end
   local all = 1
   for i = 1, #checks do
-    if not checks[i].shadow and refuses(checks[i].d) then all = 0 end
+    if not checks[i].shadow and refuses(checks[i].d, max_delay) then all = 0 end
   end
   if peek then all = -1 end
 
-  local function store(key, text, reset)
-    if redis_time and reset == 0 then
-      redis.call('DEL', key)
-    elseif redis_time then
-      redis.call('SET', key, text, 'PX', math.max(cdiv(reset, 1000000), 1))
-    else
-      -- Explicit times (replay, tests) say nothing of the Redis clock: keep
-      -- the state an hour, so runs do not litter the server.
-      redis.call('SET', key, text, 'PX', 3600000)
-    end
-  end
 
   out[#out + 1] = math.max(all, 0)
   out[#out + 1] = lost
   for i = 1, #checks do
     local c = checks[i]
     local d = c.d
-    if all == 1 and c.new and not (c.shadow and refuses(d)) then
-      store(KEYS[k + i], c.new, d.reset)
+    if all == 1 and c.new and not (c.shadow and refuses(d, max_delay)) then
+      store(KEYS[k + i], c.new, d.reset, redis_time)
     elseif all == 0 and #checks == 1 and d.allowed == 0 then
-      store(KEYS[k + i], c.fresh, d.reset) -- a rejection refreshes accounting
+      store(KEYS[k + i], c.fresh, d.reset, redis_time) -- a rejection refreshes accounting
     end
     if all == 0 and d.allowed == 1 then d.remaining, d.reset = c.status[1], c.status[2] end
     out[#out + 1] = d.allowed
