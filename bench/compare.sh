@@ -139,7 +139,13 @@ if want rls; then
     peer="" peer_lat="—"
     if [ -n "${LIMITADOR:-}" ]; then
       lport=$(free_port)
-      printf -- '- namespace: bench\n  max_value: 100\n  seconds: 1\n  conditions: []\n  variables: ["descriptors[0].seller"]\n' >"$OUT/limits.yaml"
+      cat >"$OUT/limits.yaml" <<'YAML'
+- namespace: bench
+  max_value: 100
+  seconds: 1
+  conditions: []
+  variables: ["descriptors[0]['seller']"]
+YAML
       backend=memory
       [ $store = redis ] && backend="redis redis://127.0.0.1:$REDIS_PORT"
       # shellcheck disable=SC2086

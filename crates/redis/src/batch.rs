@@ -10,7 +10,8 @@
 //! (one script call's keys must share one), and the slots' calls go out
 //! together.
 
-use std::sync::Arc;
+use std::cell::RefCell;
+use std::sync::{Arc, Weak};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -55,10 +56,69 @@ impl Batcher {
         Self { queue }
     }
 
+    /// Starts a sender with a connection of its own, opened from `client`
+    /// on the current runtime (or, failing that, `shared`).
+    fn start_connected(
+        client: redis::Client,
+        config: redis::aio::ConnectionManagerConfig,
+        shared: Connection,
+        script: redis::Script,
+    ) -> Self {
+        let (queue, requests) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let connection = match client.get_connection_manager_with_config(config).await {
+                Ok(own) => Connection::Single(own),
+                Err(_) => shared,
+            };
+            send(requests, connection, Arc::new(script)).await;
+        });
+        Self { queue }
+    }
+
     /// Queues `request`; `None` if the sender is gone (the runtime is
     /// shutting down).
     pub(crate) fn submit(&self, request: Request) -> Option<()> {
         self.queue.send(request).ok()
+    }
+}
+
+/// A single node's batches per thread: each thread that checks gets a
+/// sender and a connection of its own on its own runtime, so that with a
+/// runtime per core a check, its batch and its reply never cross threads.
+#[derive(Debug, Clone)]
+pub(crate) struct PerThread {
+    pub(crate) client: redis::Client,
+    pub(crate) config: redis::aio::ConnectionManagerConfig,
+    /// Alive while any clone of the store is: a thread's sender for a store
+    /// that is gone is dropped (and its task and connection end).
+    pub(crate) alive: Arc<()>,
+}
+
+thread_local! {
+    static SENDERS: RefCell<Vec<(Weak<()>, Batcher)>> = const { RefCell::new(Vec::new()) };
+}
+
+impl PerThread {
+    /// Queues `request` on this thread's sender for the store.
+    pub(crate) fn submit(&self, shared: &Connection, request: Request) -> Option<()> {
+        SENDERS.with_borrow_mut(|senders| {
+            senders.retain(|(alive, _)| alive.strong_count() > 0);
+            let mine = Arc::downgrade(&self.alive);
+            let at = match senders.iter().position(|(alive, _)| alive.ptr_eq(&mine)) {
+                Some(at) => at,
+                None => {
+                    let batcher = Batcher::start_connected(
+                        self.client.clone(),
+                        self.config.clone(),
+                        shared.clone(),
+                        redis::Script::new(crate::SCRIPT),
+                    );
+                    senders.push((mine, batcher));
+                    senders.len() - 1
+                }
+            };
+            senders[at].1.submit(request)
+        })
     }
 }
 

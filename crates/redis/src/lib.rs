@@ -157,6 +157,15 @@ pub enum MarkerInit {
 /// The generation marker's key (single node only: see [`RedisStore::with_marker`]).
 pub const MARKER: &str = "rl:v1:generation";
 
+/// A single node's requests queue per thread, each thread with a
+/// connection of its own; a cluster's queue in one place (its connection
+/// routes each slot's calls to its master).
+#[derive(Debug, Clone)]
+enum Sender {
+    PerThread(batch::PerThread),
+    Shared(batch::Batcher),
+}
+
 #[derive(Clone)]
 enum Connection {
     Single(ConnectionManager),
@@ -167,7 +176,8 @@ enum Connection {
 #[derive(Clone)]
 pub struct RedisStore {
     connection: Connection,
-    batcher: batch::Batcher,
+    /// Where requests queue for a script call (see `batch`).
+    sender: Sender,
     /// Refusals still in force (`None`: every check goes to Redis).
     refusals: Option<std::sync::Arc<refusals::Refusals>>,
     timeout: std::time::Duration,
@@ -203,13 +213,14 @@ pub fn check_url(url: &str) -> Result<(), String> {
 impl RedisStore {
     /// Connects to `redis://host:port` or `redis-cluster://host:port[,host:port…]`.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let (connection, nodes) = match url.strip_prefix("redis-cluster://") {
+        let (connection, nodes, per_thread) = match url.strip_prefix("redis-cluster://") {
             Some(nodes) => {
                 let nodes: Vec<String> = nodes.split(',').map(|n| format!("redis://{n}")).collect();
                 let client = redis::cluster::ClusterClient::new(nodes.clone())?;
                 (
                     Connection::Cluster(client.get_async_connection().await?),
                     nodes,
+                    None,
                 )
             }
             None => {
@@ -220,8 +231,19 @@ impl RedisStore {
                     .set_number_of_retries(3)
                     .set_connection_timeout(Some(std::time::Duration::from_millis(500)));
                 let client = redis::Client::open(url)?;
-                let manager = client.get_connection_manager_with_config(config).await?;
-                (Connection::Single(manager), vec![url.to_owned()])
+                let manager = client
+                    .get_connection_manager_with_config(config.clone())
+                    .await?;
+                let per_thread = batch::PerThread {
+                    client,
+                    config,
+                    alive: std::sync::Arc::new(()),
+                };
+                (
+                    Connection::Single(manager),
+                    vec![url.to_owned()],
+                    Some(per_thread),
+                )
             }
         };
         let refusals = std::sync::Arc::new(refusals::Refusals::default());
@@ -231,7 +253,13 @@ impl RedisStore {
         ));
         let timeout = std::time::Duration::from_millis(50);
         Ok(Self {
-            batcher: batch::Batcher::start(connection.clone(), Script::new(SCRIPT)),
+            sender: match per_thread {
+                Some(per_thread) => Sender::PerThread(per_thread),
+                None => Sender::Shared(batch::Batcher::start(
+                    connection.clone(),
+                    Script::new(SCRIPT),
+                )),
+            },
             refusals: Some(refusals),
             connection,
             timeout,
@@ -541,7 +569,11 @@ impl RedisStore {
             reply,
         };
         // Queued for the next script call on the connection (see `batch`).
-        self.batcher.submit(request).ok_or(StoreError::Reply)?;
+        match &self.sender {
+            Sender::PerThread(per_thread) => per_thread.submit(&self.connection, request),
+            Sender::Shared(batcher) => batcher.submit(request),
+        }
+        .ok_or(StoreError::Reply)?;
         let checked = match tokio::time::timeout(self.timeout, answer).await {
             Ok(Ok(answer)) => answer?,
             Ok(Err(_)) => return Err(StoreError::Reply),

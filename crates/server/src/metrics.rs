@@ -147,8 +147,15 @@ impl Meters {
     /// One gRPC call's outcome and latency (only a server with gRPC on
     /// has these series).
     pub(crate) fn grpc(code: &'static str, started: Instant) {
-        metrics::counter!("weir_grpc_requests_total", "code" => code).increment(1);
-        metrics::histogram!("weir_grpc_duration_seconds").record(started.elapsed().as_secs_f64());
+        static DURATION: OnceLock<Histogram> = OnceLock::new();
+        static HANDLES: Handles<Counter> = OnceLock::new();
+        cached(&HANDLES, code, 0, || {
+            metrics::counter!("weir_grpc_requests_total", "code" => code)
+        })
+        .increment(1);
+        DURATION
+            .get_or_init(|| metrics::histogram!("weir_grpc_duration_seconds"))
+            .record(started.elapsed().as_secs_f64());
     }
 
     /// One HTTP answer. Handles are looked up once per (route, status),
