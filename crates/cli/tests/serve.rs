@@ -243,9 +243,16 @@ fn serves_grpc_beside_http_and_stops_both_on_sigterm() {
 }
 
 #[test]
-fn a_half_sent_request_cannot_hold_a_stopping_weir_past_its_deadline() {
+fn a_half_sent_request_or_an_idle_grpc_peer_cannot_hold_a_stopping_weir_past_its_deadline() {
     let config = "[server]\nshutdown_timeout = \"1s\"\nheader_timeout = \"1m\"\n\n[policies.a]\nalgorithm = \"gcra\"\nburst = 1\nrate = \"1/s\"\n";
-    let mut server = Server::start(&["--config", temp("shutdown.toml", config).to_str().unwrap()]);
+    let mut server = Server::start(&[
+        "--config",
+        temp("shutdown.toml", config).to_str().unwrap(),
+        "--grpc",
+        "127.0.0.1:0",
+    ]);
+    let line = server.wait_for_log("rate limit service (gRPC) on ");
+    let idle = TcpStream::connect(line.rsplit(' ').next().unwrap()).unwrap();
     let mut half = TcpStream::connect(&server.addr).unwrap();
     half.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
         .unwrap();
@@ -263,7 +270,7 @@ fn a_half_sent_request_cannot_hold_a_stopping_weir_past_its_deadline() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    drop(half);
+    drop((half, idle));
 }
 
 /// Polls `probe` until it holds or `within` passes.

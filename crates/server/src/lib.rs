@@ -267,7 +267,9 @@ pub async fn run_grpc_per_core(
 }
 
 /// Serves the Envoy rate limit service and the standard gRPC health service
-/// on `listener` until `shutdown` completes.
+/// on `listener` until `shutdown` completes; then gives the calls in flight
+/// up to `[server] shutdown_timeout` to finish (as the HTTP faces do), so a
+/// peer that keeps its connection open cannot hold the process up.
 pub async fn run_grpc(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
@@ -277,12 +279,29 @@ pub async fn run_grpc(
     health
         .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<envoy::RateLimiter>>()
         .await;
-    tonic::transport::Server::builder()
+    let deadline = state.current().config.server.limits.shutdown_timeout;
+    let (began, draining) = tokio::sync::oneshot::channel::<()>();
+    let served = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(envoy::RateLimiter::service(state))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
-        .await
+            async move {
+                shutdown.await;
+                let _ = began.send(());
+            },
+        );
+    tokio::select! {
+        served = served => served,
+        () = async move {
+            if draining.await.is_ok() {
+                tokio::time::sleep(deadline).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        } => {
+            tracing::warn!(after = ?deadline, "shutdown deadline passed: closing the gRPC connections still open");
+            Ok(())
+        }
+    }
 }

@@ -149,9 +149,12 @@ impl Meters {
     pub(crate) fn grpc(code: &'static str, started: Instant) {
         static DURATION: OnceLock<Histogram> = OnceLock::new();
         static HANDLES: Handles<Counter> = OnceLock::new();
-        cached(&HANDLES, code, 0, || {
-            metrics::counter!("weir_grpc_requests_total", "code" => code)
-        })
+        cached(
+            &HANDLES,
+            code,
+            0,
+            || metrics::counter!("weir_grpc_requests_total", "code" => code),
+        )
         .increment(1);
         DURATION
             .get_or_init(|| metrics::histogram!("weir_grpc_duration_seconds"))
