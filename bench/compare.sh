@@ -98,13 +98,15 @@ fi
 
 # --- the gateway against nginx limit_req + proxy_pass ---------------------
 wrk_run() { # wrk_run SCRIPT URL -> "rate p50 p99"
-  wrk -t2 -c64 -d"${SECONDS_EACH}s" --latency -s "$1" "$2" >"$OUT/wrk.txt"
+  wrk -t1 -c32 -d"${SECONDS_EACH}s" --latency -s "$1" "$2" >"$OUT/wrk.txt"
   awk '/Requests\/sec/ { r = $2 } $1 == "50%" { p50 = $2 } $1 == "99%" { p99 = $2 } END { printf "%.0f %s %s", r, p50, p99 }' "$OUT/wrk.txt"
 }
 if want gateway; then
   need nginx nginx-light
   need wrk wrk
   mkdir -p /tmp/weir-bench
+  nginx -c "$PWD/docs/bench/upstream.conf" -g 'daemon off;' &
+  pids+=($!)
   nginx -c "$PWD/docs/bench/nginx.conf" -g 'daemon off;' &
   pids+=($!)
   target/release/weir serve --config docs/bench/weir.toml --no-watch >"$OUT/weir-serve.log" 2>&1 &
@@ -116,7 +118,7 @@ if want gateway; then
     read -r nr n50 n99 <<<"$(wrk_run $script http://127.0.0.1:19001/)"
     read -r wr w50 w99 <<<"$(wrk_run $script http://127.0.0.1:19002/)"
     row "gateway, $path path" "nginx limit_req + proxy_pass" "$nr" "$wr" "$n50 / $n99" "$w50 / $w99" \
-      "wrk -t2 -c64 --latency -s $script"
+      "wrk -t1 -c32 --latency -s $script"
   done
 fi
 

@@ -278,12 +278,15 @@ fn servers(name: &str, count: usize, config: &str) -> Vec<Arc<Server>> {
 }
 
 /// Three `weir serve` processes on one Redis, twelve clients on one identity
-/// for three seconds: never more admissions than the policies allow.
+/// for three seconds: never more admissions than the policies allow. (The
+/// store's deadline is a second: this is about the bound, and fifteen
+/// processes of debug builds on two busy cores can stall one call past the
+/// default 50 ms, which would rightly be decided by the fallback.)
 #[test]
 fn three_servers_on_one_redis_never_exceed_the_bound() {
     let redis = Redis::start(&[]);
     let config = format!(
-        "[store]\nurl = \"{}\"\n\n[policies.bucket]\nalgorithm = \"token-bucket\"\ncapacity = 20\nrate = \"50/s\"\n\n[policies.window]\nalgorithm = \"fixed-window\"\nlimit = 40\nwindow = \"1s\"\n",
+        "[store]\nurl = \"{}\"\ntimeout = \"1s\"\n\n[policies.bucket]\nalgorithm = \"token-bucket\"\ncapacity = 20\nrate = \"50/s\"\n\n[policies.window]\nalgorithm = \"fixed-window\"\nlimit = 40\nwindow = \"1s\"\n",
         redis.url()
     );
     let servers = servers("three.toml", 3, &config);

@@ -52,12 +52,13 @@ impl Batcher {
     /// last handle is dropped.
     pub(crate) fn start(connection: Connection, script: redis::Script) -> Self {
         let (queue, requests) = mpsc::unbounded_channel();
-        tokio::spawn(send(requests, connection, Arc::new(script)));
+        tokio::spawn(send(requests, connection, None, Arc::new(script)));
         Self { queue }
     }
 
     /// Starts a sender with a connection of its own, opened from `client`
-    /// on the current runtime (or, failing that, `shared`).
+    /// on the current runtime; until it is open (or if it cannot be), the
+    /// sender's calls go on `shared`, so that no check waits for a connect.
     fn start_connected(
         client: redis::Client,
         config: redis::aio::ConnectionManagerConfig,
@@ -65,13 +66,13 @@ impl Batcher {
         script: redis::Script,
     ) -> Self {
         let (queue, requests) = mpsc::unbounded_channel();
+        let (opened, own) = oneshot::channel();
         tokio::spawn(async move {
-            let connection = match client.get_connection_manager_with_config(config).await {
-                Ok(own) => Connection::Single(own),
-                Err(_) => shared,
-            };
-            send(requests, connection, Arc::new(script)).await;
+            if let Ok(own) = client.get_connection_manager_with_config(config).await {
+                let _ = opened.send(Connection::Single(own));
+            }
         });
+        tokio::spawn(send(requests, shared, Some(own), Arc::new(script)));
         Self { queue }
     }
 
@@ -124,7 +125,8 @@ impl PerThread {
 
 async fn send(
     mut requests: mpsc::UnboundedReceiver<Request>,
-    connection: Connection,
+    mut connection: Connection,
+    mut own: Option<oneshot::Receiver<Connection>>,
     script: Arc<redis::Script>,
 ) {
     let calls = Arc::new(Semaphore::new(IN_FLIGHT));
@@ -140,6 +142,13 @@ async fn send(
             match requests.try_recv() {
                 Ok(request) => batch.push(request),
                 Err(_) => break,
+            }
+        }
+        if let Some(opening) = &mut own {
+            match opening.try_recv() {
+                Ok(opened) => (connection, own) = (opened, None),
+                Err(oneshot::error::TryRecvError::Closed) => own = None,
+                Err(oneshot::error::TryRecvError::Empty) => {}
             }
         }
         let call = Arc::new(call);
