@@ -96,10 +96,16 @@ if want redis; then
     "weir bench --store redis://… --over-limit 90 [--no-refusal-cache]"
 fi
 
+# Gateway and RLS runs alternate peer and weir REPEAT times; each row is the
+# run with the median rate (its own p50 / p99), so a stall of this shared
+# machine during one run does not decide a ratio.
+REPEAT=${REPEAT:-3}
+median() { sort -n | awk '{ l[NR] = $0 } END { print l[int((NR + 1) / 2)] }'; }
+
 # --- the gateway against nginx limit_req + proxy_pass ---------------------
 wrk_run() { # wrk_run SCRIPT URL -> "rate p50 p99"
   wrk -t1 -c32 -d"${SECONDS_EACH}s" --latency -s "$1" "$2" >"$OUT/wrk.txt"
-  awk '/Requests\/sec/ { r = $2 } $1 == "50%" { p50 = $2 } $1 == "99%" { p99 = $2 } END { printf "%.0f %s %s", r, p50, p99 }' "$OUT/wrk.txt"
+  awk '/Requests\/sec/ { r = $2 } $1 == "50%" { p50 = $2 } $1 == "99%" { p99 = $2 } END { printf "%.0f %s %s\n", r, p50, p99 }' "$OUT/wrk.txt"
 }
 if want gateway; then
   need nginx nginx-light
@@ -115,8 +121,14 @@ if want gateway; then
   for path in admitted refused; do
     script=docs/bench/gateway.lua
     [ $path = refused ] && script=docs/bench/gateway-flood.lua
-    read -r nr n50 n99 <<<"$(wrk_run $script http://127.0.0.1:19001/)"
-    read -r wr w50 w99 <<<"$(wrk_run $script http://127.0.0.1:19002/)"
+    : >"$OUT/gateway-nginx-$path.txt"
+    : >"$OUT/gateway-weir-$path.txt"
+    for _ in $(seq "$REPEAT"); do
+      wrk_run $script http://127.0.0.1:19001/ >>"$OUT/gateway-nginx-$path.txt"
+      wrk_run $script http://127.0.0.1:19002/ >>"$OUT/gateway-weir-$path.txt"
+    done
+    read -r nr n50 n99 <<<"$(median <"$OUT/gateway-nginx-$path.txt")"
+    read -r wr w50 w99 <<<"$(median <"$OUT/gateway-weir-$path.txt")"
     row "gateway, $path path" "nginx limit_req + proxy_pass" "$nr" "$wr" "$n50 / $n99" "$w50 / $w99" \
       "wrk -t1 -c32 --latency -s $script"
   done
@@ -124,7 +136,18 @@ fi
 
 # --- the Envoy rate limit service against limitador ------------------------
 if want rls; then
-  grpc_load() { cargo bench -q -p weir-server --bench grpc_load -- --addr "$1" --seconds "$SECONDS_EACH" --keys 100000 --concurrency 64 --connections 4 2>/dev/null | tail -1; }
+  grpc_load() { # grpc_load ADDR -> "rate p50 p99"
+    cargo bench -q -p weir-server --bench grpc_load -- --addr "$1" --seconds "$SECONDS_EACH" \
+      --keys 100000 --concurrency 64 --connections 4 2>/dev/null | tail -1 |
+      python3 -c "import json,sys; d=json.load(sys.stdin); print(int(d['per_second']), d['p50_us'], d['p99_us'])"
+  }
+  cat >"$OUT/limits.yaml" <<'YAML'
+- namespace: bench
+  max_value: 100
+  seconds: 1
+  conditions: []
+  variables: ["descriptors[0]['seller']"]
+YAML
   for store in memory redis; do
     port=$(free_port)
     config="$OUT/rls-$store.toml"
@@ -135,35 +158,35 @@ if want rls; then
       printf '[[descriptors]]\ndomain = "bench"\nentries = ["seller"]\npolicy = "seller"\n'
     } >"$config"
     target/release/weir serve --config "$config" --no-watch >"$OUT/rls-$store.log" 2>&1 &
-    pids+=($!)
-    sleep 1
-    grpc_load "127.0.0.1:$port" >"$OUT/rls-weir-$store.json"
-    peer="" peer_lat="—"
+    weir_pid=$!
+    pids+=("$weir_pid")
+    peer_pid=""
     if [ -n "${LIMITADOR:-}" ]; then
       lport=$(free_port)
-      cat >"$OUT/limits.yaml" <<'YAML'
-- namespace: bench
-  max_value: 100
-  seconds: 1
-  conditions: []
-  variables: ["descriptors[0]['seller']"]
-YAML
       backend=memory
       [ $store = redis ] && backend="redis redis://127.0.0.1:$REDIS_PORT"
       # shellcheck disable=SC2086
-      "$LIMITADOR" --rls-port "$lport" --http-port "$(free_port)" "$OUT/limits.yaml" $backend >"$OUT/limitador.log" 2>&1 &
-      pids+=($!)
-      sleep 2
-      grpc_load "127.0.0.1:$lport" >"$OUT/rls-limitador-$store.json"
-      peer=$(python3 -c "import json; print(int(json.load(open('$OUT/rls-limitador-$store.json'))['per_second']))")
-      peer_lat=$(python3 -c "import json; d=json.load(open('$OUT/rls-limitador-$store.json')); print(f\"{d['p50_us']} µs / {d['p99_us']} µs\")")
-      kill "${pids[-1]}"
+      "$LIMITADOR" --rls-port "$lport" --http-port "$(free_port)" "$OUT/limits.yaml" $backend >"$OUT/limitador-$store.log" 2>&1 &
+      peer_pid=$!
+      pids+=("$peer_pid")
     fi
-    weir=$(python3 -c "import json; print(int(json.load(open('$OUT/rls-weir-$store.json'))['per_second']))")
-    weir_lat=$(python3 -c "import json; d=json.load(open('$OUT/rls-weir-$store.json')); print(f\"{d['p50_us']} µs / {d['p99_us']} µs\")")
-    row "Envoy RLS ($store), 64 calls in flight, 100,000 sellers" "limitador-server" "$peer" "$weir" "$peer_lat" "$weir_lat" \
+    sleep 2
+    : >"$OUT/rls-weir-$store.txt"
+    : >"$OUT/rls-limitador-$store.txt"
+    for _ in $(seq "$REPEAT"); do
+      [ -n "$peer_pid" ] && grpc_load "127.0.0.1:$lport" >>"$OUT/rls-limitador-$store.txt"
+      grpc_load "127.0.0.1:$port" >>"$OUT/rls-weir-$store.txt"
+    done
+    read -r wr w50 w99 <<<"$(median <"$OUT/rls-weir-$store.txt")"
+    peer="" peer_lat="—"
+    if [ -n "$peer_pid" ]; then
+      read -r pr p50 p99 <<<"$(median <"$OUT/rls-limitador-$store.txt")"
+      peer=$pr peer_lat="$p50 µs / $p99 µs"
+      kill "$peer_pid" 2>/dev/null || true
+    fi
+    row "Envoy RLS ($store), 64 calls in flight, 100,000 sellers" "limitador-server" "$peer" "$wr" "$peer_lat" "$w50 µs / $w99 µs" \
       "cargo bench -p weir-server --bench grpc_load -- --addr …"
-    kill "${pids[-2]}" 2>/dev/null || true
+    kill "$weir_pid" 2>/dev/null || true
   done
 fi
 
