@@ -162,7 +162,7 @@ pub const MARKER: &str = "rl:v1:generation";
 /// routes each slot's calls to its master).
 #[derive(Debug, Clone)]
 enum Sender {
-    PerThread(batch::PerThread),
+    PerThread(Box<batch::PerThread>),
     Shared(batch::Batcher),
 }
 
@@ -254,7 +254,7 @@ impl RedisStore {
         let timeout = std::time::Duration::from_millis(50);
         Ok(Self {
             sender: match per_thread {
-                Some(per_thread) => Sender::PerThread(per_thread),
+                Some(per_thread) => Sender::PerThread(Box::new(per_thread)),
                 None => Sender::Shared(batch::Batcher::start(
                     connection.clone(),
                     Script::new(SCRIPT),
