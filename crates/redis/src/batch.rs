@@ -21,6 +21,12 @@ use crate::{Checked, Connection, MARKER, StoreError, parse};
 /// next batch gathers, so Redis is never idle waiting for a round trip.
 pub(crate) const IN_FLIGHT: usize = 2;
 
+/// How long a call keeps its place among the [`IN_FLIGHT`]: a call slower
+/// than this (a master that died, a Redis that stalls) lets the next batch
+/// go without it, so that on a cluster one dead master's calls cannot hold
+/// up the checks of the others until their deadline.
+pub(crate) const HOLD: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// The most requests one script call decides (Redis runs nothing else
 /// while a script runs: this bounds the stall, ~1 ms at worst here).
 pub(crate) const MAX_BATCH: usize = 128;
@@ -155,8 +161,12 @@ async fn send(
         for group in by_call(batch) {
             let (connection, script, call) = (connection.clone(), script.clone(), call.clone());
             tokio::spawn(async move {
-                decide(group, &connection, &script).await;
-                drop(call);
+                let decided = decide(group, &connection, &script);
+                tokio::pin!(decided);
+                if tokio::time::timeout(HOLD, &mut decided).await.is_err() {
+                    drop(call);
+                    decided.await;
+                }
             });
         }
     }
