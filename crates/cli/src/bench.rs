@@ -92,14 +92,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             thread::spawn(move || work(&limiter, &keys, cost, t, deadline))
         })
         .collect();
-    let mut total = Tally::new()?;
-    for worker in workers {
-        total.add(
-            &worker
-                .join()
-                .map_err(|_| anyhow!("a bench thread panicked"))??,
-        )?;
-    }
+    let total = Tally::joined(workers)?;
     let extra =
         serde_json::json!({ "refused_new_keys": total.refused, "keys_stored": limiter.len() });
     let report = total.report(&policy, args, start.elapsed().as_secs_f64(), extra);
@@ -115,6 +108,19 @@ impl Tally {
             refused: 0,
             latency: histogram()?,
         })
+    }
+
+    /// The sum of what `threads` counted.
+    fn joined(threads: Vec<thread::JoinHandle<anyhow::Result<Self>>>) -> anyhow::Result<Self> {
+        let mut total = Self::new()?;
+        for thread in threads {
+            total.add(
+                &thread
+                    .join()
+                    .map_err(|_| anyhow!("a bench thread panicked"))??,
+            )?;
+        }
+        Ok(total)
     }
 
     fn add(&mut self, other: &Self) -> anyhow::Result<()> {
@@ -256,14 +262,7 @@ fn run_redis(args: &Args, policy: weir_core::Policy, duration: u64) -> anyhow::R
             })
         })
         .collect();
-    let mut total = Tally::new()?;
-    for thread in threads {
-        total.add(
-            &thread
-                .join()
-                .map_err(|_| anyhow!("a bench thread panicked"))??,
-        )?;
-    }
+    let total = Tally::joined(threads)?;
     let extra = serde_json::json!({
         "store": args.store, "concurrency": args.concurrency, "store_errors": total.refused,
         "refusal_cache": !args.no_refusal_cache, "over_limit_percent": args.over_limit,

@@ -507,11 +507,12 @@ impl RedisStore {
         });
         let mut at = at;
         let mut sent = 0;
+        let clock = match at {
+            Some(_) => refusals::Clock::Explicit,
+            None => refusals::Clock::Local,
+        };
         if let Some(refusals) = &self.refusals {
-            let (clock, now) = match at {
-                Some(t) => (refusals::Clock::Explicit, t),
-                None => (refusals::Clock::Local, refusals.local_now()),
-            };
+            let now = at.unwrap_or_else(|| refusals.local_now());
             if let Some(cache) = cached
                 && let Some(refusal) = cache.answer(&keys[0], checks[0].check.policy, clock, now)
             {
@@ -585,10 +586,6 @@ impl RedisStore {
             checked.all.decisions.as_slice(),
             checked.late.as_slice(),
         ) {
-            let clock = match at {
-                Some(_) => refusals::Clock::Explicit,
-                None => refusals::Clock::Local,
-            };
             let decided = sent.saturating_add(*late);
             cache.record(&key, checks[0].check.policy, clock, decided, decision);
         }

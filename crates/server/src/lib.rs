@@ -253,12 +253,9 @@ pub async fn run_grpc_per_core(
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let threads = serve::per_core(listener, threads, "weir-grpc", move |listener| {
-        let (state, mut stop) = (state.clone(), stop.clone());
+        let (state, stop) = (state.clone(), stop.clone());
         async move {
-            let stopped = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            run_grpc(listener, state, stopped)
+            run_grpc(listener, state, serve::stopped(stop))
                 .await
                 .map_err(std::io::Error::other)
         }

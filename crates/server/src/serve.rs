@@ -253,14 +253,14 @@ pub fn serve_per_core(
 ) -> std::io::Result<Vec<std::thread::JoinHandle<std::io::Result<()>>>> {
     let open = Arc::new(Mutex::new(Open::default()));
     per_core(listener, threads, "weir-http", move |listener| {
-        let (router, open, mut stop) = (router.clone(), open.clone(), stop.clone());
-        async move {
-            let stopped = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            serve_counted(listener, router, limits, open, stopped).await
-        }
+        let (router, open) = (router.clone(), open.clone());
+        serve_counted(listener, router, limits, open, stopped(stop.clone()))
     })
+}
+
+/// Completes when `stop` turns true (or its sender is gone).
+pub(crate) async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
 }
 
 /// Runs `serve` on `listener` from `threads` threads, each a current-thread
