@@ -400,7 +400,9 @@ impl Backend {
             }),
             Self::Redis { remote, fallback } => {
                 let decided = decide_remote(table, remote, fallback, &counted, max_delay, default);
-                traced.around(decided).await
+                // Boxed: the remote call's future is large, and an
+                // in-process decision should not move it around.
+                Box::pin(traced.around(decided)).await
             }
         };
         let decided = match decided {
