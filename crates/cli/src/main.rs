@@ -10,6 +10,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc rather than the system allocator: a proxied request allocates
+/// and frees many small buffers across two connections, and glibc's
+/// malloc was a sixth of the gateway's user time (docs/BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// weir: an exact rate limiter.
 #[derive(Debug, Parser)]
 #[command(name = "weir", version, about, propagate_version = true)]
