@@ -2,10 +2,12 @@
 # Reruns every side-by-side comparison of docs/BENCHMARKS.md in one go and
 # prints one table: peer, weir, ratio, p50/p99, and the command behind each.
 #
-#   bench/compare.sh [library] [redis] [gateway] [rls]     (default: all)
+#   bench/compare.sh [library] [redis] [gateway] [rls] [pingora]
+#                                   (default: all but pingora)
 #
 # Needs: a Rust toolchain; redis-server and redis-benchmark (redis-tools) for
-# `redis` and `rls`; nginx and wrk for `gateway`; a built limitador-server for
+# `redis` and `rls`; nginx and wrk for `gateway` and `pingora` (and cmake,
+# to build Pingora); a built limitador-server for
 # `rls` (LIMITADOR=/path/to/limitador-server: see ../shared/NOTES.md or
 # docs/BENCHMARKS.md for how to build it; without it the RLS rows show weir
 # alone). Missing tools are installed from Debian's packages when apt-get is
@@ -107,7 +109,7 @@ wrk_run() { # wrk_run SCRIPT URL -> "rate p50 p99"
   wrk -t1 -c32 -d"${SECONDS_EACH}s" --latency -s "$1" "$2" >"$OUT/wrk.txt"
   awk '/Requests\/sec/ { r = $2 } $1 == "50%" { p50 = $2 } $1 == "99%" { p99 = $2 } END { printf "%.0f %s %s\n", r, p50, p99 }' "$OUT/wrk.txt"
 }
-if want gateway; then
+if want gateway || want pingora; then
   need nginx nginx-light
   need wrk wrk
   mkdir -p /tmp/weir-bench
@@ -118,6 +120,8 @@ if want gateway; then
   target/release/weir serve --config docs/bench/weir.toml --no-watch >"$OUT/weir-serve.log" 2>&1 &
   pids+=($!)
   sleep 1
+fi
+if want gateway; then
   for path in admitted refused; do
     script=docs/bench/gateway.lua
     [ $path = refused ] && script=docs/bench/gateway-flood.lua
@@ -131,6 +135,34 @@ if want gateway; then
     read -r wr w50 w99 <<<"$(median <"$OUT/gateway-weir-$path.txt")"
     row "gateway, $path path" "nginx limit_req + proxy_pass" "$nr" "$wr" "$n50 / $n99" "$w50 / $w99" \
       "wrk -t1 -c32 --latency -s $script"
+  done
+fi
+
+# --- the forwarding path: Pingora and plain hyper, the same limiter in front --
+# (bench/pingora-eval, its own workspace; Pingora's build needs cmake)
+if want pingora; then
+  need cmake cmake
+  cargo build --release -q --manifest-path bench/pingora-eval/Cargo.toml --target-dir target/pingora-eval
+  target/pingora-eval/release/pingora-gw 127.0.0.1:19003 127.0.0.1:19000 >"$OUT/pingora-gw.log" 2>&1 &
+  pids+=($!)
+  target/pingora-eval/release/hyper-gw 127.0.0.1:19004 127.0.0.1:19000 >"$OUT/hyper-gw.log" 2>&1 &
+  pids+=($!)
+  sleep 1
+  for path in admitted refused; do
+    script=docs/bench/gateway.lua
+    [ $path = refused ] && script=docs/bench/gateway-flood.lua
+    for gw in pingora hyper weir; do : >"$OUT/forward-$gw-$path.txt"; done
+    for _ in $(seq "$REPEAT"); do
+      wrk_run $script http://127.0.0.1:19003/ >>"$OUT/forward-pingora-$path.txt"
+      wrk_run $script http://127.0.0.1:19004/ >>"$OUT/forward-hyper-$path.txt"
+      wrk_run $script http://127.0.0.1:19002/ >>"$OUT/forward-weir-$path.txt"
+    done
+    read -r wr w50 w99 <<<"$(median <"$OUT/forward-weir-$path.txt")"
+    for gw in pingora hyper; do
+      read -r pr p50 p99 <<<"$(median <"$OUT/forward-$gw-$path.txt")"
+      row "forwarding, $path path" "$gw-gw (bench/pingora-eval)" "$pr" "$wr" "$p50 / $p99" "$w50 / $w99" \
+        "wrk -t1 -c32 --latency -s $script"
+    done
   done
 fi
 
