@@ -104,7 +104,10 @@ fi
 REPEAT=${REPEAT:-3}
 median() { sort -n | awk '{ l[NR] = $0 } END { print l[int((NR + 1) / 2)] }'; }
 
-# --- the gateway against nginx limit_req + proxy_pass ---------------------
+# --- the gateway against nginx limit_req + proxy_pass, and (`pingora`)
+# against the forwarding paths it was chosen over: Pingora and a bare hyper
+# proxy with weir's limiter in front (bench/pingora-eval, its own workspace;
+# Pingora's build needs cmake). One weir series serves every row.
 wrk_run() { # wrk_run SCRIPT URL -> "rate p50 p99"
   wrk -t1 -c32 -d"${SECONDS_EACH}s" --latency -s "$1" "$2" >"$OUT/wrk.txt"
   awk '/Requests\/sec/ { r = $2 } $1 == "50%" { p50 = $2 } $1 == "99%" { p99 = $2 } END { printf "%.0f %s %s\n", r, p50, p99 }' "$OUT/wrk.txt"
@@ -115,53 +118,41 @@ if want gateway || want pingora; then
   mkdir -p /tmp/weir-bench
   nginx -c "$PWD/docs/bench/upstream.conf" -g 'daemon off;' &
   pids+=($!)
-  nginx -c "$PWD/docs/bench/nginx.conf" -g 'daemon off;' &
-  pids+=($!)
   target/release/weir serve --config docs/bench/weir.toml --no-watch >"$OUT/weir-serve.log" 2>&1 &
   pids+=($!)
+  gateways=(weir:19002)
+  if want gateway; then
+    nginx -c "$PWD/docs/bench/nginx.conf" -g 'daemon off;' &
+    pids+=($!)
+    gateways+=(nginx:19001)
+  fi
+  if want pingora; then
+    need cmake cmake
+    cargo build --release -q --manifest-path bench/pingora-eval/Cargo.toml --target-dir target/pingora-eval
+    for gw in pingora:19003 hyper:19004; do
+      target/pingora-eval/release/"${gw%%:*}"-gw "127.0.0.1:${gw#*:}" 127.0.0.1:19000 >"$OUT/${gw%%:*}-gw.log" 2>&1 &
+      pids+=($!)
+      gateways+=("$gw")
+    done
+  fi
   sleep 1
-fi
-if want gateway; then
   for path in admitted refused; do
     script=docs/bench/gateway.lua
     [ $path = refused ] && script=docs/bench/gateway-flood.lua
-    : >"$OUT/gateway-nginx-$path.txt"
-    : >"$OUT/gateway-weir-$path.txt"
+    for gw in "${gateways[@]}"; do : >"$OUT/gateway-${gw%%:*}-$path.txt"; done
     for _ in $(seq "$REPEAT"); do
-      wrk_run $script http://127.0.0.1:19001/ >>"$OUT/gateway-nginx-$path.txt"
-      wrk_run $script http://127.0.0.1:19002/ >>"$OUT/gateway-weir-$path.txt"
+      for gw in "${gateways[@]}"; do
+        wrk_run $script "http://127.0.0.1:${gw#*:}/" >>"$OUT/gateway-${gw%%:*}-$path.txt"
+      done
     done
-    read -r nr n50 n99 <<<"$(median <"$OUT/gateway-nginx-$path.txt")"
     read -r wr w50 w99 <<<"$(median <"$OUT/gateway-weir-$path.txt")"
-    row "gateway, $path path" "nginx limit_req + proxy_pass" "$nr" "$wr" "$n50 / $n99" "$w50 / $w99" \
-      "wrk -t1 -c32 --latency -s $script"
-  done
-fi
-
-# --- the forwarding path: Pingora and plain hyper, the same limiter in front --
-# (bench/pingora-eval, its own workspace; Pingora's build needs cmake)
-if want pingora; then
-  need cmake cmake
-  cargo build --release -q --manifest-path bench/pingora-eval/Cargo.toml --target-dir target/pingora-eval
-  target/pingora-eval/release/pingora-gw 127.0.0.1:19003 127.0.0.1:19000 >"$OUT/pingora-gw.log" 2>&1 &
-  pids+=($!)
-  target/pingora-eval/release/hyper-gw 127.0.0.1:19004 127.0.0.1:19000 >"$OUT/hyper-gw.log" 2>&1 &
-  pids+=($!)
-  sleep 1
-  for path in admitted refused; do
-    script=docs/bench/gateway.lua
-    [ $path = refused ] && script=docs/bench/gateway-flood.lua
-    for gw in pingora hyper weir; do : >"$OUT/forward-$gw-$path.txt"; done
-    for _ in $(seq "$REPEAT"); do
-      wrk_run $script http://127.0.0.1:19003/ >>"$OUT/forward-pingora-$path.txt"
-      wrk_run $script http://127.0.0.1:19004/ >>"$OUT/forward-hyper-$path.txt"
-      wrk_run $script http://127.0.0.1:19002/ >>"$OUT/forward-weir-$path.txt"
-    done
-    read -r wr w50 w99 <<<"$(median <"$OUT/forward-weir-$path.txt")"
-    for gw in pingora hyper; do
-      read -r pr p50 p99 <<<"$(median <"$OUT/forward-$gw-$path.txt")"
-      row "forwarding, $path path" "$gw-gw (bench/pingora-eval)" "$pr" "$wr" "$p50 / $p99" "$w50 / $w99" \
-        "wrk -t1 -c32 --latency -s $script"
+    for gw in "${gateways[@]:1}"; do
+      read -r pr p50 p99 <<<"$(median <"$OUT/gateway-${gw%%:*}-$path.txt")"
+      case ${gw%%:*} in
+        nginx) what="gateway, $path path" peer="nginx limit_req + proxy_pass" ;;
+        *) what="forwarding, $path path" peer="${gw%%:*}-gw (bench/pingora-eval)" ;;
+      esac
+      row "$what" "$peer" "$pr" "$wr" "$p50 / $p99" "$w50 / $w99" "wrk -t1 -c32 --latency -s $script"
     done
   done
 fi

@@ -54,6 +54,10 @@ fn main() {
     let mut conf = ServerConf::new().expect("Pingora's default configuration");
     conf.threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     conf.upstream_keepalive_pool_size = 128;
+    // Exit on SIGTERM at once, as the other gateways do: a lingering
+    // server would keep the port for the next run.
+    conf.grace_period_seconds = Some(0);
+    conf.graceful_shutdown_timeout_seconds = Some(0);
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
     let gateway = Gateway {
