@@ -640,6 +640,7 @@ impl Policy {
     /// when allowed; a rejection only refreshes the key's accounting. A
     /// cost of 0 charges nothing and is allowed unless the key is in debt
     /// (after a report); it is never delayed.
+    #[inline(always)]
     pub fn check(&self, state: &mut State, now: Nanos, cost: u64) -> Result<Decision, CostError> {
         if cost > 0 {
             self.validate_cost(cost)?;

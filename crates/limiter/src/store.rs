@@ -264,6 +264,7 @@ impl Slot for Mutex<State> {
         Self::new(rules.policy.new_state())
     }
 
+    #[inline(always)]
     fn decide(
         &self,
         rules: &Rules,
@@ -412,7 +413,7 @@ impl<S: Slot> Shards<S> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn check(
         &self,
         rules: &Rules,
@@ -550,7 +551,7 @@ impl Store {
 
     /// Checks `key`, creating it if it is new; `now` is read after the key's
     /// state is loaded (and under its lock).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn check(
         &self,
         key: &str,

@@ -65,7 +65,12 @@ impl TokenBucket {
 
     /// The pure transition: `(state, now, cost) → (decision, new state)`.
     /// `cost` must be in `1..=capacity` (see [`crate::Policy::check`]).
-    #[inline]
+    ///
+    /// Always inlined, as are the other transitions and the stores' paths
+    /// down to them: a decision returned through memory is written field by
+    /// field and read back in wider words, and the failed store-to-load
+    /// forwarding cost ~15 ns of a 70 ns check (`docs/BENCHMARKS.md`).
+    #[inline(always)]
     pub fn check(&self, state: LevelState, now: Nanos, cost: u64) -> (Decision, LevelState) {
         let (n, p) = (
             u128::from(self.rate.tokens()),
@@ -110,7 +115,7 @@ impl LeakyBucket {
 
     /// The pure transition: `(state, now, cost) → (decision, new state)`.
     /// `cost` (slots occupied) must be in `1..=queue`.
-    #[inline]
+    #[inline(always)]
     pub fn check(&self, state: LevelState, now: Nanos, cost: u64) -> (Decision, LevelState) {
         let (n, p) = (
             u128::from(self.rate.tokens()),

@@ -47,6 +47,7 @@ impl FixedWindow {
 
     /// The pure transition: `(state, now, cost) → (decision, new state)`.
     /// `cost` must be in `1..=limit`.
+    #[inline(always)]
     pub fn check(
         &self,
         state: FixedWindowState,
@@ -164,6 +165,7 @@ impl SlidingCounter {
     ///
     /// All comparisons are multiplied through by the window, so that
     /// `cur*W + prev*(W-e) + cost*W <= L*W` decides with integers only.
+    #[inline(always)]
     pub fn check(
         &self,
         state: SlidingCounterState,
