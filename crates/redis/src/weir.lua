@@ -82,12 +82,6 @@ end
 local function fmt(x) return string.format('%d', x) end
 local function fmt3(x, y, z) return string.format('%d %d %d', x, y, z) end
 
-local function words(text)
-  local out = {}
-  for w in string.gmatch(text, '%S+') do out[#out + 1] = tonumber(w) end
-  return out
-end
-
 local function varint(x)
   local out = {}
   repeat
@@ -138,8 +132,6 @@ local function parse(arg)
   return p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]
 end
 
-local function refuses(d, max_delay) return d.allowed == 0 or d.delay > max_delay end
-
 local function store(key, text, reset, redis_time)
   if redis_time and reset == 0 then
     redis.call('DEL', key)
@@ -154,9 +146,36 @@ end
 
 -- Decides one request: its checks are KEYS[k + i] and ARGV[a + i], i = 1..n;
 -- appends its answer to `out`.
-local function decide(k, a, n, head, out)
+-- Up to six numbers of a state's text ("a b [c [d [e [f]]]]"), without a
+-- table: a call decides many checks, and tables are most of a check's cost.
+local function nums(text)
+  local a, b, c, d, e, f = string.match(text, '^(%d+) (%d+) ?(%d*) ?(%d*) ?(%d*) ?(%d*)$')
+  return tonumber(a), tonumber(b), tonumber(c), tonumber(d), tonumber(e), tonumber(f)
+end
+
+-- A sliding counter's standing with `c` in the current window: remaining and
+-- reset.
+local function sc_standing(L, W, prev, left, c)
+  local room, used = (L - c) * W, prev * left
+  local r = 0
+  if room >= used then r = idiv(room - used, W) end
+  local reset = 0
+  if c > 0 then reset = left + W elseif prev > 0 then reset = left end
+  return r, reset
+end
+
+-- The checks of the request being decided, eleven slots each from
+-- `checks[11 * (i - 1)]`, reused by the next request: allowed, remaining,
+-- retry, reset, delay; the state text if charged and the refreshed one
+-- (false: none); the standing with no request (remaining, reset); shadow;
+-- late. One table for the call: tables are most of a check's cost.
+local checks = {}
+
+-- Decides one request: its checks are KEYS[k + i] and ARGV[a + i], i = 1..n;
+-- writes its answer to `out` after position `no`, and returns the new end.
+local function decide(k, a, n, mode, time_s, time_ns, out, no)
   local now_s, now_ns
-  local redis_time = head[3] == 'r'
+  local redis_time = time_s == 'r'
   if redis_time then
     if not redis_s then
       local t = redis.call('TIME')
@@ -164,17 +183,17 @@ local function decide(k, a, n, head, out)
     end
     now_s, now_ns = redis_s, redis_ns
   else
-    now_s, now_ns = tonumber(head[3]), tonumber(head[4])
+    now_s, now_ns = tonumber(time_s), tonumber(time_ns)
   end
 
-  local peek = head[2] == 'peek'
-  local max_delay = tonumber(head[2]) or 0
-  local lost, gen = 0, nil
+  local peek = mode == 'peek'
+  local max_delay = tonumber(mode) or 0
+  local lost, gs, gn = 0, nil, nil
   if marker then
     if marker_value == nil then marker_value = redis.call('GET', marker) end
-    if marker_value then gen = words(marker_value)
+    if marker_value then gs, gn = nums(marker_value)
     else
-      lost, gen = 1, { now_s, now_ns }
+      lost, gs, gn = 1, now_s, now_ns
       if not peek then
         marker_value = fmt(now_s) .. ' ' .. fmt(now_ns)
         redis.call('SET', marker, marker_value)
@@ -182,137 +201,125 @@ local function decide(k, a, n, head, out)
     end
   end
 
-  local checks = {}
   for i = 1, n do
     local kind, a, b, c, cost, empty, shadow, report = parse(ARGV[a + i])
     local standing = cost == 0 or n > 1
     local raw = redis.call('GET', KEYS[k + i])
-    local st, blob = {}, ''
+    local s1, s2, s3, s4, s5, s6
+    local blob = ''
     if raw then
       local bar = string.find(raw, '|', 1, true)
-      if bar then st, blob = words(string.sub(raw, 1, bar - 1)), string.sub(raw, bar + 1)
-      else
-        local x, y, z = string.match(raw, '^(%d+) (%d+) (%d+)$')
-        if x then st = { tonumber(x), tonumber(y), tonumber(z) } else st = words(raw) end
-      end
-    elseif gen and empty then
+      if bar then s1, s2, s3, s4 = nums(string.sub(raw, 1, bar - 1)); blob = string.sub(raw, bar + 1)
+      else s1, s2, s3, s4, s5, s6 = nums(raw) end
+    elseif gs and empty then
       -- Lost: as if used up when the loss was found.
-      local gs, gn = gen[1], gen[2]
       raw = true
-      if kind == 'tb' then st = { gs, gn, a * c }
-      elseif kind == 'lb' then st = { gs, gn, (a + 1) * c }
-      elseif kind == 'sl' then st, blob = { gs, gn, gs, gn }, varint(0) .. varint(a)
+      if kind == 'tb' then s1, s2, s3 = gs, gn, a * c
+      elseif kind == 'lb' then s1, s2, s3 = gs, gn, (a + 1) * c
+      elseif kind == 'sl' then s1, s2, s3, s4, blob = gs, gn, gs, gn, varint(0) .. varint(a)
       else
         local ws, wn = window_start(gs, gn, b)
-        st = { gs, gn, ws, wn, a, 0 }
+        s1, s2, s3, s4, s5, s6 = gs, gn, ws, wn, a, 0
       end
     end
     local ts, tn = now_s, now_ns
-    if raw then ts, tn = later(now_s, now_ns, st[1], st[2]) end
-    local d = { allowed = 0, remaining = 0, retry = 0, reset = 0, delay = 0 }
+    if raw then ts, tn = later(now_s, now_ns, s1, s2) end
+    local allowed, remaining, retry, reset, delay = 0, 0, 0, 0, 0
     local new -- the state text if charged; `fresh` the refreshed one if not
     local fresh
-    local status -- {remaining, reset} with no request
+    local left0, idle0 = 0, 0 -- the standing with no request: remaining, reset
 
     if kind == 'tb' or kind == 'lb' then
       local size, n, p = a, b, c
       local level = 0
       if raw then
-        local el = diff(ts, tn, st[1], st[2])
-        if el > idiv(st[3], n) + 1 then level = 0 else level = math.max(st[3] - el * n, 0) end
+        local el = diff(ts, tn, s1, s2)
+        if el > idiv(s3, n) + 1 then level = 0 else level = math.max(s3 - el * n, 0) end
       end
       if kind == 'tb' then
         local full, need = size * p, level + cost * p
         -- The standing: for a cost of 0, or a request others may refuse.
-        if standing then status = { idiv(math.max(full - level, 0), p), cdiv(level, n) } end
+        if standing then left0, idle0 = idiv(math.max(full - level, 0), p), cdiv(level, n) end
         if report then
           -- Always charged, possibly into debt; retry: to a check of cost 1.
-          d.allowed, d.remaining, d.reset = 1, idiv(math.max(full - need, 0), p), cdiv(need, n)
-          if need + p > full then d.retry = cdiv(need + p - full, n) end
+          allowed, remaining, reset = 1, idiv(math.max(full - need, 0), p), cdiv(need, n)
+          if need + p > full then retry = cdiv(need + p - full, n) end
           new = fmt3(ts, tn, need)
         elseif need <= full then
-          d.allowed, d.remaining, d.reset = 1, idiv(full - need, p), cdiv(need, n)
+          allowed, remaining, reset = 1, idiv(full - need, p), cdiv(need, n)
           new = fmt3(ts, tn, need)
         else
-          d.remaining, d.retry, d.reset = idiv(math.max(full - level, 0), p), cdiv(need - full, n), cdiv(level, n)
+          remaining, retry, reset = idiv(math.max(full - level, 0), p), cdiv(need - full, n), cdiv(level, n)
         end
       else
         local bound, slots = size * p, (size + 1) * p
         -- Always: a wait over max_delay refuses an allowed check too.
-        status = { idiv(math.max(slots - level, 0), p), cdiv(level, n) }
+        left0, idle0 = idiv(math.max(slots - level, 0), p), cdiv(level, n)
         if report then
           local after = level + cost * p
-          d.allowed, d.reset = 1, cdiv(after, n)
-          d.remaining = idiv(math.max(slots - after, 0), p)
-          if after > bound then d.retry = cdiv(after - bound, n) end
+          allowed, reset = 1, cdiv(after, n)
+          remaining = idiv(math.max(slots - after, 0), p)
+          if after > bound then retry = cdiv(after - bound, n) end
           new = fmt3(ts, tn, after)
         elseif level <= bound then
           local after = level + cost * p
-          d.allowed, d.delay, d.reset = 1, cdiv(level, n), cdiv(after, n)
-          d.remaining = idiv(math.max(slots - after, 0), p)
+          allowed, delay, reset = 1, cdiv(level, n), cdiv(after, n)
+          remaining = idiv(math.max(slots - after, 0), p)
           new = fmt3(ts, tn, after)
         else
-          d.remaining, d.retry, d.reset = idiv(math.max(slots - level, 0), p), cdiv(level - bound, n), cdiv(level, n)
+          remaining, retry, reset = idiv(math.max(slots - level, 0), p), cdiv(level - bound, n), cdiv(level, n)
         end
       end
       -- The refreshed state, written only by a rejection or a standing.
-      if d.allowed == 0 or cost == 0 then fresh = fmt3(ts, tn, level) end
+      if allowed == 0 or cost == 0 then fresh = fmt3(ts, tn, level) end
     elseif kind == 'fw' or kind == 'sc' then
       local L, W = a, b
       local ss, sn = window_start(ts, tn, W)
       local left = W - diff(ts, tn, ss, sn)
       local cur, prev = 0, 0
       if raw then
-        if st[3] == ss and st[4] == sn then cur, prev = st[5], st[6] or 0
+        if s3 == ss and s4 == sn then cur, prev = s5, s6 or 0
         else
-          local ps, pn = add(st[3], st[4], W)
-          if kind == 'sc' and ps == ss and pn == sn then cur, prev = 0, st[5] end
+          local ps, pn = add(s3, s4, W)
+          if kind == 'sc' and ps == ss and pn == sn then cur, prev = 0, s5 end
         end
       end
-      local head = fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ss) .. ' ' .. fmt(sn) .. ' '
+      local head = string.format('%d %d %d %d ', ts, tn, ss, sn)
       if kind == 'fw' then
         fresh = head .. fmt(cur)
-        status = { math.max(L - cur, 0), (cur > 0) and left or 0 }
+        left0, idle0 = math.max(L - cur, 0), (cur > 0) and left or 0
         if report then
           local after = cur + cost
-          d.allowed, d.remaining, d.reset = 1, math.max(L - after, 0), (after > 0) and left or 0
-          if after + 1 > L then d.retry = left end
+          allowed, remaining, reset = 1, math.max(L - after, 0), (after > 0) and left or 0
+          if after + 1 > L then retry = left end
           new = head .. fmt(after)
         elseif cur + cost <= L then
-          d.allowed, d.remaining, d.reset = 1, L - cur - cost, left
+          allowed, remaining, reset = 1, L - cur - cost, left
           new = head .. fmt(cur + cost)
         else
-          d.remaining, d.retry, d.reset = math.max(L - cur, 0), left, (cur > 0) and left or 0
+          remaining, retry, reset = math.max(L - cur, 0), left, (cur > 0) and left or 0
         end
       else
         fresh = head .. fmt(cur) .. ' ' .. fmt(prev)
-        local function standing(c)
-          local room, used = (L - c) * W, prev * left
-          local r = 0
-          if room >= used then r = idiv(room - used, W) end
-          local reset = 0
-          if c > 0 then reset = left + W elseif prev > 0 then reset = left end
-          return r, reset
-        end
-        status = { standing(cur) }
+        left0, idle0 = sc_standing(L, W, prev, left, cur)
         if report then
           local after = cur + cost
-          d.allowed = 1
-          d.remaining, d.reset = standing(after)
+          allowed = 1
+          remaining, reset = sc_standing(L, W, prev, left, after)
           -- The wait of a check of cost 1 on the new counts.
           if not (L - after - 1 >= 0 and prev * left <= (L - after - 1) * W) then
-            if after + 1 <= L then d.retry = left - idiv((L - after - 1) * W, prev)
-            else d.retry = left + (W - idiv((L - 1) * W, after)) end
+            if after + 1 <= L then retry = left - idiv((L - after - 1) * W, prev)
+            else retry = left + (W - idiv((L - 1) * W, after)) end
           end
           new = head .. fmt(after) .. ' ' .. fmt(prev)
         elseif L - cur - cost >= 0 and prev * left <= (L - cur - cost) * W then
-          d.allowed = 1
-          d.remaining, d.reset = standing(cur + cost)
+          allowed = 1
+          remaining, reset = sc_standing(L, W, prev, left, cur + cost)
           new = head .. fmt(cur + cost) .. ' ' .. fmt(prev)
         else
-          d.remaining, d.reset = standing(cur)
-          if cur + cost <= L then d.retry = left - idiv((L - cur - cost) * W, prev)
-          else d.retry = left + (W - idiv((L - cost) * W, cur)) end
+          remaining, reset = left0, idle0
+          if cur + cost <= L then retry = left - idiv((L - cur - cost) * W, prev)
+          else retry = left + (W - idiv((L - cost) * W, cur)) end
         end
       end
     else -- 'sl'
@@ -320,7 +327,7 @@ local function decide(k, a, n, head, out)
       local times, costs = {}, {}
       local count = 0
       if raw and #blob > 0 then
-        local es, en = st[3], st[4]
+        local es, en = s3, s4
         local pos = 1
         while pos <= #blob do
           local gap, c2
@@ -350,80 +357,92 @@ local function decide(k, a, n, head, out)
         return table.concat(parts)
       end
       fresh = encode(nil)
-      status = { math.max(L - count, 0), 0 }
-      if #times > 0 then status[2] = W - diff(ts, tn, times[#times][1], times[#times][2]) end
+      left0 = math.max(L - count, 0)
+      if #times > 0 then idle0 = W - diff(ts, tn, times[#times][1], times[#times][2]) end
       if report then
         local after = count + cost
-        d.allowed, d.remaining, d.reset = 1, math.max(L - after, 0), W
-        if cost == 0 then d.reset = status[2] end
+        allowed, remaining, reset = 1, math.max(L - after, 0), W
+        if cost == 0 then reset = idle0 end
         if after + 1 > L then
           -- The oldest entry (this report last) whose expiry leaves room for 1.
           local excess, sum = after + 1 - L, 0
           local found = false
           for k = 1, #times do
             sum = sum + costs[k]
-            if sum >= excess then d.retry = W - diff(ts, tn, times[k][1], times[k][2]); found = true; break end
+            if sum >= excess then retry = W - diff(ts, tn, times[k][1], times[k][2]); found = true; break end
           end
-          if not found then d.retry = W end
+          if not found then retry = W end
         end
         if cost > 0 then new = encode({ { ts, tn }, cost }) else new = fresh end
       elseif count + cost <= L then
-        d.allowed, d.remaining, d.reset = 1, L - count - cost, W
+        allowed, remaining, reset = 1, L - count - cost, W
         new = encode({ { ts, tn }, cost })
       else
-        d.remaining = math.max(L - count, 0)
+        remaining = left0
         local excess, sum = count + cost - L, 0
         for k = 1, #times do
           sum = sum + costs[k]
-          if sum >= excess then d.retry = W - diff(ts, tn, times[k][1], times[k][2]); break end
+          if sum >= excess then retry = W - diff(ts, tn, times[k][1], times[k][2]); break end
         end
         local last = times[#times]
-        d.reset = W - diff(ts, tn, last[1], last[2])
+        reset = W - diff(ts, tn, last[1], last[2])
       end
     end
     if cost == 0 and not report then
       -- Charges nothing: the standing, or a refusal while in debt. It moves
       -- the key's latest time, as any check does.
-      if d.allowed == 1 then d = { allowed = 1, remaining = status[1], retry = 0, reset = status[2], delay = 0 } end
+      if allowed == 1 then remaining, retry, reset, delay = left0, 0, idle0, 0 end
       new = fresh
     end
-    checks[i] = { d = d, new = new, fresh = fresh, status = status, shadow = shadow,
-      late = diff(ts, tn, now_s, now_ns) }
+    local c = 11 * (i - 1)
+    checks[c + 1], checks[c + 2], checks[c + 3], checks[c + 4] = allowed, remaining, retry, reset
+    checks[c + 5], checks[c + 6], checks[c + 7] = delay, new or false, fresh or false
+    checks[c + 8], checks[c + 9], checks[c + 10] = left0, idle0, shadow
+    checks[c + 11] = diff(ts, tn, now_s, now_ns)
   end
 
   local all = 1
-  for i = 1, #checks do
-    if not checks[i].shadow and refuses(checks[i].d, max_delay) then all = 0 end
+  for i = 1, n do
+    local c = 11 * (i - 1)
+    if not checks[c + 10] and (checks[c + 1] == 0 or checks[c + 5] > max_delay) then all = 0 end
   end
   if peek then all = -1 end
 
-
-  out[#out + 1] = math.max(all, 0)
-  out[#out + 1] = lost
-  for i = 1, #checks do
-    local c = checks[i]
-    local d = c.d
-    if all == 1 and c.new and not (c.shadow and refuses(d, max_delay)) then
-      store(KEYS[k + i], c.new, d.reset, redis_time)
-    elseif all == 0 and #checks == 1 and d.allowed == 0 then
-      store(KEYS[k + i], c.fresh, d.reset, redis_time) -- a rejection refreshes accounting
+  out[no + 1], out[no + 2] = math.max(all, 0), lost
+  no = no + 2
+  for i = 1, n do
+    local c = 11 * (i - 1)
+    local allowed, remaining, reset, delay = checks[c + 1], checks[c + 2], checks[c + 4], checks[c + 5]
+    local refused = allowed == 0 or delay > max_delay
+    if all == 1 and checks[c + 6] and not (checks[c + 10] and refused) then
+      store(KEYS[k + i], checks[c + 6], reset, redis_time)
+    elseif all == 0 and n == 1 and allowed == 0 then
+      store(KEYS[k + i], checks[c + 7], reset, redis_time) -- a rejection refreshes accounting
     end
-    if all == 0 and d.allowed == 1 then d.remaining, d.reset = c.status[1], c.status[2] end
-    out[#out + 1] = d.allowed
-    out[#out + 1] = d.remaining
-    out[#out + 1] = d.retry
-    out[#out + 1] = d.reset
-    out[#out + 1] = d.delay
-    out[#out + 1] = c.late
+    if all == 0 and allowed == 1 then remaining, reset = checks[c + 8], checks[c + 9] end
+    out[no + 1], out[no + 2], out[no + 3] = allowed, remaining, checks[c + 3]
+    out[no + 4], out[no + 5], out[no + 6] = reset, delay, checks[c + 11]
+    no = no + 6
   end
+  return no
 end
 
-local out, k, a = {}, 0, 1
+-- The last request header "N MODE TIME" (TIME: "r" or "S NS") and its
+-- parts: a batch on the Redis clock repeats one header.
+local head_arg, head_n, head_mode, head_s, head_ns
+local function header(arg)
+  if arg ~= head_arg then
+    local n
+    n, head_mode, head_s, head_ns = string.match(arg, '^(%d+) (%S+) (%S+) ?(%S*)$')
+    head_arg, head_n = arg, tonumber(n)
+  end
+  return head_n, head_mode, head_s, head_ns
+end
+
+local out, no, k, a = {}, 0, 0, 1
 while a < #ARGV do
-  local head = {}
-  for w in string.gmatch(ARGV[a + 1], '%S+') do head[#head + 1] = w end
-  local n = tonumber(head[1])
-  decide(k, a + 1, n, head, out)
+  local n, mode, time_s, time_ns = header(ARGV[a + 1])
+  no = decide(k, a + 1, n, mode, time_s, time_ns, out, no)
   k, a = k + n, a + 1 + n
 end
 return out
