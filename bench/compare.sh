@@ -44,17 +44,28 @@ row() {
 
 cargo build --release -q -p weir
 
-# --- the in-process store against governor (criterion, same run) ---------
+# --- the in-process store against governor (same run) --------------------
+# examples/keyed: 20 million checks per run through each library's public
+# API; each pair of runs interleaved, best of $REPEAT (steadier than one
+# criterion sample on a shared machine; `cargo bench -p weir-limiter --bench
+# store` is the criterion version of the same comparison).
 if want library; then
-  cargo bench -q -p weir-limiter --bench store -- --output-format bencher 'keyed/' \
-    >"$OUT/library.txt" 2>/dev/null
-  # "test keyed/1-keys/1-threads/weir/token-bucket ... bench: 62 ns/iter (+/- 3)"
-  for group in 1-keys/1-threads 1-keys/2-threads 100000-keys/1-threads 100000-keys/2-threads; do
-    rate() { awk -v g="keyed/$group/$1" '$2 == g { gsub(",", "", $5); printf "%.0f", 1e9 / $5 }' "$OUT/library.txt"; }
-    peer=$(rate governor/gcra)
-    for algorithm in token-bucket gcra fixed-window sliding-counter sliding-log leaky-bucket; do
-      row "library, ${group/-keys\// keys, }, $algorithm" "governor 0.10 (dashmap)" "$peer" "$(rate "weir/$algorithm")" "—" "—" \
-        "cargo bench -p weir-limiter --bench store"
+  cargo build --release -q -p weir-limiter --example keyed
+  keyed() { target/release/examples/keyed "$@" | awk '{ print $(NF - 1) }'; }
+  best() { sort -n | tail -1; }
+  for group in "1 1" "1 2" "100000 1" "100000 2"; do
+    set -- $group
+    for policy in "token-bucket capacity=10 rate=100/s" "gcra burst=10 rate=100/s" \
+      "leaky-bucket rate=100/s queue=10" "fixed-window limit=10 window=100ms" \
+      "sliding-counter limit=10 window=100ms" "sliding-log limit=10 window=100ms"; do
+      : >"$OUT/keyed-peer.txt"; : >"$OUT/keyed-weir.txt"
+      for _ in $(seq "${REPEAT:-3}"); do
+        keyed governor "$1" "$2" >>"$OUT/keyed-peer.txt"
+        keyed weir "$1" "$2" "$policy" >>"$OUT/keyed-weir.txt"
+      done
+      row "library, $1 keys, $2 threads, ${policy%% *}" "governor 0.10 (dashmap)" \
+        "$(best <"$OUT/keyed-peer.txt")" "$(best <"$OUT/keyed-weir.txt")" "—" "—" \
+        "cargo run --release -p weir-limiter --example keyed -- weir $1 $2 '$policy'"
     done
   done
 fi
