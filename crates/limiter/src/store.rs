@@ -536,6 +536,7 @@ impl Store {
     }
 
     /// Hashes `key` once, for its shard and its bucket.
+    #[inline]
     pub(crate) fn hashed<'a>(&self, key: &'a str) -> Hashed<'a> {
         Hashed {
             key,
