@@ -144,8 +144,6 @@ local function store(key, text, reset, redis_time)
   end
 end
 
--- Decides one request: its checks are KEYS[k + i] and ARGV[a + i], i = 1..n;
--- appends its answer to `out`.
 -- Up to six numbers of a state's text ("a b [c [d [e [f]]]]"), without a
 -- table: a call decides many checks, and tables are most of a check's cost.
 local function nums(text)
