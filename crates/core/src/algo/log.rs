@@ -178,7 +178,8 @@ impl SlidingLog {
         let t = now.max(state.seen);
         state.seen = t;
         state.expire(t, self.window);
-        let decision = self.decide(t, state.total, state.entries(), cost);
+        let newest = (!state.is_empty()).then_some(state.newest);
+        let decision = self.decide(t, state.total, state.entries(), newest, cost);
         if decision.allowed && cost > 0 {
             state.push(t, cost);
         }
@@ -202,21 +203,25 @@ impl SlidingLog {
             .entries()
             .filter(|&(at, _)| !expired(at, t, self.window));
         let count = live.clone().map(|(_, cost)| cost).sum();
-        self.decide(t, count, live, cost)
+        // Entries are in time order: the newest is live if any is.
+        let newest = (count > 0).then_some(state.newest);
+        self.decide(t, count, live, newest, cost)
     }
 
-    /// Decides at `t` from the live entries (oldest first) and their sum.
+    /// Decides at `t` from the live entries (oldest first), their sum and
+    /// the newest one's time (none: no live entry).
     fn decide(
         &self,
         t: Nanos,
         count: u64,
-        live: impl Iterator<Item = (Nanos, u64)> + Clone,
+        live: impl Iterator<Item = (Nanos, u64)>,
+        newest: Option<Nanos>,
         cost: u64,
     ) -> Decision {
         let until_gone =
             |at: Nanos| ceil_div(u128::from(at) + u128::from(self.window) - u128::from(t), 1);
         let need = u128::from(count) + u128::from(cost);
-        let newest = live.clone().last().map_or(0, |(at, _)| until_gone(at));
+        let newest = newest.map_or(0, until_gone);
         if need <= u128::from(self.limit) {
             // The newest live entry is this admission itself, made at `t` —
             // unless it charges nothing.
