@@ -113,6 +113,7 @@ impl SlidingCounter {
 
     /// The evaluation time, the window index, and the current and previous
     /// windows' counts at `now` (the state rolled forward).
+    #[inline(always)]
     fn roll(&self, state: SlidingCounterState, now: Nanos) -> (Nanos, u64, u64, u64) {
         let t = now.max(state.seen);
         let index = t / self.window;
@@ -125,6 +126,7 @@ impl SlidingCounter {
     }
 
     /// `(remaining, reset)` with `cur` and `prev` at `t`.
+    #[inline(always)]
     fn standing(&self, t: Nanos, cur: u64, prev: u64) -> (u64, Nanos) {
         let w = u128::from(self.window);
         let left = w - u128::from(t % self.window);
@@ -199,10 +201,10 @@ impl SlidingCounter {
         // where `cur` becomes the previous window.
         let retry = if cur128 + c <= l {
             // prev*(left - d) <= (L - cur - cost)*W; prev > 0 or we were allowed.
-            left - (l - cur128 - c) * w / prev128
+            left - u128::from(floor_div((l - cur128 - c) * w, prev128))
         } else {
             // cur*(W - e') <= (L - cost)*W with e' = d - left; cur > L - cost >= 0.
-            left + w - (l - c) * w / cur128
+            left + w - u128::from(floor_div((l - c) * w, cur128))
         };
         (
             Decision::rejected(remaining, ceil_div(retry, 1), reset),
