@@ -25,7 +25,11 @@ const CHECKS: usize = 20_000_000;
 
 /// Decisions per second of `check` over `keys` from `threads` threads,
 /// after one untimed pass over the keys.
-fn rate(check: impl Fn(&String) -> bool + Send + Sync + 'static, keys: usize, threads: usize) -> f64 {
+fn rate(
+    check: impl Fn(&String) -> bool + Send + Sync + 'static,
+    keys: usize,
+    threads: usize,
+) -> f64 {
     let keys: Arc<Vec<String>> = Arc::new((0..keys).map(|i| format!("user-{i}")).collect());
     let check = Arc::new(check);
     for key in keys.iter() {
@@ -69,7 +73,11 @@ fn main() {
         }
         _ => {
             let limiter = Limiter::new(Policy::parse(&spec).expect("a valid policy"));
-            rate(move |key| limiter.check(key, 1).expect("a valid check").allowed, keys, threads)
+            rate(
+                move |key| limiter.check(key, 1).expect("a valid check").allowed,
+                keys,
+                threads,
+            )
         }
     };
     println!("{library} {keys} keys {threads} threads: {per_second:.0} decisions/s");

@@ -34,8 +34,8 @@ use std::sync::{Arc, PoisonError};
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 
 use compact_str::CompactString;
-use parking_lot::Mutex;
 use hashbrown::HashTable;
+use parking_lot::Mutex;
 use weir_core::algo::{LeakyBucket, LevelState, TokenBucket};
 use weir_core::{CostError, Decision, Nanos, Policy, State};
 
