@@ -135,6 +135,10 @@ async fn send(
     mut own: Option<oneshot::Receiver<Connection>>,
     script: Arc<redis::Script>,
 ) {
+    // Loaded before the first call (on every node of a cluster): a call
+    // answered NOSCRIPT is loaded and sent again, and the other call in
+    // flight could overtake it, deciding later requests first.
+    load(&connection, &script).await;
     let calls = Arc::new(Semaphore::new(IN_FLIGHT));
     loop {
         let Ok(call) = calls.clone().acquire_owned().await else {
@@ -170,6 +174,19 @@ async fn send(
             });
         }
     }
+}
+
+/// Loads `script`, waiting at most a second: an error or a slow store is
+/// left to the calls, which load it again on NOSCRIPT.
+async fn load(connection: &Connection, script: &redis::Script) {
+    let invocation = script.prepare_invoke();
+    let load = async {
+        match connection {
+            Connection::Single(c) => invocation.load_async(&mut c.clone()).await,
+            Connection::Cluster(c) => invocation.load_async(&mut c.clone()).await,
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), load).await;
 }
 
 /// Splits a batch into script calls: one per hash slot (and marker use),
