@@ -135,11 +135,8 @@ async fn send(
     mut own: Option<oneshot::Receiver<Connection>>,
     script: Arc<redis::Script>,
 ) {
-    // Loaded before the first call (on every node of a cluster): a call
-    // answered NOSCRIPT is loaded and sent again, and the other call in
-    // flight could overtake it, deciding later requests first.
-    load(&connection, &script).await;
     let calls = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut alone = true;
     loop {
         let Ok(call) = calls.clone().acquire_owned().await else {
             return;
@@ -161,6 +158,15 @@ async fn send(
                 Err(oneshot::error::TryRecvError::Empty) => {}
             }
         }
+        // The first call goes alone: on a fresh Redis it is answered
+        // NOSCRIPT, loaded and sent again, and a second call in flight could
+        // overtake it, deciding later requests first.
+        if std::mem::take(&mut alone) {
+            for group in by_call(batch) {
+                decide(group, &connection, &script).await;
+            }
+            continue;
+        }
         let call = Arc::new(call);
         for group in by_call(batch) {
             let (connection, script, call) = (connection.clone(), script.clone(), call.clone());
@@ -174,19 +180,6 @@ async fn send(
             });
         }
     }
-}
-
-/// Loads `script`, waiting at most a second: an error or a slow store is
-/// left to the calls, which load it again on NOSCRIPT.
-async fn load(connection: &Connection, script: &redis::Script) {
-    let invocation = script.prepare_invoke();
-    let load = async {
-        match connection {
-            Connection::Single(c) => invocation.load_async(&mut c.clone()).await,
-            Connection::Cluster(c) => invocation.load_async(&mut c.clone()).await,
-        }
-    };
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), load).await;
 }
 
 /// Splits a batch into script calls: one per hash slot (and marker use),
