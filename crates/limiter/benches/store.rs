@@ -10,8 +10,10 @@
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+#[path = "support/walk.rs"]
+mod walk;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
@@ -19,41 +21,6 @@ use weir_limiter::{Limiter, Policy};
 
 const THREADS: [usize; 2] = [1, 2];
 const KEY_COUNTS: [usize; 2] = [1, 100_000];
-
-/// Runs `check` over `keys` from `threads` threads, `iters` checks in all,
-/// and returns the wall time.
-fn run<F: Fn(&String) + Sync + Send + 'static>(
-    check: Arc<F>,
-    keys: &Arc<Vec<String>>,
-    threads: usize,
-    iters: u64,
-) -> Duration {
-    let per_thread = iters / threads as u64;
-    let start = Instant::now();
-    let handles: Vec<_> = (0..threads)
-        .map(|t| {
-            let (check, keys) = (check.clone(), keys.clone());
-            thread::spawn(move || {
-                // Each thread walks the keys in order from its own starting
-                // point: the harness's own reads are sequential (prefetched),
-                // so what is measured is the stores' random access to their
-                // tables, as when a server checks the key it just parsed.
-                let mut i = t * keys.len() / threads;
-                for _ in 0..per_thread {
-                    i += 1;
-                    if i == keys.len() {
-                        i = 0;
-                    }
-                    check(&keys[i]);
-                }
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().unwrap();
-    }
-    start.elapsed()
-}
 
 fn keyed(c: &mut Criterion) {
     let weir_policies = [
@@ -81,7 +48,7 @@ fn keyed(c: &mut Criterion) {
                 black_box(governor.check_key(k).is_ok());
             });
             group.bench_function(BenchmarkId::new("governor", "gcra"), |b| {
-                b.iter_custom(|iters| run(check.clone(), &names, threads, iters));
+                b.iter_custom(|iters| walk::run(check.clone(), &names, threads, iters));
             });
 
             for spec in weir_policies {
@@ -91,7 +58,7 @@ fn keyed(c: &mut Criterion) {
                     black_box(limiter.check(k, 1).unwrap().allowed);
                 });
                 group.bench_function(BenchmarkId::new("weir", policy.algorithm().name()), |b| {
-                    b.iter_custom(|iters| run(check.clone(), &names, threads, iters));
+                    b.iter_custom(|iters| walk::run(check.clone(), &names, threads, iters));
                 });
             }
             group.finish();

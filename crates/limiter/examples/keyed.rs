@@ -16,12 +16,14 @@
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::Instant;
+
+#[path = "../benches/support/walk.rs"]
+mod walk;
 
 use governor::{Quota, RateLimiter};
 use weir_limiter::{Limiter, Policy};
 
-const CHECKS: usize = 20_000_000;
+const CHECKS: u64 = 20_000_000;
 
 /// Decisions per second of `check` over `keys` from `threads` threads,
 /// after one untimed pass over the keys.
@@ -31,30 +33,14 @@ fn rate(
     threads: usize,
 ) -> f64 {
     let keys: Arc<Vec<String>> = Arc::new((0..keys).map(|i| format!("user-{i}")).collect());
-    let check = Arc::new(check);
     for key in keys.iter() {
         check(key);
     }
-    let start = Instant::now();
-    let handles: Vec<_> = (0..threads)
-        .map(|t| {
-            let (check, keys) = (check.clone(), keys.clone());
-            std::thread::spawn(move || {
-                let mut i = t * keys.len() / threads;
-                for _ in 0..CHECKS / threads {
-                    i += 1;
-                    if i == keys.len() {
-                        i = 0;
-                    }
-                    black_box(check(&keys[i]));
-                }
-            })
-        })
-        .collect();
-    for handle in handles {
-        handle.join().expect("a checking thread");
-    }
-    CHECKS as f64 / start.elapsed().as_secs_f64()
+    let check = Arc::new(move |key: &String| {
+        black_box(check(key));
+    });
+    let took = walk::run(check, &keys, threads, CHECKS);
+    CHECKS as f64 / took.as_secs_f64()
 }
 
 fn main() {
