@@ -218,8 +218,22 @@ fn route<'a>(shared: &'a Shared, method: &Method, path: &'a str) -> Result<Match
     }
 }
 
-/// Every request that is not the API's: a gateway route, or `404`.
-pub(crate) async fn forward(State(state): State<Arc<AppState>>, request: Request) -> Response {
+/// The router's fallback: [`forward`].
+pub(crate) async fn fallback(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0);
+    forward(&state, peer, request).await
+}
+
+/// Every request that is not the API's, from `peer`: a gateway route, or
+/// `404`.
+pub(crate) async fn forward(
+    state: &AppState,
+    peer: Option<SocketAddr>,
+    request: Request,
+) -> Response {
     let shared = state.current();
     let path = match canonical(request.uri().path()) {
         Ok(path) => path,
@@ -235,7 +249,7 @@ pub(crate) async fn forward(State(state): State<Arc<AppState>>, request: Request
         traced.set("http.request.method", request.method().to_string());
     }
     let mut response = traced
-        .around(through(&shared, route, &params, &path, request))
+        .around(through(&shared, route, &params, &path, request, peer))
         .await;
     traced.set(
         "http.response.status_code",
@@ -254,11 +268,8 @@ async fn through(
     params: &[(&str, &str)],
     path: &str,
     request: Request,
+    peer: Option<SocketAddr>,
 ) -> Response {
-    let peer = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0);
     // A body announced over the route's bound is refused before anything
     // is charged.
     let announced = request

@@ -80,18 +80,63 @@ pub fn app(state: Arc<AppState>, face: Face) -> Router {
             .route("/ui/style.css", get(ui::style));
     }
     if face != Face::Internal {
-        router = router.fallback(gateway::forward);
+        router = router.fallback(gateway::fallback);
     }
     router
         .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
 }
 
+/// What a listener serves: the gateway's requests straight to the gateway
+/// (no router, no middleware stack: one boxed future per request, as a
+/// plain hyper service), everything else through [`app`]'s router.
+#[derive(Debug, Clone)]
+pub struct App {
+    router: Router,
+    gateway: Option<Arc<AppState>>,
+    face: Face,
+}
+
+impl App {
+    /// The service of a listener with `face`.
+    pub fn new(state: Arc<AppState>, face: Face) -> Self {
+        Self {
+            router: app(state.clone(), face),
+            gateway: (face != Face::Internal).then_some(state),
+            face,
+        }
+    }
+
+    /// The state, when `path` goes to the gateway directly: any path the
+    /// router has no route for (a path it might have — under `/v1/` — goes
+    /// through the router, which answers it as [`app`] does).
+    pub(crate) fn gateway(&self, path: &str) -> Option<&Arc<AppState>> {
+        let api = match self.face {
+            Face::Public => path == "/healthz",
+            Face::All | Face::Internal => {
+                path.starts_with("/v1/")
+                    || matches!(
+                        path,
+                        "/healthz"
+                            | "/readyz"
+                            | "/metrics"
+                            | "/ui"
+                            | "/ui/app.js"
+                            | "/ui/style.css"
+                    )
+            }
+        };
+        self.gateway.as_ref().filter(|_| !api)
+    }
+
+    /// The router, for every other request.
+    pub(crate) fn router(&self) -> &Router {
+        &self.router
+    }
+}
+
 /// What every request goes through, as one layer (one boxed future, not
-/// one per rule): headers over [`MAX_HEADER_BYTES`] refused with `431`, the
-/// body's pieces bounded in time ([`bound_body`]), and every answer counted
-/// in `weir_http_requests_total{route,status}` — a gateway route as
-/// written, an API path as routed, or `unmatched`.
+/// one per rule): [`guarded`].
 async fn guard(
     state: axum::extract::State<Arc<AppState>>,
     request: axum::extract::Request,
@@ -101,6 +146,20 @@ async fn guard(
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .cloned();
+    let path = path.as_ref().map(axum::extract::MatchedPath::as_str);
+    guarded(&state, path, request, |request| next.run(request)).await
+}
+
+/// Headers over [`MAX_HEADER_BYTES`] refused with `431`, the body's pieces
+/// bounded in time ([`bound_body`]), and every answer counted in
+/// `weir_http_requests_total{route,status}` — a gateway route as written,
+/// an API path as routed (`path`), or `unmatched`.
+pub(crate) async fn guarded<F: Future<Output = axum::response::Response>>(
+    state: &Arc<AppState>,
+    path: Option<&str>,
+    request: axum::extract::Request,
+    next: impl FnOnce(axum::extract::Request) -> F,
+) -> axum::response::Response {
     let size: usize = request
         .headers()
         .iter()
@@ -108,11 +167,11 @@ async fn guard(
         .sum();
     let response = match size > MAX_HEADER_BYTES {
         true => axum::response::IntoResponse::into_response(ApiError::HeadersTooLarge(size)),
-        false => next.run(bound_body(state, request)).await,
+        false => next(bound_body(state, request)).await,
     };
-    let route = match (response.extensions().get::<RouteLabel>(), &path) {
+    let route = match (response.extensions().get::<RouteLabel>(), path) {
         (Some(label), _) => &*label.0,
-        (None, Some(path)) => path.as_str(),
+        (None, Some(path)) => path,
         (None, None) => "unmatched",
     };
     metrics::Meters::http(route, response.status().as_u16());
@@ -123,10 +182,7 @@ async fn guard(
 /// body_timeout`: a client that stops sending mid-body fails the read
 /// (answered `400`, or `408` by the decision API) instead of holding the
 /// request.
-fn bound_body(
-    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
-    request: axum::extract::Request,
-) -> axum::extract::Request {
+fn bound_body(state: &AppState, request: axum::extract::Request) -> axum::extract::Request {
     use hyper::body::Body as _;
     if request.body().is_end_stream() {
         return request;
@@ -187,11 +243,7 @@ async fn joined(threads: Vec<std::thread::JoinHandle<std::io::Result<()>>>) -> s
 /// the housekeeping, and picks the face of the main listener.
 async fn prepare(
     state: Arc<AppState>,
-) -> (
-    axum::Router,
-    config::ConnectionLimits,
-    tokio::task::JoinHandle<()>,
-) {
+) -> (App, config::ConnectionLimits, tokio::task::JoinHandle<()>) {
     // Serve at once either way; a store still down is decided by the
     // policies' on_store_error rules until the probe reaches it.
     if !state
@@ -230,7 +282,7 @@ async fn prepare(
         }
     };
     let limits = config.server.limits;
-    (app(state, face), limits, sweeper)
+    (App::new(state, face), limits, sweeper)
 }
 
 /// Serves the internal face (`[server] internal`: the decision API, admin,
@@ -241,7 +293,7 @@ pub async fn run_internal(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let limits = state.current().config.server.limits;
-    serve::serve(listener, app(state, Face::Internal), limits, shutdown).await
+    serve::serve(listener, App::new(state, Face::Internal), limits, shutdown).await
 }
 
 /// [`run_grpc`] from `threads` threads with a current-thread runtime each

@@ -4,6 +4,7 @@
 //! graceful shutdown with a deadline. HTTP/1.1 only: h2c is not offered.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -14,11 +15,13 @@ use std::time::{Duration, Instant};
 
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tower_service::Service;
 
+use axum::extract::ConnectInfo;
+
+use crate::App;
 use crate::config::ConnectionLimits;
 
 /// The largest request head hyper buffers (headers over
@@ -175,11 +178,11 @@ impl AsyncWrite for Tracked {
     }
 }
 
-/// The app, counting requests in flight for the watchdog: a request's head
-/// is complete when it reaches the service.
-#[derive(Clone)]
-struct Counted<S> {
-    inner: S,
+/// One connection's service: the app, counting requests in flight for the
+/// watchdog (a request's head is complete when it reaches the service).
+struct Conn {
+    app: App,
+    peer: SocketAddr,
     activity: Arc<Activity>,
 }
 
@@ -194,24 +197,29 @@ impl Drop for InFlight {
     }
 }
 
-impl<S, R> Service<R> for Counted<S>
-where
-    S: Service<R> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+type Answer = Pin<Box<dyn Future<Output = Result<axum::response::Response, Infallible>> + Send>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
+impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Conn {
+    type Response = axum::response::Response;
+    type Error = Infallible;
+    type Future = Answer;
 
-    fn call(&mut self, request: R) -> Self::Future {
+    fn call(&self, request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
         self.activity.in_flight.fetch_add(1, Ordering::AcqRel);
         self.activity.head_since.store(0, Ordering::Release);
         let guard = InFlight(self.activity.clone());
-        let called = self.inner.call(request);
+        let mut request = request.map(axum::body::Body::new);
+        if let Some(state) = self.app.gateway(request.uri().path()) {
+            let (state, peer) = (state.clone(), self.peer);
+            return Box::pin(async move {
+                let forward = |request| crate::gateway::forward(&state, Some(peer), request);
+                let response = crate::guarded(&state, None, request, forward).await;
+                drop(guard);
+                Ok(response)
+            });
+        }
+        request.extensions_mut().insert(ConnectInfo(self.peer));
+        let called = self.app.router().clone().call(request);
         Box::pin(async move {
             let response = called.await;
             drop(guard);
@@ -229,32 +237,32 @@ fn accept_error(e: &std::io::Error, last: &mut Option<Instant>) {
     }
 }
 
-/// Serves `router` on `listener` within `limits` until `shutdown`
+/// Serves `app` on `listener` within `limits` until `shutdown`
 /// completes; then stops accepting and gives the connections in flight up
 /// to `shutdown_timeout` to finish.
 pub async fn serve(
     listener: TcpListener,
-    router: axum::Router,
+    app: App,
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let open = Arc::new(Mutex::new(Open::default()));
-    serve_counted(listener, router, limits, open, shutdown).await
+    serve_counted(listener, app, limits, open, shutdown).await
 }
 
-/// Serves `router` on `listener` from `threads` threads ([`per_core`]),
+/// Serves `app` on `listener` from `threads` threads ([`per_core`]),
 /// sharing the connection caps, until `stop` turns true.
 pub fn serve_per_core(
     listener: std::net::TcpListener,
     threads: usize,
-    router: axum::Router,
+    app: App,
     limits: ConnectionLimits,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<Vec<std::thread::JoinHandle<std::io::Result<()>>>> {
     let open = Arc::new(Mutex::new(Open::default()));
     per_core(listener, threads, "weir-http", move |listener| {
-        let (router, open) = (router.clone(), open.clone());
-        serve_counted(listener, router, limits, open, stopped(stop.clone()))
+        let (app, open) = (app.clone(), open.clone());
+        serve_counted(listener, app, limits, open, stopped(stop.clone()))
     })
 }
 
@@ -298,12 +306,11 @@ where
 
 async fn serve_counted(
     listener: TcpListener,
-    router: axum::Router,
+    app: App,
     limits: ConnectionLimits,
     open: Arc<Mutex<Open>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let mut make = router.into_make_service_with_connect_info::<SocketAddr>();
     let graceful = GracefulShutdown::new();
     let mut last_error = None;
     tokio::pin!(shutdown);
@@ -329,16 +336,16 @@ async fn serve_counted(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let Ok(app) = make.call(peer).await;
         let activity = Arc::new(Activity::new());
         let io = TokioIo::new(Tracked {
             stream,
             activity: activity.clone(),
         });
-        let service = TowerToHyperService::new(Counted {
-            inner: app,
+        let service = Conn {
+            app: app.clone(),
+            peer,
             activity: activity.clone(),
-        });
+        };
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .max_buf_size(MAX_BUF)

@@ -169,6 +169,55 @@ async fn forwards_admitted_requests_and_answers_the_rest_with_429() {
     );
 }
 
+/// Gateway requests skip the router (`weir_server::App`); the API's paths
+/// still win over a route that would take them, as the router's would.
+#[tokio::test]
+async fn api_paths_win_over_routes_and_the_rest_is_the_gateways() {
+    let (up, seen) = upstream().await;
+    let text = format!(
+        r#"
+[policies.open]
+algorithm = "token-bucket"
+capacity = 100
+rate = "1/s"
+
+[[routes]]
+match = "GET /v1/{{anything}}"
+identity = "peer"
+policies = ["open"]
+upstream = "http://{up}"
+
+[[routes]]
+match = "GET /{{anything}}"
+identity = "peer"
+policies = ["open"]
+upstream = "http://{up}"
+"#
+    );
+    let (addr, _) = start(&text).await;
+    let get = async |path: &str| send("GET", &format!("http://{addr}{path}"), &[], "").await;
+    // The API's own paths, answered by weir.
+    assert_eq!(
+        get("/v1/policies").await.json()["policies"][0]["name"],
+        "open"
+    );
+    for path in ["/healthz", "/readyz", "/metrics", "/ui"] {
+        let reply = get(path).await;
+        assert_eq!(reply.status, 200, "{path}");
+        assert!(reply.header("ratelimit").is_empty(), "{path} was forwarded");
+    }
+    assert!(seen.lock().unwrap().is_empty());
+    // Under /v1/ but no API path, and anything else: the routes.
+    for path in ["/v1/other", "/other", "/metricsz"] {
+        let reply = get(path).await;
+        assert_eq!(
+            (reply.status, reply.body.as_str()),
+            (200, format!("GET {path} ").as_str())
+        );
+    }
+    assert_eq!(seen.lock().unwrap().len(), 3);
+}
+
 #[tokio::test]
 async fn a_shaper_delays_on_the_wire_and_max_wait_refuses() {
     let (up, seen) = upstream().await;
