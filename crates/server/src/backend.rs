@@ -762,5 +762,9 @@ fn fall_back(
 /// identity) pairs share a key.
 pub(crate) fn scoped_key(scope: &str, identity: &str) -> Result<String, CheckError> {
     weir_core::check::check_key(identity, MAX_IDENTITY)?;
-    Ok(format!("{scope}:{identity}"))
+    let mut key = String::with_capacity(scope.len() + 1 + identity.len());
+    key.push_str(scope);
+    key.push(':');
+    key.push_str(identity);
+    Ok(key)
 }

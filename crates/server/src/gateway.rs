@@ -40,6 +40,11 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::UPGRADE,
 ];
 
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
 thread_local! {
     /// The upstream connection pool of this thread: with a runtime per core
     /// (`serve::serve_per_core`), a proxied request and its upstream call
@@ -50,28 +55,25 @@ thread_local! {
 
 /// The path parameters when `path` matches the route's pattern.
 fn path_matches<'a>(route: &'a Route, path: &'a str) -> Option<Vec<(&'a str, &'a str)>> {
-    let parts: Vec<&str> = path.split('/').skip(1).collect();
-    if parts.len() != route.segments.len() {
-        return None;
-    }
+    let mut parts = path.split('/').skip(1);
     let mut params = Vec::new();
-    for (segment, part) in route.segments.iter().zip(parts) {
-        match segment {
-            Segment::Literal(text) if text == part => {}
-            Segment::Param(name) if !part.is_empty() => params.push((name.as_str(), part)),
-            Segment::Literal(_) | Segment::Param(_) => return None,
+    for segment in &route.segments {
+        match (segment, parts.next()?) {
+            (Segment::Literal(text), part) if text == part => {}
+            (Segment::Param(name), part) if !part.is_empty() => params.push((name.as_str(), part)),
+            _ => return None,
         }
     }
-    Some(params)
+    parts.next().is_none().then_some(params)
 }
 
-/// What a path segment may hold unencoded when forwarded.
-const SEGMENT: &AsciiSet = &CONTROLS
+/// What a canonical path may hold unencoded when forwarded (each `/` in it
+/// separates segments: an encoded one is refused by [`canonical`]).
+const PATH: &AsciiSet = &CONTROLS
     .add(b' ')
     .add(b'"')
     .add(b'#')
     .add(b'%')
-    .add(b'/')
     .add(b'<')
     .add(b'>')
     .add(b'?')
@@ -90,8 +92,12 @@ const SEGMENT: &AsciiSet = &CONTROLS
 /// limiter and the upstream read one path as two.
 pub(crate) fn canonical(raw: &str) -> Result<String, ApiError> {
     let bad = |why: &str| Err(ApiError::BadPath(format!("{why}: {}", raw.escape_debug())));
-    let lower = raw.to_ascii_lowercase();
-    if lower.contains("%2f") || lower.contains("%5c") {
+    let encoded = |c: &str| {
+        raw.as_bytes()
+            .windows(3)
+            .any(|w| w[0] == b'%' && w[1..].eq_ignore_ascii_case(c.as_bytes()))
+    };
+    if raw.contains('%') && (encoded("2f") || encoded("5c")) {
         return bad("an encoded `/` or `\\` in the path");
     }
     let Ok(decoded) = percent_decode_str(raw).decode_utf8() else {
@@ -100,13 +106,12 @@ pub(crate) fn canonical(raw: &str) -> Result<String, ApiError> {
     if decoded.contains(['\\', '\0', ';']) {
         return bad("`\\`, NUL or `;` in the path");
     }
-    let segments: Vec<&str> = decoded.split('/').skip(1).collect();
-    let last = segments.len().saturating_sub(1);
-    for (i, segment) in segments.iter().enumerate() {
-        if *segment == "." || *segment == ".." {
+    let mut segments = decoded.split('/').skip(1).peekable();
+    while let Some(segment) = segments.next() {
+        if segment == "." || segment == ".." {
             return bad("a `.` or `..` segment in the path");
         }
-        if segment.is_empty() && i != last {
+        if segment.is_empty() && segments.peek().is_some() {
             return bad("an empty segment in the path");
         }
     }
@@ -115,10 +120,7 @@ pub(crate) fn canonical(raw: &str) -> Result<String, ApiError> {
 
 /// A canonical path, encoded once for the upstream.
 fn encode(path: &str) -> String {
-    path.split('/')
-        .map(|segment| utf8_percent_encode(segment, SEGMENT).to_string())
-        .collect::<Vec<_>>()
-        .join("/")
+    std::borrow::Cow::from(utf8_percent_encode(path, PATH)).into_owned()
 }
 
 /// The client's address: the peer, or — when the peer is a trusted proxy —
@@ -175,14 +177,14 @@ fn identity(
             .map(|(_, v)| (*v).to_owned()),
         Identity::Peer => client.map(|ip| ip.to_string()),
     };
-    let scope = route.identity.scope();
+    let scope = &route.scope;
     let value = value.map(|v| match route.fold_case {
         true => v.to_lowercase(),
         false => v,
     });
     match value {
         Some(v) if !v.trim().is_empty() => {
-            let key = scoped_key(&scope, &v)?;
+            let key = scoped_key(scope, &v)?;
             Ok((v, key))
         }
         Some(_) => Err(ApiError::MissingIdentity(format!("the {scope} is empty"))),
@@ -379,7 +381,13 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::try_from(name.trim()).ok())
         .collect();
-    for name in HOP_BY_HOP.iter().chain(&named) {
+    // One pass over the names present, not a removal per listed name.
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| HOP_BY_HOP.contains(name) || named.contains(name))
+        .cloned()
+        .collect();
+    for name in doomed {
         headers.remove(name);
     }
 }
@@ -415,7 +423,7 @@ async fn send(
     strip_hop_by_hop(headers);
     // The client's host goes on as X-Forwarded-Host; the upstream's is Host.
     if let Some(host) = headers.remove(header::HOST) {
-        headers.insert(HeaderName::from_static("x-forwarded-host"), host);
+        headers.insert(X_FORWARDED_HOST, host);
     }
     if let Ok(host) = HeaderValue::try_from(authority) {
         headers.insert(header::HOST, host);
@@ -426,31 +434,30 @@ async fn send(
         let nets = &shared.config.server.trusted_proxies;
         nets.iter().any(|net| net.contains(&p.ip()))
     });
-    let xff = HeaderName::from_static("x-forwarded-for");
-    let chain: Vec<String> = match trusted {
-        true => headers
-            .get_all(&xff)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .map(str::to_owned)
-            .collect(),
+    let mut chain = String::new();
+    match trusted {
+        true => {
+            for hop in headers.get_all(X_FORWARDED_FOR).iter() {
+                if let Ok(hop) = hop.to_str() {
+                    chain.push_str(hop);
+                    chain.push_str(", ");
+                }
+            }
+        }
         false => {
             headers.remove(header::FORWARDED);
-            headers.remove(HeaderName::from_static("x-real-ip"));
-            Vec::new()
-        }
-    };
-    headers.remove(&xff);
-    if let Some(ip) = peer.map(|p| p.ip().to_string()) {
-        let value = chain.into_iter().chain([ip]).collect::<Vec<_>>().join(", ");
-        if let Ok(value) = HeaderValue::try_from(value) {
-            headers.insert(xff, value);
+            headers.remove(X_REAL_IP);
         }
     }
-    headers.insert(
-        HeaderName::from_static("x-forwarded-proto"),
-        HeaderValue::from_static("http"),
-    );
+    headers.remove(X_FORWARDED_FOR);
+    if let Some(peer) = peer {
+        use std::fmt::Write as _;
+        let _ = write!(chain, "{}", peer.ip());
+        if let Ok(value) = HeaderValue::try_from(chain) {
+            headers.insert(X_FORWARDED_FOR, value);
+        }
+    }
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     // A usage header may come as a trailer, which HTTP/1.1 sends only to
     // who asks for them.
     if matches!(route.usage, Some(Usage::Header(_))) {

@@ -321,7 +321,7 @@ async fn clients_get_http_1_1_and_the_upstream_gets_forwarding_headers() {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream
         .write_all(
-            b"GET /old HTTP/1.1\r\nHost: shop.example\r\nX-Forwarded-For: 6.6.6.6\r\nConnection: close, x-secret\r\nX-Secret: 1\r\n\r\n",
+            b"GET /old HTTP/1.1\r\nHost: shop.example\r\nX-Forwarded-For: 6.6.6.6\r\nConnection: close, x-secret\r\nX-Secret: 1\r\nKeep-Alive: timeout=5\r\nProxy-Authorization: Basic eA==\r\n\r\n",
         )
         .await
         .unwrap();
@@ -339,6 +339,9 @@ async fn clients_get_http_1_1_and_the_upstream_gets_forwarding_headers() {
         !head.contains("x-secret"),
         "named in Connection: stripped: {head}"
     );
+    for hop in ["keep-alive:", "proxy-authorization:", "connection: close"] {
+        assert!(!head.contains(hop), "hop-by-hop {hop} stripped: {head}");
+    }
     assert!(head.contains(&format!("host: {up}")), "{head}");
 }
 

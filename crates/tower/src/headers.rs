@@ -4,11 +4,20 @@
 //! (draft-ietf-httpapi-ratelimit-headers), e.g. `"api";q=10;w=5` and
 //! `"api";r=0;t=1`, and the `429` with its JSON body.
 
+use std::fmt::Write as _;
+
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 use weir_limiter::{Decision, Nanos, Policy};
 
 const SECOND: Nanos = 1_000_000_000;
+
+// Names made once, at compile time (`from_static` in a `const`).
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 fn ceil_seconds(ns: Nanos) -> u64 {
     ns.div_ceil(SECOND)
@@ -114,16 +123,13 @@ pub fn fields_in(style: HeaderStyle, parts: &[Part<'_>]) -> Vec<(HeaderName, Hea
         )
     });
     if let (HeaderStyle::XRateLimit | HeaderStyle::Both, Some(p)) = (style, tightest) {
+        out.push((X_RATELIMIT_LIMIT, HeaderValue::from(p.limit)));
         out.push((
-            HeaderName::from_static("x-ratelimit-limit"),
-            HeaderValue::from(p.limit),
-        ));
-        out.push((
-            HeaderName::from_static("x-ratelimit-remaining"),
+            X_RATELIMIT_REMAINING,
             HeaderValue::from(p.decision.remaining.min(p.limit)),
         ));
         out.push((
-            HeaderName::from_static("x-ratelimit-reset"),
+            X_RATELIMIT_RESET,
             HeaderValue::from(ceil_seconds(p.decision.reset)),
         ));
     }
@@ -145,14 +151,14 @@ pub fn fields(parts: &[Part<'_>]) -> [(HeaderName, HeaderValue); 2] {
         sf_string(&mut states, part.name);
         let remaining = part.decision.remaining.min(part.limit);
         let reset = ceil_seconds(part.decision.reset);
-        states.push_str(&format!(";r={remaining};t={reset}"));
+        let _ = write!(states, ";r={remaining};t={reset}");
     }
     [
         (
-            HeaderName::from_static("ratelimit-policy"),
+            RATELIMIT_POLICY,
             HeaderValue::from_bytes(&policies).unwrap_or_else(|_| HeaderValue::from_static("")),
         ),
-        (HeaderName::from_static("ratelimit"), value(states)),
+        (RATELIMIT, value(states)),
     ]
 }
 
@@ -195,17 +201,17 @@ impl Limited<'_> {
     pub fn response<B: From<String>>(&self) -> Response<B> {
         let mut response = Response::new(B::from(self.body()));
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        response.headers_mut().extend(self.headers());
+        let headers = self.headers();
+        response.headers_mut().reserve(headers.len());
+        response.headers_mut().extend(headers);
         response
     }
 }
 
 /// `{"error":CODE,"policy":NAME}`.
 pub fn error_body(code: &str, policy: &str) -> String {
-    format!(
-        r#"{{"error":"{code}","policy":{}}}"#,
-        serde_json::Value::from(policy)
-    )
+    let policy = serde_json::to_string(policy).unwrap_or_default();
+    format!(r#"{{"error":"{code}","policy":{policy}}}"#)
 }
 
 #[cfg(test)]

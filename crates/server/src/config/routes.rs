@@ -22,6 +22,8 @@ pub struct Route {
     pub segments: Vec<Segment>,
     /// Where the identity comes from.
     pub identity: Identity,
+    /// Its scope ([`Identity::scope`]), made once.
+    pub scope: String,
     /// Policies checked all-or-nothing.
     pub policies: Vec<PolicyId>,
     /// `scheme://authority` of the upstream.
@@ -344,6 +346,7 @@ pub(super) fn parse(
                 label: std::sync::Arc::from(pattern),
                 method,
                 segments,
+                scope: identity.scope(),
                 identity,
                 policies,
                 upstream,
