@@ -29,7 +29,7 @@ use crate::telemetry::Traced;
 use crate::usage::{Charge, Metered, Scanner};
 
 /// Headers that belong to one connection, not to the request.
-const HOP_BY_HOP: [HeaderName; 8] = [
+static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     header::PROXY_AUTHENTICATE,
@@ -347,7 +347,8 @@ async fn through(
         key: key.clone(),
         admitted: cost,
     });
-    let mut response = send(shared, route, path, request, peer, charge).await;
+    // Boxed: the refusing path (most of a flood) then moves a small future.
+    let mut response = Box::pin(send(shared, route, path, request, peer, charge)).await;
     let style = shared.config.server.headers;
     response.headers_mut().extend(fields_in(style, &parts));
     response

@@ -94,7 +94,8 @@ pub(crate) fn process() -> &'static metrics_process::Collector {
 /// instead of registering it again.
 /// Read on every request from every thread: a lock whose readers write no
 /// shared cache line.
-type Handles<T> = OnceLock<ShardedLock<HashMap<String, Vec<(u16, T)>>>>;
+type Handles<T> =
+    OnceLock<ShardedLock<HashMap<String, Vec<(u16, T)>, foldhash::fast::RandomState>>>;
 
 /// The handle of `route` and `status`, or the one `make` registers (kept
 /// for at most [`MAX_ROUTES`] routes: routes and API paths are configured).
