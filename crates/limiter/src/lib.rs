@@ -340,11 +340,13 @@ impl<C: Clock> Limiter<C> {
     }
 
     /// Checks `key` against the first policy added, at the clock's time.
+    #[inline]
     pub fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
         self.check_one(Check::new(PolicyId(0), key).cost(cost))
     }
 
     /// Decides one check at the clock's time.
+    #[inline]
     pub fn check_one(&self, check: Check<'_>) -> Result<Decision, Error> {
         let named = self.validate(check)?;
         self.charge(named, check, Op::Check)
@@ -411,26 +413,36 @@ impl<C: Clock> Limiter<C> {
         Ok(named)
     }
 
+    /// Decides one check. The common path is inlined into the caller and
+    /// hands the decision back in registers; the rest is out of line.
+    #[inline(always)]
     fn charge(&self, named: &Named, check: Check<'_>, op: Op) -> Result<Decision, Error> {
         let now = || self.clock.now();
-        let cost_error = |error| {
-            Error::from(CheckError::Cost {
-                policy: named.name.clone(),
-                error,
-            })
-        };
-        let key = check.key;
-        match named.store.check(key, check.cost, &now, &named.budget, op) {
-            Ok(result) => result.map_err(cost_error),
-            Err(Full) => {
-                self.sweep_when_full(now(), &named.budget)?;
-                match named.store.check(key, check.cost, &now, &named.budget, op) {
-                    Ok(result) => result.map_err(cost_error),
-                    Err(Full) => Err(Error::TooManyKeys {
-                        max: named.budget.spent().unwrap_or(self.budget.max()),
-                    }),
-                }
-            }
+        match named
+            .store
+            .check(check.key, check.cost, &now, &named.budget, op)
+        {
+            Ok(Ok(decision)) => Ok(decision),
+            Ok(Err(error)) => Err(cost_error(named, error)),
+            Err(Full) => self.charge_when_full(named, check, op),
+        }
+    }
+
+    /// [`Self::charge`] when the key budget was spent: sweeps idle keys,
+    /// then tries once more.
+    #[cold]
+    #[inline(never)]
+    fn charge_when_full(&self, named: &Named, check: Check<'_>, op: Op) -> Result<Decision, Error> {
+        let now = || self.clock.now();
+        self.sweep_when_full(now(), &named.budget)?;
+        match named
+            .store
+            .check(check.key, check.cost, &now, &named.budget, op)
+        {
+            Ok(result) => result.map_err(|error| cost_error(named, error)),
+            Err(Full) => Err(Error::TooManyKeys {
+                max: named.budget.spent().unwrap_or(self.budget.max()),
+            }),
         }
     }
 
@@ -770,4 +782,13 @@ impl<C: Clock> Limiter<C> {
             decisions,
         })
     }
+}
+
+/// A cost the policy cannot take, named by the policy.
+#[cold]
+fn cost_error(named: &Named, error: weir_core::CostError) -> Error {
+    Error::from(CheckError::Cost {
+        policy: named.name.clone(),
+        error,
+    })
 }
