@@ -2,7 +2,7 @@
 # The gateway's user-space instructions per request, counted by valgrind's
 # callgrind over a 6 s wrk run: the admitted path (docs/bench/gateway.lua)
 # and the 429 path (docs/bench/gateway-flood.lua). Unlike a rate on a shared
-# machine, the count moves by under 1 % between runs, so a change to the
+# machine, the count moves by about 2 % between runs, so a change to the
 # forwarding path can be judged by it.
 #
 #   bench/instructions.sh [WEIR-BINARY]      (default: target/release/weir)
