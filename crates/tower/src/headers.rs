@@ -201,9 +201,7 @@ impl Limited<'_> {
     pub fn response<B: From<String>>(&self) -> Response<B> {
         let mut response = Response::new(B::from(self.body()));
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        let headers = self.headers();
-        response.headers_mut().reserve(headers.len());
-        response.headers_mut().extend(headers);
+        response.headers_mut().extend(self.headers());
         response
     }
 }
