@@ -59,6 +59,8 @@ pub enum Face {
 /// The router of one listener. Every path no API route takes goes to the
 /// gateway routes (on the public side).
 pub fn app(state: Arc<AppState>, face: Face) -> Router {
+    // A path added here outside `/v1/` must be added to `App::gateway` too,
+    // or the listener sends it to the gateway routes first.
     let mut router = Router::new().route("/healthz", get(api::healthz));
     if face != Face::Public {
         router = router
