@@ -22,13 +22,7 @@ sections=("$@")
 [ ${#sections[@]} -eq 0 ] && sections=(library redis gateway rls)
 want() { [[ " ${sections[*]} " == *" $1 "* ]]; }
 
-need() { # need PROGRAM DEBIAN-PACKAGE
-  command -v "$1" >/dev/null && return
-  if command -v apt-get >/dev/null; then
-    (apt-get install -y "$2" >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y "$2" >/dev/null; })
-  fi
-  command -v "$1" >/dev/null || { echo "compare: $1 is missing (Debian package $2)" >&2; return 1; }
-}
+. bench/need.sh
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }

@@ -13,11 +13,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-target/compare}
 mkdir -p "$OUT" /tmp/weir-bench
-for tool in valgrind:valgrind nginx:nginx-light wrk:wrk; do
-  command -v "${tool%%:*}" >/dev/null || apt-get install -y "${tool#*:}" >/dev/null
-done
+. bench/need.sh
+need valgrind valgrind
+need nginx nginx-light
+need wrk wrk
+need curl curl
+# Without an argument, weir as built from this tree now (never a stale build).
+[ $# -eq 0 ] && cargo build --release -q -p weir
 weir=${1:-target/release/weir}
-[ -x "$weir" ] || cargo build --release -q -p weir
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
 if ! curl -s -o /dev/null http://127.0.0.1:19000/; then
