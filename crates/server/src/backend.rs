@@ -615,7 +615,9 @@ async fn charged(
         .await?;
     let charged = checked.all.allowed && checks.iter().any(|c| c.check.cost > 0);
     if let (true, Some(first)) = (replica_acks > 0 && charged, checks.first()) {
-        let acked = store.wait_replicas(first.check.key, replica_acks).await?;
+        // Boxed: its future is large (~3 kB), and would otherwise make every
+        // store call's future that large, copied on each call.
+        let acked = Box::pin(store.wait_replicas(first.check.key, replica_acks)).await?;
         if acked < u64::from(replica_acks) {
             return Err(StoreError::Replication {
                 acked,

@@ -11,6 +11,7 @@ use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use futures_util::future::Either;
 use opentelemetry::trace::{FutureExt, Status, TraceContextExt, Tracer, TracerProvider};
 use opentelemetry::{Context, KeyValue, Value};
 use opentelemetry_otlp::WithExportConfig;
@@ -105,10 +106,12 @@ impl Traced {
     }
 
     /// Runs `future` with this span as the parent of the spans it starts.
-    pub(crate) async fn around<F: Future>(&self, future: F) -> F::Output {
+    /// Not an `async fn`: that would hold `future` twice (as its argument
+    /// and as what it awaits), doubling the size of every caller's future.
+    pub(crate) fn around<F: Future>(&self, future: F) -> impl Future<Output = F::Output> {
         match &self.0 {
-            Some(cx) => future.with_context(cx.clone()).await,
-            None => future.await,
+            Some(cx) => Either::Left(future.with_context(cx.clone())),
+            None => Either::Right(future),
         }
     }
 }
