@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Reruns every side-by-side comparison of docs/BENCHMARKS.md in one go and
-# prints one table: peer, weir, ratio, p50/p99, and the command behind each.
+# prints one table: peer, weir, ratio, p50/p99, and the command behind each;
+# for the servers (gateway, RLS), also the CPU time each spends per request
+# (user + system, from /proc; on Redis, Redis's included), which unlike the
+# rates does not depend on what the load generator beside them takes.
 #
 #   bench/compare.sh [library] [redis] [gateway] [rls] [pingora]
 #                                   (default: all but pingora)
@@ -29,11 +32,24 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
 rows=()
-# row COMPARISON PEER PEER_RATE WEIR_RATE PEER_LAT WEIR_LAT COMMAND
+# row COMPARISON PEER PEER_RATE WEIR_RATE PEER_LAT WEIR_LAT COMMAND [PEER_CPU WEIR_CPU]
 row() {
-  local ratio
+  local ratio cpu="—"
   ratio=$(python3 -c "p,w=float('$3' or 0),float('$4' or 0); print(f'{w/p:.2f}×' if p else '—')")
-  rows+=("| $1 | $2 | $3 | $4 | **$ratio** | $5 | $6 | \`$7\` |")
+  [ -n "${9:-}" ] && cpu="${8:-—} / $9"
+  rows+=("| $1 | $2 | $3 | $4 | **$ratio** | $cpu | $5 | $6 | \`$7\` |")
+}
+# CPU time (user + system) of processes and their children's threads, in
+# clock ticks, and per request: what a server spends on each request,
+# whatever the load generator beside it costs.
+ticks() { # ticks PID... -> ticks so far
+  local t=0 p
+  for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat"))); done
+  echo "$t"
+}
+with_children() { echo "$1 $(pgrep -P "$1" | tr '\n' ' ')"; }
+per_request() { # per_request TICKS REQUESTS -> µs
+  python3 -c "print(round($1 * 1e6 / $(getconf CLK_TCK) / max($2, 1), 1))"
 }
 
 cargo build --release -q -p weir
@@ -67,6 +83,7 @@ fi
 # --- Redis: batching, and the refusal cache ------------------------------
 start_redis() { # start_redis PORT
   redis-server --port "$1" --save '' --appendonly no --daemonize no >/dev/null &
+  REDIS_PID=$!
   pids+=($!)
   for _ in $(seq 50); do redis-cli -p "$1" PING >/dev/null 2>&1 && return; sleep 0.1; done
 }
@@ -113,9 +130,12 @@ median() { sort -n | awk '{ l[NR] = $0 } END { print l[int((NR + 1) / 2)] }'; }
 # against the forwarding paths it was chosen over: Pingora and a bare hyper
 # proxy with weir's limiter in front (bench/pingora-eval, its own workspace;
 # Pingora's build needs cmake). One weir series serves every row.
-wrk_run() { # wrk_run SCRIPT URL -> "rate p50 p99"
-  wrk -t1 -c32 -d"${SECONDS_EACH}s" --latency -s "$1" "$2" >"$OUT/wrk.txt"
-  awk '/Requests\/sec/ { r = $2 } $1 == "50%" { p50 = $2 } $1 == "99%" { p99 = $2 } END { printf "%.0f %s %s\n", r, p50, p99 }' "$OUT/wrk.txt"
+wrk_run() { # wrk_run SCRIPT URL PIDS... -> "rate p50 p99 cpu-µs-per-request"
+  local script=$1 url=$2 before
+  shift 2
+  before=$(ticks "$@")
+  wrk -t1 -c32 -d"${SECONDS_EACH}s" --latency -s "$script" "$url" >"$OUT/wrk.txt"
+  echo "$(awk '/Requests\/sec/ { r = $2 } $1 == "50%" { p50 = $2 } $1 == "99%" { p99 = $2 } END { printf "%.0f %s %s\n", r, p50, p99 }' "$OUT/wrk.txt") $(per_request $(($(ticks "$@") - before)) "$(awk '/requests in/ { print $1 }' "$OUT/wrk.txt")")"
 }
 if want gateway || want pingora; then
   need nginx nginx-light
@@ -126,10 +146,12 @@ if want gateway || want pingora; then
   target/release/weir serve --config docs/bench/weir.toml --no-watch >"$OUT/weir-serve.log" 2>&1 &
   pids+=($!)
   gateways=(weir:19002)
+  declare -A gateway_pid=([weir]=$!)
   if want gateway; then
     nginx -c "$PWD/docs/bench/nginx.conf" -g 'daemon off;' &
     pids+=($!)
     gateways+=(nginx:19001)
+    gateway_pid[nginx]=$!
   fi
   if want pingora; then
     need cmake cmake
@@ -138,6 +160,7 @@ if want gateway || want pingora; then
       target/pingora-eval/release/"${gw%%:*}"-gw "127.0.0.1:${gw#*:}" 127.0.0.1:19000 >"$OUT/${gw%%:*}-gw.log" 2>&1 &
       pids+=($!)
       gateways+=("$gw")
+      gateway_pid[${gw%%:*}]=$!
     done
   fi
   sleep 1
@@ -147,27 +170,34 @@ if want gateway || want pingora; then
     for gw in "${gateways[@]}"; do : >"$OUT/gateway-${gw%%:*}-$path.txt"; done
     for _ in $(seq "$REPEAT"); do
       for gw in "${gateways[@]}"; do
-        wrk_run $script "http://127.0.0.1:${gw#*:}/" >>"$OUT/gateway-${gw%%:*}-$path.txt"
+        # shellcheck disable=SC2046
+        wrk_run $script "http://127.0.0.1:${gw#*:}/" $(with_children "${gateway_pid[${gw%%:*}]}") \
+          >>"$OUT/gateway-${gw%%:*}-$path.txt"
       done
     done
-    read -r wr w50 w99 <<<"$(median <"$OUT/gateway-weir-$path.txt")"
+    read -r wr w50 w99 wcpu <<<"$(median <"$OUT/gateway-weir-$path.txt")"
     for gw in "${gateways[@]:1}"; do
-      read -r pr p50 p99 <<<"$(median <"$OUT/gateway-${gw%%:*}-$path.txt")"
+      read -r pr p50 p99 pcpu <<<"$(median <"$OUT/gateway-${gw%%:*}-$path.txt")"
       case ${gw%%:*} in
         nginx) what="gateway, $path path" peer="nginx limit_req + proxy_pass" ;;
         *) what="forwarding, $path path" peer="${gw%%:*}-gw (bench/pingora-eval)" ;;
       esac
-      row "$what" "$peer" "$pr" "$wr" "$p50 / $p99" "$w50 / $w99" "wrk -t1 -c32 --latency -s $script"
+      row "$what" "$peer" "$pr" "$wr" "$p50 / $p99" "$w50 / $w99" "wrk -t1 -c32 --latency -s $script" "$pcpu" "$wcpu"
     done
   done
 fi
 
 # --- the Envoy rate limit service against limitador ------------------------
 if want rls; then
-  grpc_load() { # grpc_load ADDR -> "rate p50 p99"
-    cargo bench -q -p weir-server --bench grpc_load -- --addr "$1" --seconds "$SECONDS_EACH" \
-      --keys 100000 --concurrency 64 --connections 4 2>/dev/null | tail -1 |
-      python3 -c "import json,sys; d=json.load(sys.stdin); print(int(d['per_second']), d['p50_us'], d['p99_us'])"
+  cargo bench -q -p weir-server --bench grpc_load --no-run 2>/dev/null
+  grpc_load() { # grpc_load ADDR PIDS... -> "rate p50 p99 cpu-µs-per-call"
+    local addr=$1 before
+    shift
+    before=$(ticks "$@")
+    cargo bench -q -p weir-server --bench grpc_load -- --addr "$addr" --seconds "$SECONDS_EACH" \
+      --keys 100000 --concurrency 64 --connections 4 2>/dev/null | tail -1 >"$OUT/grpc.json"
+    python3 -c "import json; d=json.load(open('$OUT/grpc.json')); print(int(d['per_second']), d['p50_us'], d['p99_us'], d['requests'])" |
+      { read -r rate p50 p99 requests; echo "$rate $p50 $p99 $(per_request $(($(ticks "$@") - before)) "$requests")"; }
   }
   cat >"$OUT/limits.yaml" <<'YAML'
 - namespace: bench
@@ -201,19 +231,24 @@ YAML
     sleep 2
     : >"$OUT/rls-weir-$store.txt"
     : >"$OUT/rls-limitador-$store.txt"
+    # On Redis, a server's CPU per call counts Redis's too.
+    shared=""
+    [ $store = redis ] && shared=$REDIS_PID
     for _ in $(seq "$REPEAT"); do
-      [ -n "$peer_pid" ] && grpc_load "127.0.0.1:$lport" >>"$OUT/rls-limitador-$store.txt"
-      grpc_load "127.0.0.1:$port" >>"$OUT/rls-weir-$store.txt"
+      # shellcheck disable=SC2086
+      [ -n "$peer_pid" ] && grpc_load "127.0.0.1:$lport" "$peer_pid" $shared >>"$OUT/rls-limitador-$store.txt"
+      # shellcheck disable=SC2086
+      grpc_load "127.0.0.1:$port" "$weir_pid" $shared >>"$OUT/rls-weir-$store.txt"
     done
-    read -r wr w50 w99 <<<"$(median <"$OUT/rls-weir-$store.txt")"
-    peer="" peer_lat="—"
+    read -r wr w50 w99 wcpu <<<"$(median <"$OUT/rls-weir-$store.txt")"
+    peer="" peer_lat="—" pcpu="—"
     if [ -n "$peer_pid" ]; then
-      read -r pr p50 p99 <<<"$(median <"$OUT/rls-limitador-$store.txt")"
+      read -r pr p50 p99 pcpu <<<"$(median <"$OUT/rls-limitador-$store.txt")"
       peer=$pr peer_lat="$p50 µs / $p99 µs"
       kill "$peer_pid" 2>/dev/null || true
     fi
     row "Envoy RLS ($store), 64 calls in flight, 100,000 sellers" "limitador-server" "$peer" "$wr" "$peer_lat" "$w50 µs / $w99 µs" \
-      "cargo bench -p weir-server --bench grpc_load -- --addr …"
+      "cargo bench -p weir-server --bench grpc_load -- --addr …" "$pcpu" "$wcpu"
     kill "$weir_pid" 2>/dev/null || true
   done
 fi
@@ -221,6 +256,6 @@ fi
 echo
 echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(uname -sr); $(date -u +%F)"
 echo
-echo "| comparison | peer | peer /s | weir /s | ratio | peer p50 / p99 | weir p50 / p99 | command |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| comparison | peer | peer /s | weir /s | ratio | CPU µs per request, peer / weir | peer p50 / p99 | weir p50 / p99 | command |"
+echo "|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
