@@ -284,7 +284,6 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
       end
       local head = string.format('%d %d %d %d ', ts, tn, ss, sn)
       if kind == 'fw' then
-        fresh = head .. fmt(cur)
         left0, idle0 = math.max(L - cur, 0), (cur > 0) and left or 0
         if report then
           local after = cur + cost
@@ -297,8 +296,9 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
         else
           remaining, retry, reset = math.max(L - cur, 0), left, (cur > 0) and left or 0
         end
+        -- The refreshed state, written only by a rejection or a standing.
+        if allowed == 0 or cost == 0 then fresh = head .. fmt(cur) end
       else
-        fresh = head .. fmt(cur) .. ' ' .. fmt(prev)
         left0, idle0 = sc_standing(L, W, prev, left, cur)
         if report then
           local after = cur + cost
@@ -319,6 +319,7 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
           if cur + cost <= L then retry = left - idiv((L - cur - cost) * W, prev)
           else retry = left + (W - idiv((L - cost) * W, cur)) end
         end
+        if allowed == 0 or cost == 0 then fresh = head .. fmt(cur) .. ' ' .. fmt(prev) end
       end
     else -- 'sl'
       local L, W = a, b
