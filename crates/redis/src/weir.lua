@@ -70,10 +70,12 @@ local function diff(as, an, bs, bn) -- (a - b) in ns, a >= b, saturating at 2^53
   return (as - bs) * E9 + (an - bn)
 end
 local function add(s, n, d) -- pair + d ns (d < 2^53)
+  if n + d < E9 then return s, n + d end
   local extra = idiv(n + d, E9)
   return s + extra, n + d - extra * E9
 end
 local function sub(s, n, d) -- pair - d ns (d < 2^53, result >= 0)
+  if d <= n then return s, n - d end
   local back = cdiv(math.max(d - n, 0), E9)
   return s - back, n + back * E9 - d
 end
@@ -282,22 +284,21 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
           if kind == 'sc' and ps == ss and pn == sn then cur, prev = 0, s5 end
         end
       end
-      local head = string.format('%d %d %d %d ', ts, tn, ss, sn)
       if kind == 'fw' then
         left0, idle0 = math.max(L - cur, 0), (cur > 0) and left or 0
         if report then
           local after = cur + cost
           allowed, remaining, reset = 1, math.max(L - after, 0), (after > 0) and left or 0
           if after + 1 > L then retry = left end
-          new = head .. fmt(after)
+          new = string.format('%d %d %d %d %d', ts, tn, ss, sn, after)
         elseif cur + cost <= L then
           allowed, remaining, reset = 1, L - cur - cost, left
-          new = head .. fmt(cur + cost)
+          new = string.format('%d %d %d %d %d', ts, tn, ss, sn, cur + cost)
         else
           remaining, retry, reset = math.max(L - cur, 0), left, (cur > 0) and left or 0
         end
         -- The refreshed state, written only by a rejection or a standing.
-        if allowed == 0 or cost == 0 then fresh = head .. fmt(cur) end
+        if allowed == 0 or cost == 0 then fresh = string.format('%d %d %d %d %d', ts, tn, ss, sn, cur) end
       else
         left0, idle0 = sc_standing(L, W, prev, left, cur)
         if report then
@@ -309,17 +310,17 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
             if after + 1 <= L then retry = left - idiv((L - after - 1) * W, prev)
             else retry = left + (W - idiv((L - 1) * W, after)) end
           end
-          new = head .. fmt(after) .. ' ' .. fmt(prev)
+          new = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, after, prev)
         elseif L - cur - cost >= 0 and prev * left <= (L - cur - cost) * W then
           allowed = 1
           remaining, reset = sc_standing(L, W, prev, left, cur + cost)
-          new = head .. fmt(cur + cost) .. ' ' .. fmt(prev)
+          new = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, cur + cost, prev)
         else
           remaining, reset = left0, idle0
           if cur + cost <= L then retry = left - idiv((L - cur - cost) * W, prev)
           else retry = left + (W - idiv((L - cost) * W, cur)) end
         end
-        if allowed == 0 or cost == 0 then fresh = head .. fmt(cur) .. ' ' .. fmt(prev) end
+        if allowed == 0 or cost == 0 then fresh = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, cur, prev) end
       end
     else -- 'sl'
       local L, W = a, b
