@@ -189,7 +189,6 @@ fi
 
 # --- the Envoy rate limit service against limitador ------------------------
 if want rls; then
-  cargo bench -q -p weir-server --bench grpc_load --no-run 2>/dev/null
   grpc_load() { # grpc_load ADDR PIDS... -> "rate p50 p99 cpu-µs-per-call"
     local addr=$1 before
     shift
