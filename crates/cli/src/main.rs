@@ -17,7 +17,7 @@ use clap::{Parser, Subcommand};
 /// every Rust allocation goes through, over-allocates any block above
 /// 1 KiB that is not a power of two (hyper's and h2's buffers), where v2
 /// takes the plain path — about 1 % of the instructions of a gateway
-/// request or an Envoy call (`bench/instructions.sh`).
+/// request (`bench/instructions.sh`) or an Envoy call (docs/BENCHMARKS.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
