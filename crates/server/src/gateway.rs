@@ -375,21 +375,43 @@ fn admission(route: &Route, headers: &HeaderMap) -> Result<u64, ApiError> {
 
 /// Removes the hop-by-hop headers, and those the `Connection` header names.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::try_from(name.trim()).ok())
-        .collect();
+    // The names `Connection` lists, compared as text: none is parsed.
+    let listed = |name: &HeaderName| {
+        headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|listed| listed.trim().eq_ignore_ascii_case(name.as_str()))
+    };
     // One pass over the names present, not a removal per listed name.
     let doomed: Vec<HeaderName> = headers
         .keys()
-        .filter(|name| HOP_BY_HOP.contains(name) || named.contains(name))
+        .filter(|name| HOP_BY_HOP.contains(name) || listed(name))
         .cloned()
         .collect();
     for name in doomed {
         headers.remove(name);
+    }
+}
+
+/// Appends `ip` as text: an IPv4 address octet by octet, without the
+/// formatting machinery (it is written on every forwarded request).
+fn push_ip(out: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut digits = itoa::Buffer::new();
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                out.push_str(digits.format(octet));
+            }
+        }
+        IpAddr::V6(v6) => {
+            use std::fmt::Write as _;
+            let _ = write!(out, "{v6}");
+        }
     }
 }
 
@@ -452,8 +474,7 @@ async fn send(
     }
     headers.remove(X_FORWARDED_FOR);
     if let Some(peer) = peer {
-        use std::fmt::Write as _;
-        let _ = write!(chain, "{}", peer.ip());
+        push_ip(&mut chain, peer.ip());
         if let Ok(value) = HeaderValue::try_from(chain) {
             headers.insert(X_FORWARDED_FOR, value);
         }
@@ -472,7 +493,9 @@ async fn send(
         .with(Client::clone)
         .request(Request::from_parts(parts, body));
     let traced = Traced::start("weir.upstream");
-    traced.set("server.address", authority.to_owned());
+    if traced.on() {
+        traced.set("server.address", authority.to_owned());
+    }
     let answered = traced
         .around(tokio::time::timeout(route.timeout, call))
         .await;
@@ -595,5 +618,23 @@ mod tests {
             assert!(canonical(bad).is_err(), "{bad}");
         }
         assert_eq!(encode("/café menu/a?b"), "/caf%C3%A9%20menu/a%3Fb");
+    }
+
+    #[test]
+    fn addresses_are_written_as_std_writes_them() {
+        for text in [
+            "0.0.0.0",
+            "9.10.99.100",
+            "127.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "::ffff:1.2.3.4",
+            "2001:db8::8a2e:370:7334",
+        ] {
+            let ip: IpAddr = text.parse().unwrap();
+            let mut out = String::from("x, ");
+            push_ip(&mut out, ip);
+            assert_eq!(out, format!("x, {ip}"));
+        }
     }
 }

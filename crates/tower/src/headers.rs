@@ -4,8 +4,6 @@
 //! (draft-ietf-httpapi-ratelimit-headers), e.g. `"api";q=10;w=5` and
 //! `"api";r=0;t=1`, and the `429` with its JSON body.
 
-use std::fmt::Write as _;
-
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 use weir_limiter::{Decision, Nanos, Policy};
@@ -151,7 +149,11 @@ pub fn fields(parts: &[Part<'_>]) -> [(HeaderName, HeaderValue); 2] {
         sf_string(&mut states, part.name);
         let remaining = part.decision.remaining.min(part.limit);
         let reset = ceil_seconds(part.decision.reset);
-        let _ = write!(states, ";r={remaining};t={reset}");
+        let mut digits = itoa::Buffer::new();
+        states.push_str(";r=");
+        states.push_str(digits.format(remaining));
+        states.push_str(";t=");
+        states.push_str(digits.format(reset));
     }
     [
         (
