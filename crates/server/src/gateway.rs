@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
+use axum::http::uri::Scheme;
 use axum::http::{HeaderValue, Uri};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderName, Method, Version, header};
@@ -376,9 +377,9 @@ fn admission(route: &Route, headers: &HeaderMap) -> Result<u64, ApiError> {
 /// Removes the hop-by-hop headers, and those the `Connection` header names.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // The names `Connection` lists, compared as text: none is parsed.
+    let connection = headers.get_all(header::CONNECTION);
     let listed = |name: &HeaderName| {
-        headers
-            .get_all(header::CONNECTION)
+        connection
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
@@ -431,13 +432,17 @@ async fn send(
         path.push('?');
         path.push_str(query);
     }
-    let authority = route.upstream.authority().map_or("", |a| a.as_str());
-    let uri = Uri::builder()
-        .scheme("http")
-        .authority(authority)
-        .path_and_query(path)
-        .build();
-    let Ok(uri) = uri else {
+    let upstream = route.upstream.authority();
+    let authority = upstream.map_or("", |a| a.as_str());
+    // The route's authority as parsed at load, not parsed again.
+    let uri = upstream.cloned().map(|upstream| {
+        Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(upstream)
+            .path_and_query(path)
+            .build()
+    });
+    let Some(Ok(uri)) = uri else {
         return ApiError::Upstream("cannot build the upstream URI".into()).into_response();
     };
     parts.uri = uri;
