@@ -8,13 +8,10 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::uri::Scheme;
+use axum::http::uri::PathAndQuery;
 use axum::http::{HeaderValue, Uri};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderName, Method, Version, header};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use ipnet::IpNet;
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use weir_core::Nanos;
@@ -27,6 +24,7 @@ use crate::config::{Cost, Identity, OnStoreError, PolicyId, Route, Segment, Usag
 use crate::metrics::Meters;
 use crate::state::{AppState, Shared};
 use crate::telemetry::Traced;
+use crate::upstream;
 use crate::usage::{Charge, Metered, Scanner};
 
 /// Headers that belong to one connection, not to the request.
@@ -45,14 +43,6 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
-
-thread_local! {
-    /// The upstream connection pool of this thread: with a runtime per core
-    /// (`serve::serve_per_core`), a proxied request and its upstream call
-    /// never leave the thread that accepted the connection.
-    static UPSTREAM: Client<HttpConnector, Body> =
-        Client::builder(TokioExecutor::new()).build_http();
-}
 
 /// The path parameters when `path` matches the route's pattern.
 fn path_matches<'a>(route: &'a Route, path: &'a str) -> Option<Vec<(&'a str, &'a str)>> {
@@ -432,20 +422,13 @@ async fn send(
         path.push('?');
         path.push_str(query);
     }
-    let upstream = route.upstream.authority();
-    let authority = upstream.map_or("", |a| a.as_str());
-    // The route's authority as parsed at load, not parsed again.
-    let uri = upstream.cloned().map(|upstream| {
-        Uri::builder()
-            .scheme(Scheme::HTTP)
-            .authority(upstream)
-            .path_and_query(path)
-            .build()
-    });
-    let Some(Ok(uri)) = uri else {
+    // Origin-form: the connection is to the route's upstream already.
+    let (Some(upstream), Ok(uri)) = (route.upstream.authority(), PathAndQuery::try_from(path))
+    else {
         return ApiError::Upstream("cannot build the upstream URI".into()).into_response();
     };
-    parts.uri = uri;
+    let authority = upstream.as_str();
+    parts.uri = Uri::from(uri);
     parts.version = Version::HTTP_11;
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
@@ -494,9 +477,7 @@ async fn send(
     let limit = usize::try_from(route.max_body).unwrap_or(usize::MAX);
     let body = Body::new(http_body_util::Limited::new(body, limit));
     let started = std::time::Instant::now();
-    let call = UPSTREAM
-        .with(Client::clone)
-        .request(Request::from_parts(parts, body));
+    let call = upstream::send(&route.upstream, upstream, Request::from_parts(parts, body));
     let traced = Traced::start("weir.upstream");
     if traced.on() {
         traced.set("server.address", authority.to_owned());
@@ -539,7 +520,7 @@ async fn send(
         }
     };
     // The client's side: its body was too large, too slow or cut short.
-    match client_fault(&failure) {
+    match client_fault(&*failure) {
         Some(ClientFault::TooLarge) => return ApiError::BodyTooLarge(limit).into_response(),
         Some(ClientFault::Body) => {
             tracing::debug!(route = %route.text, error = %failure, "client body failed");

@@ -29,6 +29,7 @@ pub mod state;
 pub mod table;
 pub mod telemetry;
 mod ui;
+mod upstream;
 mod usage;
 
 use std::future::Future;

@@ -15,11 +15,12 @@ use std::time::Duration;
 
 use http::HeaderMap;
 use http::header::CONTENT_TYPE;
-use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Bytes, Frame, SizeHint};
 
 use crate::backend::Check;
 use crate::config::{PolicyId, Usage};
 use crate::state::Shared;
+use crate::upstream::Answer;
 
 /// The most of a JSON answer, or of one event of a streamed answer, kept
 /// to find the usage in: past it, the usage is counted as missing.
@@ -249,7 +250,7 @@ type Settling = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The upstream's answer on its way to the client, scanned for its usage.
 pub(crate) struct Metered {
-    inner: Option<Incoming>,
+    inner: Option<Answer>,
     scanner: Scanner,
     charge: Option<Charge>,
     /// The report under way, and the frame held back until it is charged.
@@ -259,7 +260,7 @@ pub(crate) struct Metered {
 }
 
 impl Metered {
-    pub(crate) fn new(inner: Incoming, scanner: Scanner, charge: Charge, idle: Duration) -> Self {
+    pub(crate) fn new(inner: Answer, scanner: Scanner, charge: Charge, idle: Duration) -> Self {
         Self {
             inner: Some(inner),
             scanner,

@@ -1,12 +1,14 @@
 //! The gateway in front of a real upstream server.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::Request;
 use axum::routing::any;
+use tokio::sync::Notify;
 
 use crate::{send, start};
 
@@ -515,4 +517,140 @@ async fn behind_a_trusted_proxy_the_client_is_the_key_and_the_chain_is_kept() {
         head.contains("x-forwarded-for: 198.51.100.8, 127.0.0.1\r\n"),
         "{head}"
     );
+}
+
+/// An HTTP/1.1 upstream on raw sockets that counts the connections it
+/// accepts and answers each connection's requests one after another:
+/// `/slow` streams `ab` then, once `release` is notified, `cd` (telling
+/// `started` in between); anything else is answered `ok`. With
+/// `close_each`, a connection is closed after its first answer, with no
+/// `Connection: close` (as an upstream's idle timeout closes one).
+async fn counting_upstream(
+    close_each: bool,
+) -> (SocketAddr, Arc<AtomicUsize>, Arc<Notify>, Arc<Notify>) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let (count, tell, wait) = (accepted.clone(), started.clone(), release.clone());
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let (tell, wait) = (tell.clone(), wait.clone());
+            tokio::spawn(async move {
+                let mut stream = BufReader::new(stream);
+                loop {
+                    let mut head = String::new();
+                    loop {
+                        let mut line = String::new();
+                        if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        head.push_str(&line);
+                    }
+                    if head.starts_with("GET /slow ") {
+                        let first =
+                            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n";
+                        stream.get_mut().write_all(first).await.unwrap();
+                        tell.notify_one();
+                        wait.notified().await;
+                        stream
+                            .get_mut()
+                            .write_all(b"2\r\ncd\r\n0\r\n\r\n")
+                            .await
+                            .unwrap();
+                    } else {
+                        let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                        stream.get_mut().write_all(ok).await.unwrap();
+                    }
+                    if close_each {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted, started, release)
+}
+
+fn counted(up: SocketAddr) -> String {
+    format!(
+        r#"
+[policies.open]
+algorithm = "token-bucket"
+capacity = 1000
+rate = "1000/s"
+
+[[routes]]
+match = "GET /c/{{n}}"
+identity = "peer"
+policies = ["open"]
+upstream = "http://{up}"
+
+[[routes]]
+match = "GET /slow"
+identity = "peer"
+policies = ["open"]
+upstream = "http://{up}"
+"#
+    )
+}
+
+#[tokio::test]
+async fn upstream_connections_are_reused_and_one_the_upstream_closed_is_not_a_failure() {
+    let (up, accepted, _, _) = counting_upstream(false).await;
+    let (addr, _) = start(&counted(up)).await;
+    for n in 0..10 {
+        let reply = send("GET", &format!("http://{addr}/c/{n}"), &[], "").await;
+        assert_eq!((reply.status, reply.body.as_str()), (200, "ok"));
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "one kept-alive connection"
+    );
+
+    // Every pooled connection is closed by the upstream after its answer:
+    // each request still gets its answer, on a new connection.
+    let (up, accepted, _, _) = counting_upstream(true).await;
+    let (addr, _) = start(&counted(up)).await;
+    for n in 0..10 {
+        let reply = send("GET", &format!("http://{addr}/c/{n}"), &[], "").await;
+        assert_eq!(
+            (reply.status, reply.body.as_str()),
+            (200, "ok"),
+            "request {n}"
+        );
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 10);
+}
+
+#[tokio::test]
+async fn no_request_is_sent_behind_an_answer_still_arriving() {
+    let (up, accepted, started, release) = counting_upstream(false).await;
+    let (addr, _) = start(&counted(up)).await;
+    let url = format!("http://{addr}/slow");
+    let slow = tokio::spawn(async move { send("GET", &url, &[], "").await });
+    started.notified().await;
+    // The slow answer's connection is busy until its body ends: this
+    // request gets a connection of its own, and its answer at once.
+    let url = format!("http://{addr}/c/1");
+    let reply = tokio::time::timeout(Duration::from_secs(10), send("GET", &url, &[], ""))
+        .await
+        .expect("not queued behind the slow answer");
+    assert_eq!((reply.status, reply.body.as_str()), (200, "ok"));
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    release.notify_one();
+    let slow = slow.await.unwrap();
+    assert_eq!((slow.status, slow.body.as_str()), (200, "abcd"));
+    // Both connections are back in the pool now.
+    for n in 0..4 {
+        let reply = send("GET", &format!("http://{addr}/c/{n}"), &[], "").await;
+        assert_eq!(reply.status, 200);
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
 }

@@ -1,0 +1,196 @@
+//! The gateway's upstream connections: HTTP/1.1 with keep-alive, pooled per
+//! thread and per upstream authority. With a runtime per core
+//! (`serve::per_core`), a proxied request, its upstream connection and that
+//! connection's task stay on the thread that accepted the request, and
+//! taking or returning a connection is a look-up in a map no other thread
+//! touches.
+//!
+//! A connection goes back to its pool only once its answer's body has been
+//! read to the end, so a request is never written behind an answer still
+//! arriving (no pipelining). Dropping an answer before its end closes its
+//! connection (hyper does), as does a request abandoned for a timeout. A
+//! pooled connection the upstream has closed is skipped; when one closes
+//! just as a request is handed to it, before any byte of the request is
+//! sent, the request goes to another connection (as hyper-util's client
+//! retries it). At most [`MAX_IDLE`] connections per upstream wait in a
+//! thread's pool, for at most [`IDLE_TIMEOUT`] each; the closed and the
+//! expired are dropped when a request next looks for one there.
+//!
+//! In place of hyper-util's general-purpose client, whose pool sits behind
+//! a mutex and hashes its `(scheme, authority)` key with SipHash on each
+//! checkout and return: about a tenth of the instructions of a forwarded
+//! request (docs/BENCHMARKS.md).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use http::uri::Authority;
+use http::{Request, Response, Uri};
+use hyper::body::{Bytes, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::client::legacy::connect::HttpConnector;
+use tower_service::Service;
+
+/// Idle connections kept per upstream in each thread's pool.
+const MAX_IDLE: usize = 64;
+
+/// How long a connection may wait in a pool before it is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Why an upstream call failed: the connection could not be made, or the
+/// exchange failed (hyper's error, whose source may be the client's body).
+pub(crate) type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+struct Idle {
+    sender: SendRequest<Body>,
+    since: Instant,
+}
+
+#[derive(Default)]
+struct Pool {
+    idle: HashMap<Authority, Vec<Idle>, foldhash::fast::RandomState>,
+    connector: Option<HttpConnector>,
+}
+
+thread_local! {
+    static POOL: RefCell<Pool> = RefCell::default();
+}
+
+/// A ready connection to `authority` from this thread's pool, if one
+/// waits; the closed and the expired are dropped on the way.
+fn checkout(authority: &Authority) -> Option<SendRequest<Body>> {
+    POOL.with_borrow_mut(|pool| {
+        let waiting = pool.idle.get_mut(authority)?;
+        let now = Instant::now();
+        waiting.retain(|idle| {
+            !idle.sender.is_closed() && now.duration_since(idle.since) < IDLE_TIMEOUT
+        });
+        // The most recently returned first: the likeliest to be open.
+        let ready = waiting.iter().rposition(|idle| idle.sender.is_ready())?;
+        Some(waiting.swap_remove(ready).sender)
+    })
+}
+
+/// Returns a connection whose answer has ended to this thread's pool.
+fn checkin(authority: Authority, sender: SendRequest<Body>) {
+    if sender.is_closed() {
+        return;
+    }
+    POOL.with_borrow_mut(|pool| {
+        let waiting = pool.idle.entry(authority).or_default();
+        if waiting.len() < MAX_IDLE {
+            waiting.push(Idle {
+                sender,
+                since: Instant::now(),
+            });
+        }
+    });
+}
+
+/// A new connection to `upstream`, its task spawned on this thread's
+/// runtime.
+async fn connect(upstream: &Uri) -> Result<SendRequest<Body>, Failure> {
+    let mut connector = POOL.with_borrow_mut(|pool| {
+        pool.connector
+            .get_or_insert_with(|| {
+                let mut connector = HttpConnector::new();
+                connector.set_nodelay(true);
+                connector
+            })
+            .clone()
+    });
+    let io = connector.call(upstream.clone()).await?;
+    let (sender, connection) = http1::handshake(io).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "upstream connection ended with an error");
+        }
+    });
+    Ok(sender)
+}
+
+/// Sends `request` (origin-form URI, `Host` set) to `upstream` over a pooled
+/// connection or a new one.
+pub(crate) async fn send(
+    upstream: &Uri,
+    authority: &Authority,
+    mut request: Request<Body>,
+) -> Result<Response<Answer>, Failure> {
+    loop {
+        let (mut sender, reused) = match checkout(authority) {
+            Some(sender) => (sender, true),
+            None => (connect(upstream).await?, false),
+        };
+        match sender.try_send_request(request).await {
+            Ok(response) => {
+                return Ok(response.map(|body| Answer::new(body, authority.clone(), sender)));
+            }
+            Err(mut e) => match e.take_message() {
+                // Closed before anything was sent: another connection.
+                Some(unsent) if reused => request = unsent,
+                _ => return Err(e.into_error().into()),
+            },
+        }
+    }
+}
+
+/// An upstream answer's body; at its end its connection goes back to the
+/// pool of the thread that reads it.
+pub(crate) struct Answer {
+    body: Incoming,
+    home: Option<(Authority, SendRequest<Body>)>,
+}
+
+impl Answer {
+    fn new(body: Incoming, authority: Authority, sender: SendRequest<Body>) -> Self {
+        let mut answer = Self {
+            body,
+            home: Some((authority, sender)),
+        };
+        if hyper::body::Body::is_end_stream(&answer.body) {
+            answer.ended();
+        }
+        answer
+    }
+
+    fn ended(&mut self) {
+        if let Some((authority, sender)) = self.home.take() {
+            checkin(authority, sender);
+        }
+    }
+}
+
+impl hyper::body::Body for Answer {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
+        match &frame {
+            // A body of known length ends with its last byte (a server
+            // writing it need not poll again).
+            None => this.ended(),
+            Some(Ok(_)) if this.body.is_end_stream() => this.ended(),
+            Some(Ok(_)) => {}
+            // A failed answer's connection is not reused.
+            Some(Err(_)) => this.home = None,
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
