@@ -27,17 +27,21 @@ use crate::telemetry::Traced;
 use crate::upstream;
 use crate::usage::{Charge, Metered, Scanner};
 
-/// Headers that belong to one connection, not to the request.
-static HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
+/// Whether a header belongs to one connection, not to the message (one
+/// comparison of lengths, then of bytes, per header).
+fn hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -378,7 +382,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names present, not a removal per listed name.
     let doomed: Vec<HeaderName> = headers
         .keys()
-        .filter(|name| HOP_BY_HOP.contains(name) || listed(name))
+        .filter(|name| hop_by_hop(name) || listed(name))
         .cloned()
         .collect();
     for name in doomed {

@@ -52,7 +52,8 @@ struct Idle {
 
 #[derive(Default)]
 struct Pool {
-    idle: HashMap<Authority, Vec<Idle>, foldhash::fast::RandomState>,
+    /// Keyed by the authority's text as configured.
+    idle: HashMap<Box<str>, Vec<Idle>, foldhash::fast::RandomState>,
     connector: Option<HttpConnector>,
 }
 
@@ -64,7 +65,7 @@ thread_local! {
 /// waits; the closed and the expired are dropped on the way.
 fn checkout(authority: &Authority) -> Option<SendRequest<Body>> {
     POOL.with_borrow_mut(|pool| {
-        let waiting = pool.idle.get_mut(authority)?;
+        let waiting = pool.idle.get_mut(authority.as_str())?;
         let now = Instant::now();
         waiting.retain(|idle| {
             !idle.sender.is_closed() && now.duration_since(idle.since) < IDLE_TIMEOUT
@@ -81,12 +82,16 @@ fn checkin(authority: Authority, sender: SendRequest<Body>) {
         return;
     }
     POOL.with_borrow_mut(|pool| {
-        let waiting = pool.idle.entry(authority).or_default();
-        if waiting.len() < MAX_IDLE {
-            waiting.push(Idle {
-                sender,
-                since: Instant::now(),
-            });
+        let idle = Idle {
+            sender,
+            since: Instant::now(),
+        };
+        match pool.idle.get_mut(authority.as_str()) {
+            Some(waiting) if waiting.len() < MAX_IDLE => waiting.push(idle),
+            Some(_) => {}
+            None => {
+                pool.idle.insert(authority.as_str().into(), vec![idle]);
+            }
         }
     });
 }
