@@ -109,7 +109,7 @@ impl std::str::FromStr for HeaderStyle {
 
 /// The rate-limit fields of these parts in `style`.
 pub fn fields_in(style: HeaderStyle, parts: &[Part<'_>]) -> Vec<(HeaderName, HeaderValue)> {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(5);
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
         out.extend(fields(parts));
     }
@@ -203,15 +203,29 @@ impl Limited<'_> {
     pub fn response<B: From<String>>(&self) -> Response<B> {
         let mut response = Response::new(B::from(self.body()));
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        response.headers_mut().extend(self.headers());
+        // Inserted one by one: no vector of fields on the way.
+        let headers = response.headers_mut();
+        headers.reserve(5);
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        let retry_after = retry_after_seconds(self.retry_after);
+        headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
+        for (name, value) in fields_in(self.style, self.parts) {
+            headers.append(name, value);
+        }
         response
     }
 }
 
 /// `{"error":CODE,"policy":NAME}`.
 pub fn error_body(code: &str, policy: &str) -> String {
-    let policy = serde_json::to_string(policy).unwrap_or_default();
-    format!(r#"{{"error":"{code}","policy":{policy}}}"#)
+    let mut body = Vec::with_capacity(24 + code.len() + policy.len());
+    body.extend_from_slice(br#"{"error":""#);
+    body.extend_from_slice(code.as_bytes());
+    body.extend_from_slice(br#"","policy":"#);
+    let _ = serde_json::to_writer(&mut body, policy);
+    body.push(b'}');
+    String::from_utf8(body).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -273,6 +287,10 @@ mod tests {
         assert_eq!(
             response.body(),
             r#"{"error":"RATE_LIMITED","policy":"api"}"#
+        );
+        assert_eq!(
+            error_body("RATE_LIMITED", "a\"b\\c\u{1}"),
+            r#"{"error":"RATE_LIMITED","policy":"a\"b\\c\u0001"}"#
         );
     }
 
