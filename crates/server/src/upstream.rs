@@ -108,6 +108,7 @@ async fn connect(upstream: &Uri) -> Result<SendRequest<Body>, Failure> {
             })
             .clone()
     });
+    std::future::poll_fn(|cx| connector.poll_ready(cx)).await?;
     let io = connector.call(upstream.clone()).await?;
     let (sender, connection) = http1::handshake(io).await?;
     tokio::spawn(async move {
