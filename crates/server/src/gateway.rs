@@ -427,12 +427,11 @@ async fn send(
         path.push_str(query);
     }
     // Origin-form: the connection is to the route's upstream already.
-    let (Some(upstream), Ok(uri)) = (route.upstream.authority(), PathAndQuery::try_from(path))
+    let (Some(authority), Ok(target)) = (route.upstream.authority(), PathAndQuery::try_from(path))
     else {
         return ApiError::Upstream("cannot build the upstream URI".into()).into_response();
     };
-    let authority = upstream.as_str();
-    parts.uri = Uri::from(uri);
+    parts.uri = Uri::from(target);
     parts.version = Version::HTTP_11;
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
@@ -440,7 +439,7 @@ async fn send(
     if let Some(host) = headers.remove(header::HOST) {
         headers.insert(X_FORWARDED_HOST, host);
     }
-    if let Ok(host) = HeaderValue::try_from(authority) {
+    if let Ok(host) = HeaderValue::try_from(authority.as_str()) {
         headers.insert(header::HOST, host);
     }
     // What an untrusted peer says about addresses is replaced, never
@@ -481,10 +480,10 @@ async fn send(
     let limit = usize::try_from(route.max_body).unwrap_or(usize::MAX);
     let body = Body::new(http_body_util::Limited::new(body, limit));
     let started = std::time::Instant::now();
-    let call = upstream::send(&route.upstream, upstream, Request::from_parts(parts, body));
+    let call = upstream::send(&route.upstream, authority, Request::from_parts(parts, body));
     let traced = Traced::start("weir.upstream");
     if traced.on() {
-        traced.set("server.address", authority.to_owned());
+        traced.set("server.address", authority.to_string());
     }
     let answered = traced
         .around(tokio::time::timeout(route.timeout, call))

@@ -180,16 +180,21 @@ pub struct Limited<'a> {
 }
 
 impl Limited<'_> {
-    /// The header fields of the answer, in order.
-    pub fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
-        let mut headers = vec![
+    /// The fields every refusal has, whatever the policies.
+    fn fixed(&self) -> [(HeaderName, HeaderValue); 3] {
+        [
             (CONTENT_TYPE, HeaderValue::from_static("application/json")),
             (CACHE_CONTROL, HeaderValue::from_static("no-store")),
             (
                 RETRY_AFTER,
                 HeaderValue::from(retry_after_seconds(self.retry_after)),
             ),
-        ];
+        ]
+    }
+
+    /// The header fields of the answer, in order.
+    pub fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
+        let mut headers = self.fixed().to_vec();
         headers.extend(fields_in(self.style, self.parts));
         headers
     }
@@ -203,14 +208,14 @@ impl Limited<'_> {
     pub fn response<B: From<String>>(&self) -> Response<B> {
         let mut response = Response::new(B::from(self.body()));
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        // Inserted one by one: no vector of fields on the way.
+        // Appended one by one: no vector of all the fields on the way.
         let headers = response.headers_mut();
         headers.reserve(5);
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        let retry_after = retry_after_seconds(self.retry_after);
-        headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
-        for (name, value) in fields_in(self.style, self.parts) {
+        for (name, value) in self
+            .fixed()
+            .into_iter()
+            .chain(fields_in(self.style, self.parts))
+        {
             headers.append(name, value);
         }
         response
