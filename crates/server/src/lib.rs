@@ -21,6 +21,7 @@ pub mod breaker;
 pub mod config;
 pub mod envoy;
 mod gateway;
+mod grpc;
 mod live;
 mod metrics;
 pub mod reload;
@@ -39,6 +40,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{get, post};
 
+pub use grpc::run_grpc;
 pub use state::{AppState, Shared};
 
 use crate::answer::ApiError;
@@ -309,51 +311,7 @@ pub async fn run_grpc_per_core(
 ) -> std::io::Result<()> {
     let threads = serve::per_core(listener, threads, "weir-grpc", move |listener| {
         let (state, stop) = (state.clone(), stop.clone());
-        async move {
-            run_grpc(listener, state, serve::stopped(stop))
-                .await
-                .map_err(std::io::Error::other)
-        }
+        async move { run_grpc(listener, state, serve::stopped(stop)).await }
     })?;
     joined(threads).await
-}
-
-/// Serves the Envoy rate limit service and the standard gRPC health service
-/// on `listener` until `shutdown` completes; then gives the calls in flight
-/// up to `[server] shutdown_timeout` to finish (as the HTTP faces do), so a
-/// peer that keeps its connection open cannot hold the process up.
-pub async fn run_grpc(
-    listener: tokio::net::TcpListener,
-    state: Arc<AppState>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), tonic::transport::Error> {
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<envoy::RateLimiter>>()
-        .await;
-    let deadline = state.current().config.server.limits.shutdown_timeout;
-    let (began, draining) = tokio::sync::oneshot::channel::<()>();
-    let served = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(envoy::RateLimiter::service(state))
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            async move {
-                shutdown.await;
-                let _ = began.send(());
-            },
-        );
-    tokio::select! {
-        served = served => served,
-        () = async move {
-            if draining.await.is_ok() {
-                tokio::time::sleep(deadline).await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        } => {
-            tracing::warn!(after = ?deadline, "shutdown deadline passed: closing the gRPC connections still open");
-            Ok(())
-        }
-    }
 }

@@ -404,6 +404,26 @@ async fn the_grpc_health_service_reports_serving() {
 }
 
 #[tokio::test]
+async fn a_method_weir_does_not_serve_is_unimplemented_and_the_service_stays_up() {
+    use envoy_types::pb::envoy::service::auth::v3::CheckRequest;
+    use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
+    let (mut client, addr, _) = start(CONFIG).await;
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let status = AuthorizationClient::new(channel)
+        .check(CheckRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unimplemented);
+    let seller = vec![descriptor(&[("seller", "7")], None)];
+    let served = ask(&mut client, seller, 0).await.unwrap();
+    assert_eq!(served.overall_code, i32::from(Code::Ok));
+}
+
+#[tokio::test]
 async fn a_descriptor_with_its_own_limit_is_decided_at_that_limit() {
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
     let (mut client, _, _) = start(CONFIG).await;

@@ -1,0 +1,179 @@
+//! The gRPC listener: the Envoy rate limit service and the standard gRPC
+//! health service over HTTP/2 (prior knowledge, as Envoy and gRPC clients
+//! speak it), their tonic-generated services served by hyper directly.
+//!
+//! tonic's transport server wraps every call in its own layers — a router
+//! (axum's), a `grpc-timeout` service, error recovery, a future mapped and
+//! boxed at each step — about 8 % of an in-memory call's instructions
+//! (docs/BENCHMARKS.md). What those layers did that a caller can see is
+//! kept: a `grpc-timeout` header is honoured (a call still running at its
+//! deadline is answered `DEADLINE_EXCEEDED`), and a method served by
+//! neither service is answered `UNIMPLEMENTED`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use http::{HeaderMap, Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tower_service::Service;
+
+use crate::envoy::RateLimiter;
+use crate::state::AppState;
+
+type Answer = Pin<Box<dyn Future<Output = Result<Response<tonic::body::Body>, Infallible>> + Send>>;
+
+const RLS: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
+const HEALTH: &str = "/grpc.health.v1.Health/";
+
+/// Both services, cloned for each call (their state is behind `Arc`s).
+#[derive(Clone)]
+struct Grpc<H> {
+    rls: RateLimitServiceServer<RateLimiter>,
+    health: H,
+}
+
+impl<H> hyper::service::Service<Request<Incoming>> for Grpc<H>
+where
+    H: Service<Request<Incoming>, Response = Response<tonic::body::Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    H::Future: Send + 'static,
+{
+    type Response = Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Answer;
+
+    fn call(&self, request: Request<Incoming>) -> Answer {
+        let deadline = grpc_timeout(request.headers());
+        let path = request.uri().path();
+        // Both services are always ready (tonic's generated servers say so).
+        let answer: Answer = if path.starts_with(RLS) {
+            self.rls.clone().call(request)
+        } else if path.starts_with(HEALTH) {
+            Box::pin(self.health.clone().call(request))
+        } else {
+            return Box::pin(std::future::ready(Ok(
+                tonic::Status::unimplemented("").into_http()
+            )));
+        };
+        match deadline {
+            None => answer,
+            Some(deadline) => Box::pin(async move {
+                match tokio::time::timeout(deadline, answer).await {
+                    Ok(answered) => answered,
+                    Err(_) => Ok(tonic::Status::deadline_exceeded(
+                        "the call's grpc-timeout passed",
+                    )
+                    .into_http()),
+                }
+            }),
+        }
+    }
+}
+
+/// The `grpc-timeout` header (up to 8 digits and a unit: `H`, `M`, `S`,
+/// `m`, `u` or `n`); one that does not parse is ignored, as tonic does.
+fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let text = headers.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = text.split_at_checked(text.len().checked_sub(1)?)?;
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let value: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(value * 3600),
+        "M" => Duration::from_secs(value * 60),
+        "S" => Duration::from_secs(value),
+        "m" => Duration::from_millis(value),
+        "u" => Duration::from_micros(value),
+        "n" => Duration::from_nanos(value),
+        _ => return None,
+    })
+}
+
+/// Serves the Envoy rate limit service and the standard gRPC health service
+/// on `listener` until `shutdown` completes; then stops accepting and gives
+/// the calls in flight up to `[server] shutdown_timeout` to finish (as the
+/// HTTP faces do), so a peer that keeps its connection open cannot hold the
+/// process up.
+pub async fn run_grpc(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<RateLimitServiceServer<RateLimiter>>()
+        .await;
+    let deadline = state.current().config.server.limits.shutdown_timeout;
+    let service = Grpc {
+        rls: RateLimiter::service(state),
+        health: health_service,
+    };
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::debug!(error = %e, "gRPC accept failed");
+                    // Out of descriptors or memory: let some go first.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .serve_connection(TokioIo::new(stream), service.clone());
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(%peer, error = %e, "gRPC connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(deadline, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(after = ?deadline, "shutdown deadline passed: closing the gRPC connections still open");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse_as_grpc_defines_them() {
+        let parse = |text: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("grpc-timeout", text.parse().unwrap());
+            grpc_timeout(&headers)
+        };
+        assert_eq!(parse("20m"), Some(Duration::from_millis(20)));
+        assert_eq!(parse("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse("3S"), Some(Duration::from_secs(3)));
+        assert_eq!(parse("99999999u"), Some(Duration::from_micros(99_999_999)));
+        assert_eq!(parse("5n"), Some(Duration::from_nanos(5)));
+        for bad in ["", "m", "123456789m", "10x", "1.5S", "-1S", "S1"] {
+            assert_eq!(parse(bad), None, "{bad}");
+        }
+        assert_eq!(grpc_timeout(&HeaderMap::new()), None);
+    }
+}
