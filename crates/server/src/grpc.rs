@@ -25,6 +25,7 @@ use tokio::net::TcpListener;
 use tower_service::Service;
 
 use crate::envoy::RateLimiter;
+use crate::serve::{accept, drain};
 use crate::state::AppState;
 
 type Answer = Pin<Box<dyn Future<Output = Result<Response<tonic::body::Body>, Infallible>> + Send>>;
@@ -119,20 +120,9 @@ pub async fn run_grpc(
         health: health_service,
     };
     let graceful = GracefulShutdown::new();
+    let mut last_error = None;
     tokio::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    tracing::debug!(error = %e, "gRPC accept failed");
-                    // Out of descriptors or memory: let some go first.
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((stream, peer)) = accept(&listener, shutdown.as_mut(), &mut last_error).await {
         let _ = stream.set_nodelay(true);
         let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
@@ -145,12 +135,7 @@ pub async fn run_grpc(
         });
     }
     drop(listener);
-    if tokio::time::timeout(deadline, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(after = ?deadline, "shutdown deadline passed: closing the gRPC connections still open");
-    }
+    drain(graceful, deadline).await;
     Ok(())
 }
 

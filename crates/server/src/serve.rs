@@ -314,19 +314,7 @@ async fn serve_counted(
     let graceful = GracefulShutdown::new();
     let mut last_error = None;
     tokio::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    accept_error(&e, &mut last_error);
-                    // Out of descriptors or memory: let some go first.
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((stream, peer)) = accept(&listener, shutdown.as_mut(), &mut last_error).await {
         let Some(slot) = admit(&open, peer.ip(), &limits) else {
             metrics::counter!("weir_connections_refused_total").increment(1);
             // Over a cap: a 503 if the socket takes it at once, then close.
@@ -376,16 +364,43 @@ async fn serve_counted(
         });
     }
     drop(listener);
-    if tokio::time::timeout(limits.shutdown_timeout, graceful.shutdown())
+    drain(graceful, limits.shutdown_timeout).await;
+    Ok(())
+}
+
+/// The next connection on `listener`, or `None` once `shutdown` completes.
+/// An accept error is counted and logged (at most once a second), then
+/// the loop pauses: out of descriptors or memory, let some go first.
+pub(crate) async fn accept(
+    listener: &TcpListener,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    last_error: &mut Option<Instant>,
+) -> Option<(TcpStream, SocketAddr)> {
+    loop {
+        tokio::select! {
+            () = shutdown.as_mut() => return None,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => return Some(accepted),
+                Err(e) => {
+                    accept_error(&e, last_error);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+        }
+    }
+}
+
+/// Gives the connections `graceful` watches up to `deadline` to finish.
+pub(crate) async fn drain(graceful: GracefulShutdown, deadline: Duration) {
+    if tokio::time::timeout(deadline, graceful.shutdown())
         .await
         .is_err()
     {
         tracing::warn!(
-            after = ?limits.shutdown_timeout,
+            after = ?deadline,
             "shutdown deadline passed: closing the connections still open"
         );
     }
-    Ok(())
 }
 
 /// A body that fails when no frame arrives within `timeout` of the last.
