@@ -39,7 +39,7 @@ pub struct RateLimiter {
 }
 
 impl RateLimiter {
-    /// The service over `state`, ready to add to a tonic server.
+    /// The generated service over `state`, as `run_grpc` serves it.
     pub fn service(state: Arc<AppState>) -> RateLimitServiceServer<Self> {
         RateLimitServiceServer::new(Self { state })
     }
