@@ -8,12 +8,12 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -78,51 +78,66 @@ fn admit(open: &Arc<Mutex<Open>>, ip: IpAddr, limits: &ConnectionLimits) -> Opti
 }
 
 /// Nanoseconds since the connection was accepted.
-fn since(start: Instant) -> u64 {
-    u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// What a connection's watchdog needs to know: when bytes last moved, when
-/// the request head now being read began, and how many requests are in
-/// flight.
-#[derive(Debug)]
+/// What the socket and the service note for a connection's watchdog:
+/// flags and counts only, no clock (a reading on every read and write cost
+/// about 1,000 instructions per request); the watchdog reads the time on
+/// its ticks.
+#[derive(Debug, Default)]
 struct Activity {
-    start: Instant,
-    last_io: AtomicU64,
-    /// 0: no head being read; else `since(start) + 1` at its first byte.
-    head_since: AtomicU64,
+    /// Bytes moved, or a request ended, since the watchdog last looked.
+    moved: AtomicBool,
+    /// A request head's first bytes have arrived; its request has not
+    /// reached the service yet.
+    head: AtomicBool,
+    /// Request heads completed (each reached the service).
+    heads: AtomicU64,
     in_flight: AtomicU64,
 }
 
-impl Activity {
-    fn new() -> Self {
+/// The watchdog's own view of a connection: when it last saw bytes move,
+/// and when it first saw the request head now being read.
+#[derive(Debug)]
+struct Watch {
+    last_io: Instant,
+    head_began: Option<Instant>,
+    heads: u64,
+}
+
+impl Watch {
+    fn new(now: Instant) -> Self {
         Self {
-            start: Instant::now(),
-            last_io: AtomicU64::new(0),
-            head_since: AtomicU64::new(0),
-            in_flight: AtomicU64::new(0),
+            last_io: now,
+            head_began: None,
+            heads: 0,
         }
     }
 
-    fn touched(&self) {
-        self.last_io.store(since(self.start), Ordering::Release);
-    }
-
-    /// Whether the connection has outlived its bounds now.
-    fn expired(&self, limits: &ConnectionLimits) -> Option<&'static str> {
-        if self.in_flight.load(Ordering::Acquire) > 0 {
+    /// Whether the connection has outlived its bounds at `now`, a tick.
+    /// Each time is taken at the first tick that sees it, so a bound is
+    /// enforced late by up to two ticks, never early.
+    fn expired(
+        &mut self,
+        activity: &Activity,
+        limits: &ConnectionLimits,
+        now: Instant,
+    ) -> Option<&'static str> {
+        if activity.moved.swap(false, Ordering::AcqRel) {
+            self.last_io = now;
+        }
+        let heads = activity.heads.load(Ordering::Acquire);
+        if heads != self.heads {
+            self.heads = heads;
+            self.head_began = None;
+        }
+        if activity.in_flight.load(Ordering::Acquire) > 0 {
             return None;
         }
-        let now = since(self.start);
-        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        match self.head_since.load(Ordering::Acquire) {
-            0 => (now.saturating_sub(self.last_io.load(Ordering::Acquire))
-                > nanos(limits.idle_timeout))
-            .then_some("idle"),
-            began => {
-                (now.saturating_sub(began - 1) > nanos(limits.header_timeout)).then_some("header")
-            }
+        if !activity.head.load(Ordering::Acquire) {
+            self.head_began = None;
+            return (now.duration_since(self.last_io) > limits.idle_timeout).then_some("idle");
         }
+        let began = *self.head_began.get_or_insert(now);
+        (now.duration_since(began) > limits.header_timeout).then_some("header")
     }
 }
 
@@ -142,14 +157,9 @@ impl AsyncRead for Tracked {
         let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
         if buf.filled().len() > before {
             let a = &self.activity;
-            a.touched();
+            a.moved.store(true, Ordering::Release);
             if a.in_flight.load(Ordering::Acquire) == 0 {
-                let _ = a.head_since.compare_exchange(
-                    0,
-                    since(a.start) + 1,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
+                a.head.store(true, Ordering::Release);
             }
         }
         polled
@@ -164,7 +174,7 @@ impl AsyncWrite for Tracked {
     ) -> Poll<std::io::Result<usize>> {
         let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
         if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touched();
+            self.activity.moved.store(true, Ordering::Release);
         }
         polled
     }
@@ -193,7 +203,7 @@ struct InFlight(Arc<Activity>);
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.0.touched();
+        self.0.moved.store(true, Ordering::Release);
     }
 }
 
@@ -206,7 +216,8 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Conn {
 
     fn call(&self, request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
         self.activity.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.activity.head_since.store(0, Ordering::Release);
+        self.activity.head.store(false, Ordering::Release);
+        self.activity.heads.fetch_add(1, Ordering::AcqRel);
         let guard = InFlight(self.activity.clone());
         let mut request = request.map(axum::body::Body::new);
         if let Some(state) = self.app.gateway(request.uri().path()) {
@@ -324,7 +335,7 @@ async fn serve_counted(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let activity = Arc::new(Activity::new());
+        let activity = Arc::new(Activity::default());
         let io = TokioIo::new(Tracked {
             stream,
             activity: activity.clone(),
@@ -334,8 +345,11 @@ async fn serve_counted(
             peer,
             activity: activity.clone(),
         };
+        // No timer: hyper's own header timeout (30 s once a timer is set)
+        // would cut a configured `header_timeout` above it; the watchdog
+        // below enforces the configured one.
         let connection = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
+            .header_read_timeout(None)
             .max_buf_size(MAX_BUF)
             .serve_connection(io, service);
         let connection = graceful.watch(connection);
@@ -343,9 +357,10 @@ async fn serve_counted(
             let _slot = slot;
             let watchdog = async {
                 let mut tick = tokio::time::interval(Duration::from_millis(250));
+                let mut watch = Watch::new(Instant::now());
                 loop {
-                    tick.tick().await;
-                    if let Some(why) = activity.expired(&limits) {
+                    let now = tick.tick().await.into_std();
+                    if let Some(why) = watch.expired(&activity, &limits, now) {
                         return why;
                     }
                 }

@@ -35,6 +35,11 @@ async fn half_sent_and_idle_connections_are_closed_on_time() {
         .unwrap();
     let (took, _) = until_closed(&mut half, Duration::from_secs(3)).await;
     assert!(took >= Duration::from_millis(250), "{took:?}");
+    let timed_out = |phase: &str| format!("weir_connections_timed_out_total{{phase=\"{phase}\"}}");
+    let metrics = send("GET", &format!("http://{addr}/metrics"), &[], "")
+        .await
+        .body;
+    assert!(metrics.contains(&timed_out("header")), "{metrics}");
     // A keep-alive connection after one request.
     let mut idle = TcpStream::connect(addr).await.unwrap();
     idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -46,6 +51,10 @@ async fn half_sent_and_idle_connections_are_closed_on_time() {
         took >= Duration::from_millis(500),
         "idle for its timeout: {took:?}"
     );
+    let metrics = send("GET", &format!("http://{addr}/metrics"), &[], "")
+        .await
+        .body;
+    assert!(metrics.contains(&timed_out("idle")), "{metrics}");
 }
 
 #[tokio::test]
