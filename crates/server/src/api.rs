@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 use serde::{Deserialize, Serialize};
 use weir_core::Nanos;
-use weir_tower::{Part, fields_in};
+use weir_tower::{Part, append_fields};
 
 use crate::answer::{ApiError, DecisionBody, ms};
 use crate::backend::{Check, scoped_key};
@@ -262,7 +262,7 @@ pub(crate) async fn check(
     let mut response = asked.answer(bodies, verdict.all.allowed, retry, degraded)?;
     let parts: Vec<Part<'_>> = verdict.visible(&shared.table, &asked.ids);
     let style = shared.config.server.headers;
-    response.headers_mut().extend(fields_in(style, &parts));
+    append_fields(style, &parts, response.headers_mut());
     Ok(response)
 }
 

@@ -15,7 +15,7 @@ use http::{HeaderMap, HeaderName, Method, Version, header};
 use ipnet::IpNet;
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use weir_core::Nanos;
-use weir_tower::{Limited, Part, fields_in};
+use weir_tower::{Limited, Part, append_fields};
 
 use crate::RouteLabel;
 use crate::answer::ApiError;
@@ -221,41 +221,42 @@ pub(crate) async fn fallback(State(state): State<Arc<AppState>>, request: Reques
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0);
-    forward(&state, peer, request).await
+    let (mut response, label) = forward(&state, peer, request).await;
+    if let Some(label) = label {
+        response.extensions_mut().insert(RouteLabel(label));
+    }
+    response
 }
 
 /// Every request that is not the API's, from `peer`: a gateway route, or
-/// `404`.
+/// `404`; and the label of the route it matched, to count it under.
 pub(crate) async fn forward(
     state: &AppState,
     peer: Option<SocketAddr>,
     request: Request,
-) -> Response {
+) -> (Response, Option<Arc<str>>) {
     let shared = state.current();
     let path = match canonical(request.uri().path()) {
         Ok(path) => path,
-        Err(e) => return e.into_response(),
+        Err(e) => return (e.into_response(), None),
     };
     let Matched { route, params } = match route(&shared, request.method(), &path) {
         Ok(found) => found,
-        Err(e) => return e.into_response(),
+        Err(e) => return (e.into_response(), None),
     };
     let traced = Traced::start("weir.gateway");
     if traced.on() {
         traced.set("http.route", route.text.clone());
         traced.set("http.request.method", request.method().to_string());
     }
-    let mut response = traced
+    let response = traced
         .around(through(&shared, route, &params, &path, request, peer))
         .await;
     traced.set(
         "http.response.status_code",
         i64::from(response.status().as_u16()),
     );
-    response
-        .extensions_mut()
-        .insert(RouteLabel(route.label.clone()));
-    response
+    (response, Some(route.label.clone()))
 }
 
 /// A matched request: identified, decided, then forwarded or refused.
@@ -345,7 +346,7 @@ async fn through(
     // Boxed: the refusing path (most of a flood) then moves a small future.
     let mut response = Box::pin(send(shared, route, path, request, peer, charge)).await;
     let style = shared.config.server.headers;
-    response.headers_mut().extend(fields_in(style, &parts));
+    append_fields(style, &parts, response.headers_mut());
     response
 }
 

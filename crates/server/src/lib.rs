@@ -152,30 +152,41 @@ async fn guard(
         .get::<axum::extract::MatchedPath>()
         .cloned();
     let path = path.as_ref().map(axum::extract::MatchedPath::as_str);
-    guarded(&state, path, request, |request| next.run(request)).await
+    guarded(&state, path, request, |request| async {
+        let response = next.run(request).await;
+        let label = response.extensions().get::<RouteLabel>().map(|l| l.0.clone());
+        (response, label)
+    })
+    .await
 }
 
 /// Headers over [`MAX_HEADER_BYTES`] refused with `431`, the body's pieces
 /// bounded in time ([`bound_body`]), and every answer counted in
 /// `weir_http_requests_total{route,status}` — a gateway route as written,
 /// an API path as routed (`path`), or `unmatched`.
-pub(crate) async fn guarded<F: Future<Output = axum::response::Response>>(
+pub(crate) async fn guarded<F>(
     state: &Arc<AppState>,
     path: Option<&str>,
     request: axum::extract::Request,
     next: impl FnOnce(axum::extract::Request) -> F,
-) -> axum::response::Response {
+) -> axum::response::Response
+where
+    F: Future<Output = (axum::response::Response, Option<Arc<str>>)>,
+{
     let size: usize = request
         .headers()
         .iter()
         .map(|(name, value)| name.as_str().len() + value.len())
         .sum();
-    let response = match size > MAX_HEADER_BYTES {
-        true => axum::response::IntoResponse::into_response(ApiError::HeadersTooLarge(size)),
+    let (response, label) = match size > MAX_HEADER_BYTES {
+        true => (
+            axum::response::IntoResponse::into_response(ApiError::HeadersTooLarge(size)),
+            None,
+        ),
         false => next(bound_body(state, request)).await,
     };
-    let route = match (response.extensions().get::<RouteLabel>(), path) {
-        (Some(label), _) => &*label.0,
+    let route = match (&label, path) {
+        (Some(label), _) => label,
         (None, Some(path)) => path,
         (None, None) => "unmatched",
     };
@@ -196,7 +207,8 @@ fn bound_body(state: &AppState, request: axum::extract::Request) -> axum::extrac
     request.map(|body| axum::body::Body::new(serve::TimeoutBody::new(body, timeout)))
 }
 
-/// The route an answer is counted under, set by the gateway.
+/// The route an answer is counted under, set by the gateway behind the
+/// router (the per-core listener hands it over directly).
 #[derive(Debug, Clone)]
 pub(crate) struct RouteLabel(pub(crate) Arc<str>);
 

@@ -5,7 +5,8 @@
 //! `"api";r=0;t=1`, and the `429` with its JSON body.
 
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderName, HeaderValue, Response, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use smallvec::SmallVec;
 use weir_limiter::{Decision, Nanos, Policy};
 
 const SECOND: Nanos = 1_000_000_000;
@@ -34,34 +35,47 @@ pub fn quota(policy: &Policy) -> (u64, u64) {
     (q, ceil_seconds(w).max(1))
 }
 
+/// Text made for a field: on the stack up to 64 bytes (an answer's
+/// `RateLimit` for a policy or two), copied once into its `HeaderValue`.
+type FieldText = SmallVec<[u8; 64]>;
+
 /// A structured-field string: `"` and `\` escaped, anything outside
 /// printable ASCII replaced by `?` (sf-string cannot carry it).
-fn sf_string(out: &mut String, name: &str) {
-    out.push('"');
+fn sf_string(out: &mut FieldText, name: &str) {
+    out.push(b'"');
     for c in name.chars() {
         match c {
             '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
+                out.push(b'\\');
+                out.push(c as u8);
             }
-            ' '..='~' => out.push(c),
-            _ => out.push('?'),
+            ' '..='~' => out.push(c as u8),
+            _ => out.push(b'?'),
         }
     }
-    out.push('"');
+    out.push(b'"');
 }
 
-fn value(text: String) -> HeaderValue {
+fn value(text: &[u8]) -> HeaderValue {
     // Only printable ASCII is ever produced.
-    HeaderValue::try_from(text).unwrap_or_else(|_| HeaderValue::from_static(""))
+    HeaderValue::from_bytes(text).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// Appends `n` in decimal.
+fn push_number(out: &mut FieldText, n: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// `RateLimit-Policy: "name";q=Q;w=W` for `policy`.
 pub fn rate_limit_policy(name: &str, policy: &Policy) -> HeaderValue {
     let (q, w) = quota(policy);
-    let mut out = String::new();
+    let mut out = FieldText::new();
     sf_string(&mut out, name);
-    value(format!("{out};q={q};w={w}"))
+    out.extend_from_slice(b";q=");
+    push_number(&mut out, q);
+    out.extend_from_slice(b";w=");
+    push_number(&mut out, w);
+    value(&out)
 }
 
 /// One policy's part in an answer.
@@ -110,8 +124,28 @@ impl std::str::FromStr for HeaderStyle {
 /// The rate-limit fields of these parts in `style`.
 pub fn fields_in(style: HeaderStyle, parts: &[Part<'_>]) -> Vec<(HeaderName, HeaderValue)> {
     let mut out = Vec::with_capacity(5);
+    each_field(style, parts, |name, value| out.push((name, value)));
+    out
+}
+
+/// Appends the rate-limit fields of these parts in `style` to `headers`
+/// (no vector on the way: this runs on every answer).
+pub fn append_fields(style: HeaderStyle, parts: &[Part<'_>], headers: &mut HeaderMap) {
+    headers.reserve(5);
+    each_field(style, parts, |name, value| {
+        headers.append(name, value);
+    });
+}
+
+fn each_field(
+    style: HeaderStyle,
+    parts: &[Part<'_>],
+    mut emit: impl FnMut(HeaderName, HeaderValue),
+) {
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        out.extend(fields(parts));
+        let [policies, states] = fields(parts);
+        emit(policies.0, policies.1);
+        emit(states.0, states.1);
     }
     // The most restrictive policy: the fewest left, then the longest reset.
     let tightest = parts.iter().min_by_key(|p| {
@@ -121,47 +155,48 @@ pub fn fields_in(style: HeaderStyle, parts: &[Part<'_>]) -> Vec<(HeaderName, Hea
         )
     });
     if let (HeaderStyle::XRateLimit | HeaderStyle::Both, Some(p)) = (style, tightest) {
-        out.push((X_RATELIMIT_LIMIT, HeaderValue::from(p.limit)));
-        out.push((
+        emit(X_RATELIMIT_LIMIT, HeaderValue::from(p.limit));
+        emit(
             X_RATELIMIT_REMAINING,
             HeaderValue::from(p.decision.remaining.min(p.limit)),
-        ));
-        out.push((
+        );
+        emit(
             X_RATELIMIT_RESET,
             HeaderValue::from(ceil_seconds(p.decision.reset)),
-        ));
+        );
     }
-    out
 }
 
 /// The `RateLimit-Policy` and `RateLimit` fields of these parts, as one
 /// list item per policy: `"api";r=R;t=T` with `t` the reset in whole
 /// seconds, rounded up.
 pub fn fields(parts: &[Part<'_>]) -> [(HeaderName, HeaderValue); 2] {
-    let mut policies = Vec::with_capacity(parts.len() * 24);
-    let mut states = String::with_capacity(parts.len() * 24);
+    // One policy (the common case): its item as made once, shared.
+    let policies = match parts {
+        [one] => one.field.clone(),
+        _ => {
+            let mut policies = Vec::with_capacity(parts.len() * 24);
+            for (i, part) in parts.iter().enumerate() {
+                if i > 0 {
+                    policies.extend_from_slice(b", ");
+                }
+                policies.extend_from_slice(part.field.as_bytes());
+            }
+            value(&policies)
+        }
+    };
+    let mut states = FieldText::new();
     for (i, part) in parts.iter().enumerate() {
         if i > 0 {
-            policies.extend_from_slice(b", ");
-            states.push_str(", ");
+            states.extend_from_slice(b", ");
         }
-        policies.extend_from_slice(part.field.as_bytes());
         sf_string(&mut states, part.name);
-        let remaining = part.decision.remaining.min(part.limit);
-        let reset = ceil_seconds(part.decision.reset);
-        let mut digits = itoa::Buffer::new();
-        states.push_str(";r=");
-        states.push_str(digits.format(remaining));
-        states.push_str(";t=");
-        states.push_str(digits.format(reset));
+        states.extend_from_slice(b";r=");
+        push_number(&mut states, part.decision.remaining.min(part.limit));
+        states.extend_from_slice(b";t=");
+        push_number(&mut states, ceil_seconds(part.decision.reset));
     }
-    [
-        (
-            RATELIMIT_POLICY,
-            HeaderValue::from_bytes(&policies).unwrap_or_else(|_| HeaderValue::from_static("")),
-        ),
-        (RATELIMIT, value(states)),
-    ]
+    [(RATELIMIT_POLICY, policies), (RATELIMIT, value(&states))]
 }
 
 /// A refused request's answer: `429`, `Retry-After`, `Cache-Control:
@@ -210,14 +245,10 @@ impl Limited<'_> {
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         // Appended one by one: no vector of all the fields on the way.
         let headers = response.headers_mut();
-        headers.reserve(5);
-        for (name, value) in self
-            .fixed()
-            .into_iter()
-            .chain(fields_in(self.style, self.parts))
-        {
+        for (name, value) in self.fixed() {
             headers.append(name, value);
         }
+        append_fields(self.style, self.parts, headers);
         response
     }
 }

@@ -67,8 +67,8 @@ use weir_limiter::{
 };
 
 pub use headers::{
-    HeaderStyle, Limited, Part, error_body, fields, fields_in, quota, rate_limit_policy,
-    retry_after_seconds,
+    HeaderStyle, Limited, Part, append_fields, error_body, fields, fields_in, quota,
+    rate_limit_policy, retry_after_seconds,
 };
 
 /// Why a request has no identity.
