@@ -249,9 +249,11 @@ pub(crate) async fn forward(
         traced.set("http.route", route.text.clone());
         traced.set("http.request.method", request.method().to_string());
     }
-    let response = traced
-        .around(through(&shared, route, &params, &path, request, peer))
-        .await;
+    // Awaited in a statement of its own (as every wrapped future here): a
+    // temporary in an awaited expression keeps its room in the enclosing
+    // future across the await, doubling it.
+    let answering = traced.around(through(&shared, route, &params, &path, request, peer));
+    let response = answering.await;
     traced.set(
         "http.response.status_code",
         i64::from(response.status().as_u16()),
@@ -344,7 +346,8 @@ async fn through(
         admitted: cost,
     });
     // Boxed: the refusing path (most of a flood) then moves a small future.
-    let mut response = Box::pin(send(shared, route, path, request, peer, charge)).await;
+    let forwarded = Box::pin(send(shared, route, path, request, peer, charge));
+    let mut response = forwarded.await;
     let style = shared.config.server.headers;
     append_fields(style, &parts, response.headers_mut());
     response
@@ -481,14 +484,16 @@ async fn send(
     let limit = usize::try_from(route.max_body).unwrap_or(usize::MAX);
     let body = Body::new(http_body_util::Limited::new(body, limit));
     let started = std::time::Instant::now();
-    let call = upstream::send(&route.upstream, authority, Request::from_parts(parts, body));
     let traced = Traced::start("weir.upstream");
     if traced.on() {
         traced.set("server.address", authority.to_string());
     }
-    let answered = traced
-        .around(tokio::time::timeout(route.timeout, call))
-        .await;
+    let request = Request::from_parts(parts, body);
+    let calling = traced.around(tokio::time::timeout(
+        route.timeout,
+        upstream::send(&route.upstream, authority, request),
+    ));
+    let answered = calling.await;
     match &answered {
         Ok(Ok(response)) => {
             traced.set(

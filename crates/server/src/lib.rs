@@ -154,7 +154,10 @@ async fn guard(
     let path = path.as_ref().map(axum::extract::MatchedPath::as_str);
     guarded(&state, path, request, |request| async {
         let response = next.run(request).await;
-        let label = response.extensions().get::<RouteLabel>().map(|l| l.0.clone());
+        let label = response
+            .extensions()
+            .get::<RouteLabel>()
+            .map(|l| l.0.clone());
         (response, label)
     })
     .await

@@ -129,7 +129,10 @@ pub(crate) async fn send(
     loop {
         let (mut sender, reused) = match checkout(authority) {
             Some(sender) => (sender, true),
-            None => (connect(upstream).await?, false),
+            None => {
+                let connecting = Box::pin(connect(upstream));
+                (connecting.await?, false)
+            }
         };
         match sender.try_send_request(request).await {
             Ok(response) => {
