@@ -14,7 +14,7 @@ use weir_core::Nanos;
 use weir_tower::{Part, append_fields};
 
 use crate::answer::{ApiError, DecisionBody, ms};
-use crate::backend::{Check, scoped_key};
+use crate::backend::{Check, Few, scoped_key};
 use crate::config::{OnStoreError, PolicyId};
 use crate::state::{AppState, Shared};
 
@@ -260,7 +260,7 @@ pub(crate) async fn check(
         .collect();
     let retry = verdict.retry_after();
     let mut response = asked.answer(bodies, verdict.all.allowed, retry, degraded)?;
-    let parts: Vec<Part<'_>> = verdict.visible(&shared.table, &asked.ids);
+    let parts: Few<Part<'_>> = verdict.visible(&shared.table, &asked.ids);
     let style = shared.config.server.headers;
     append_fields(style, &parts, response.headers_mut());
     Ok(response)

@@ -19,6 +19,10 @@ use crate::table::{Outcome, PolicyTable};
 use crate::telemetry::Traced;
 use weir_tower::Part;
 
+/// A request's policies, checks or parts: a few, kept on the stack (a
+/// route or a call names up to four without allocating).
+pub(crate) type Few<T> = smallvec::SmallVec<[T; 4]>;
+
 /// The longest stored key: a scope (`header:NAME:`, `path:PARAM:`,
 /// `envoy:…`) and an identity of at most [`MAX_IDENTITY`] bytes, escaped
 /// where it is (up to three bytes each).
@@ -174,7 +178,7 @@ impl Verdict {
 
     /// The `RateLimit` parts of the enforced policies among `ids` (the
     /// request's, in order): shadow policies are not shown to clients.
-    pub(crate) fn visible<'t>(&self, table: &'t PolicyTable, ids: &[PolicyId]) -> Vec<Part<'t>> {
+    pub(crate) fn visible<'t>(&self, table: &'t PolicyTable, ids: &[PolicyId]) -> Few<Part<'t>> {
         ids.iter()
             .zip(self.decisions())
             .enumerate()

@@ -2,6 +2,7 @@
 //! policies all-or-nothing, then forward (after a shaper's delay) or answer
 //! `429` with `Retry-After` and the `RateLimit` fields.
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +20,7 @@ use weir_tower::{Limited, Part, append_fields};
 
 use crate::RouteLabel;
 use crate::answer::ApiError;
-use crate::backend::{Check, scoped_key};
+use crate::backend::{Check, Few, scoped_key};
 use crate::config::{Cost, Identity, OnStoreError, PolicyId, Route, Segment, Usage};
 use crate::metrics::Meters;
 use crate::state::{AppState, Shared};
@@ -85,7 +86,7 @@ const PATH: &AsciiSet = &CONTROLS
 /// `\`, a `\`, NUL or `;` anywhere, `.` and `..` segments, empty segments
 /// and anything that does not decode to UTF-8 — each a way to make the
 /// limiter and the upstream read one path as two.
-pub(crate) fn canonical(raw: &str) -> Result<String, ApiError> {
+pub(crate) fn canonical(raw: &str) -> Result<Cow<'_, str>, ApiError> {
     let bad = |why: &str| Err(ApiError::BadPath(format!("{why}: {}", raw.escape_debug())));
     let encoded = |c: &str| {
         raw.as_bytes()
@@ -110,12 +111,12 @@ pub(crate) fn canonical(raw: &str) -> Result<String, ApiError> {
             return bad("an empty segment in the path");
         }
     }
-    Ok(decoded.into_owned())
+    Ok(decoded)
 }
 
 /// A canonical path, encoded once for the upstream.
-fn encode(path: &str) -> String {
-    std::borrow::Cow::from(utf8_percent_encode(path, PATH)).into_owned()
+fn encode(path: &str) -> Cow<'_, str> {
+    Cow::from(utf8_percent_encode(path, PATH))
 }
 
 /// The client's address: the peer, or — when the peer is a trusted proxy —
@@ -147,13 +148,13 @@ pub(crate) fn client_ip(headers: &HeaderMap, peer: IpAddr, trusted: &[IpNet]) ->
 }
 
 /// The caller's identity as sent, and its stored key.
-fn identity(
+fn identity<'r>(
     route: &Route,
-    request: &Request,
-    params: &[(&str, &str)],
+    request: &'r Request,
+    params: &[(&'r str, &'r str)],
     client: Option<IpAddr>,
-) -> Result<(String, String), ApiError> {
-    let value = match &route.identity {
+) -> Result<(Cow<'r, str>, String), ApiError> {
+    let value: Option<Cow<'r, str>> = match &route.identity {
         Identity::Header(name) => {
             let mut values = request.headers().get_all(name).iter();
             let (first, second) = (values.next(), values.next());
@@ -164,17 +165,17 @@ fn identity(
                     "one `{name}` header with one value, not a list"
                 )));
             }
-            text.map(str::to_owned)
+            text.map(Cow::Borrowed)
         }
         Identity::Path(name) => params
             .iter()
             .find(|(n, _)| n == name)
-            .map(|(_, v)| (*v).to_owned()),
-        Identity::Peer => client.map(|ip| ip.to_string()),
+            .map(|(_, v)| Cow::Borrowed(*v)),
+        Identity::Peer => client.map(|ip| Cow::Owned(ip.to_string())),
     };
     let scope = &route.scope;
     let value = value.map(|v| match route.fold_case {
-        true => v.to_lowercase(),
+        true => Cow::Owned(v.to_lowercase()),
         false => v,
     });
     match value {
@@ -236,7 +237,10 @@ pub(crate) async fn forward(
     request: Request,
 ) -> (Response, Option<Arc<str>>) {
     let shared = state.current();
-    let path = match canonical(request.uri().path()) {
+    // A copy of the URI (its parts are shared, not copied) for the path to
+    // borrow from, as the request moves on.
+    let uri = request.uri().clone();
+    let path = match canonical(uri.path()) {
         Ok(path) => path,
         Err(e) => return (e.into_response(), None),
     };
@@ -287,7 +291,7 @@ async fn through(
         Err(e) => return e.into_response(),
     };
     // An overridden identity is decided by its override.
-    let ids: Vec<PolicyId> = route
+    let ids: Few<PolicyId> = route
         .policies
         .iter()
         .map(|&policy| shared.table.resolve(policy, &sent))
@@ -296,7 +300,7 @@ async fn through(
         Ok(cost) => cost,
         Err(e) => return e.into_response(),
     };
-    let checks: Vec<Check<'_>> = ids
+    let checks: Few<Check<'_>> = ids
         .iter()
         .map(|&policy| Check {
             policy,
@@ -322,7 +326,7 @@ async fn through(
         Ok(verdict) => verdict,
         Err(refusal) => return ApiError::from(refusal).into_response(),
     };
-    let parts: Vec<Part<'_>> = verdict.visible(&shared.table, &ids);
+    let parts: Few<Part<'_>> = verdict.visible(&shared.table, &ids);
     if let Some(first) = verdict.refusing() {
         return Limited {
             policy: &shared.table.get(ids[first]).name,
@@ -341,7 +345,7 @@ async fn through(
     let charge = route.usage.is_some().then(|| Charge {
         shared: Arc::clone(shared),
         route: Arc::clone(&route.label),
-        policies: ids.clone(),
+        policies: ids.to_vec(),
         key: key.clone(),
         admitted: cost,
     });
@@ -425,14 +429,13 @@ async fn send(
     let (mut parts, body) = request.into_parts();
     // The upstream gets the path that was matched, encoded once, and the
     // query as sent.
-    let mut path = encode(path);
-    if let Some(query) = parts.uri.query() {
-        path.push('?');
-        path.push_str(query);
-    }
+    let path = encode(path);
+    let target = match parts.uri.query() {
+        None => PathAndQuery::try_from(&*path),
+        Some(query) => PathAndQuery::try_from([&path, "?", query].concat()),
+    };
     // Origin-form: the connection is to the route's upstream already.
-    let (Some(authority), Ok(target)) = (route.upstream.authority(), PathAndQuery::try_from(path))
-    else {
+    let (Some(authority), Ok(target)) = (route.upstream.authority(), target) else {
         return ApiError::Upstream("cannot build the upstream URI".into()).into_response();
     };
     parts.uri = Uri::from(target);
@@ -443,8 +446,8 @@ async fn send(
     if let Some(host) = headers.remove(header::HOST) {
         headers.insert(X_FORWARDED_HOST, host);
     }
-    if let Ok(host) = HeaderValue::try_from(authority.as_str()) {
-        headers.insert(header::HOST, host);
+    if let Some(host) = &route.host {
+        headers.insert(header::HOST, host.clone());
     }
     // What an untrusted peer says about addresses is replaced, never
     // passed on; a trusted proxy's chain is extended with the peer.

@@ -28,6 +28,8 @@ pub struct Route {
     pub policies: Vec<PolicyId>,
     /// `scheme://authority` of the upstream.
     pub upstream: Uri,
+    /// Its authority as the `Host` field the upstream is sent, made once.
+    pub host: Option<http::HeaderValue>,
     /// The longest a shaper may delay a request before it is refused.
     pub max_wait: Duration,
     /// The longest wait for the upstream's response head (connecting
@@ -349,6 +351,9 @@ pub(super) fn parse(
                 scope: identity.scope(),
                 identity,
                 policies,
+                host: upstream
+                    .authority()
+                    .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok()),
                 upstream,
                 max_wait,
                 timeout,
