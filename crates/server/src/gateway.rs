@@ -50,9 +50,9 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// The path parameters when `path` matches the route's pattern.
-fn path_matches<'a>(route: &'a Route, path: &'a str) -> Option<Vec<(&'a str, &'a str)>> {
+fn path_matches<'a>(route: &'a Route, path: &'a str) -> Option<Few<(&'a str, &'a str)>> {
     let mut parts = path.split('/').skip(1);
-    let mut params = Vec::new();
+    let mut params = Few::new();
     for segment in &route.segments {
         match (segment, parts.next()?) {
             (Segment::Literal(text), part) if text == part => {}
@@ -191,7 +191,7 @@ fn identity<'r>(
 /// A route and the path's parameters.
 struct Matched<'a> {
     route: &'a Route,
-    params: Vec<(&'a str, &'a str)>,
+    params: Few<(&'a str, &'a str)>,
 }
 
 /// The first route for the request, or `404`, or `405` with the methods
@@ -400,21 +400,18 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Appends `ip` as text: an IPv4 address octet by octet, without the
 /// formatting machinery (it is written on every forwarded request).
-fn push_ip(out: &mut String, ip: IpAddr) {
+fn push_ip(out: &mut smallvec::SmallVec<[u8; 64]>, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
             let mut digits = itoa::Buffer::new();
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    out.push('.');
+                    out.push(b'.');
                 }
-                out.push_str(digits.format(octet));
+                out.extend_from_slice(digits.format(octet).as_bytes());
             }
         }
-        IpAddr::V6(v6) => {
-            use std::fmt::Write as _;
-            let _ = write!(out, "{v6}");
-        }
+        IpAddr::V6(v6) => out.extend_from_slice(v6.to_string().as_bytes()),
     }
 }
 
@@ -455,13 +452,14 @@ async fn send(
         let nets = &shared.config.server.trusted_proxies;
         nets.iter().any(|net| net.contains(&p.ip()))
     });
-    let mut chain = String::new();
+    // Written on the stack, then copied once into its field.
+    let mut chain = smallvec::SmallVec::<[u8; 64]>::new();
     match trusted {
         true => {
             for hop in headers.get_all(X_FORWARDED_FOR).iter() {
                 if let Ok(hop) = hop.to_str() {
-                    chain.push_str(hop);
-                    chain.push_str(", ");
+                    chain.extend_from_slice(hop.as_bytes());
+                    chain.extend_from_slice(b", ");
                 }
             }
         }
@@ -473,7 +471,7 @@ async fn send(
     headers.remove(X_FORWARDED_FOR);
     if let Some(peer) = peer {
         push_ip(&mut chain, peer.ip());
-        if let Ok(value) = HeaderValue::try_from(chain) {
+        if let Ok(value) = HeaderValue::from_bytes(&chain) {
             headers.insert(X_FORWARDED_FOR, value);
         }
     }
@@ -655,9 +653,9 @@ mod tests {
             "2001:db8::8a2e:370:7334",
         ] {
             let ip: IpAddr = text.parse().unwrap();
-            let mut out = String::from("x, ");
+            let mut out = smallvec::SmallVec::from_slice(b"x, ");
             push_ip(&mut out, ip);
-            assert_eq!(out, format!("x, {ip}"));
+            assert_eq!(out.as_slice(), format!("x, {ip}").as_bytes());
         }
     }
 }
