@@ -5,12 +5,13 @@
 # (user + system, from /proc; on Redis, Redis's included), which unlike the
 # rates does not depend on what the load generator beside them takes.
 #
-#   bench/compare.sh [library] [redis] [gateway] [rls] [pingora]
-#                                   (default: all but pingora)
+#   bench/compare.sh [library] [redis] [gateway] [rls] [hyper] [pingora]
+#                              (default: all but hyper and pingora)
 #
 # Needs: a Rust toolchain; redis-server and redis-benchmark (redis-tools) for
-# `redis` and `rls`; nginx and wrk for `gateway` and `pingora` (and cmake,
-# to build Pingora); a built limitador-server for
+# `redis` and `rls`; nginx and wrk for `gateway`, `hyper` (the bare hyper
+# proxy weir's gateway is built on) and `pingora` (Pingora and that proxy;
+# cmake, to build Pingora); a built limitador-server for
 # `rls` (LIMITADOR=/path/to/limitador-server: see ../shared/NOTES.md or
 # docs/BENCHMARKS.md for how to build it; without it the RLS rows show weir
 # alone). Missing tools are installed from Debian's packages when apt-get is
@@ -129,7 +130,8 @@ median() { sort -n | awk '{ l[NR] = $0 } END { print l[int((NR + 1) / 2)] }'; }
 # --- the gateway against nginx limit_req + proxy_pass, and (`pingora`)
 # against the forwarding paths it was chosen over: Pingora and a bare hyper
 # proxy with weir's limiter in front (bench/pingora-eval, its own workspace;
-# Pingora's build needs cmake). One weir series serves every row.
+# Pingora's build needs cmake); `hyper` adds the bare hyper proxy alone.
+# One weir series serves every row.
 wrk_run() { # wrk_run SCRIPT URL PIDS... -> "rate p50 p99 cpu-µs-per-request"
   local script=$1 url=$2 before
   shift 2
@@ -137,7 +139,7 @@ wrk_run() { # wrk_run SCRIPT URL PIDS... -> "rate p50 p99 cpu-µs-per-request"
   wrk -t1 -c32 -d"${SECONDS_EACH}s" --latency -s "$script" "$url" >"$OUT/wrk.txt"
   echo "$(awk '/Requests\/sec/ { r = $2 } $1 == "50%" { p50 = $2 } $1 == "99%" { p99 = $2 } END { printf "%.0f %s %s\n", r, p50, p99 }' "$OUT/wrk.txt") $(per_request $(($(ticks "$@") - before)) "$(awk '/requests in/ { print $1 }' "$OUT/wrk.txt")")"
 }
-if want gateway || want pingora; then
+if want gateway || want pingora || want hyper; then
   need nginx nginx-light
   need wrk wrk
   mkdir -p /tmp/weir-bench
@@ -153,10 +155,17 @@ if want gateway || want pingora; then
     gateways+=(nginx:19001)
     gateway_pid[nginx]=$!
   fi
-  if want pingora; then
-    need cmake cmake
-    cargo build --release -q --manifest-path bench/pingora-eval/Cargo.toml --target-dir target/pingora-eval
-    for gw in pingora:19003 hyper:19004; do
+  eval=()
+  want pingora && eval+=(pingora:19003 hyper:19004)
+  want hyper && ! want pingora && eval+=(hyper:19004)
+  if [ ${#eval[@]} -gt 0 ]; then
+    features=()
+    if want pingora; then
+      need cmake cmake
+      features=(--features pingora)
+    fi
+    cargo build --release -q --manifest-path bench/pingora-eval/Cargo.toml --target-dir target/pingora-eval "${features[@]}"
+    for gw in "${eval[@]}"; do
       target/pingora-eval/release/"${gw%%:*}"-gw "127.0.0.1:${gw#*:}" 127.0.0.1:19000 >"$OUT/${gw%%:*}-gw.log" 2>&1 &
       pids+=($!)
       gateways+=("$gw")

@@ -1,38 +1,93 @@
 //! weir's limiter in front of a plain hyper proxy, in the shape of weir's
-//! gateway (a current-thread runtime per core, each accepting from a copy of
-//! one listening socket, each with its own upstream pool) but with nothing
-//! else: no router, no metrics, no header rules. `hyper-gw LISTEN UPSTREAM`.
+//! gateway — a current-thread runtime per core, each accepting from a copy
+//! of one listening socket, each with its own upstream pool, a connection
+//! going back to it when its answer's body ends, and mimalloc — but with
+//! nothing else: no router, no metrics, no header rules, no timeouts. The
+//! floor of weir's stack: `hyper-gw LISTEN UPSTREAM`.
 
 mod common;
 
+use std::cell::RefCell;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, combinators::BoxBody};
-use hyper::{
-    Request, Response, StatusCode, body::Incoming, server::conn::http1, service::service_fn,
-};
-use hyper_util::client::legacy::{Client, connect::HttpConnector};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use http_body::Frame;
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper::{Request, Response, StatusCode, server::conn::http1, service::service_fn};
+use hyper_util::rt::TokioIo;
 use weir_limiter::Limiter;
 
-type Body = BoxBody<Bytes, hyper::Error>;
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 thread_local! {
-    static UPSTREAM: Client<HttpConnector, Incoming> =
-        Client::builder(TokioExecutor::new()).build_http();
+    static POOL: RefCell<Vec<SendRequest<Incoming>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// An answer's body, or none; at the end of an answer its connection goes
+/// back to the pool.
+enum Body {
+    Answer(Incoming, Option<SendRequest<Incoming>>),
+    Empty,
+}
+
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let Body::Answer(body, sender) = self.get_mut() else {
+            return Poll::Ready(None);
+        };
+        let frame = Pin::new(&mut *body).poll_frame(cx);
+        if body.is_end_stream() || matches!(frame, Poll::Ready(None)) {
+            if let Some(sender) = sender.take() {
+                POOL.with(|pool| pool.borrow_mut().push(sender));
+            }
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Body::Answer(body, _) => body.is_end_stream(),
+            Body::Empty => true,
+        }
+    }
 }
 
 fn empty(status: StatusCode) -> Response<Body> {
-    let mut response = Response::new(Empty::new().map_err(|e| match e {}).boxed());
+    let mut response = Response::new(Body::Empty);
     *response.status_mut() = status;
     response
+}
+
+/// A pooled connection to `upstream` that is ready, or a new one.
+async fn sender(upstream: &str) -> Option<SendRequest<Incoming>> {
+    while let Some(sender) = POOL.with(|pool| pool.borrow_mut().pop()) {
+        if sender.is_ready() {
+            return Some(sender);
+        }
+    }
+    let stream = tokio::net::TcpStream::connect(upstream).await.ok()?;
+    let _ = stream.set_nodelay(true);
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .ok()?;
+    tokio::task::spawn_local(connection);
+    Some(sender)
 }
 
 async fn handle(
     limiter: Arc<Limiter>,
     upstream: Arc<str>,
-    mut request: Request<Incoming>,
+    request: Request<Incoming>,
 ) -> Result<Response<Body>, hyper::Error> {
     let seller = request.headers().get("x-seller-id");
     let seller = seller.and_then(|v| v.to_str().ok()).unwrap_or("");
@@ -48,13 +103,11 @@ async fn handle(
         headers.insert("ratelimit", field.parse().expect("an ASCII field"));
         return Ok(response);
     }
-    let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
-    let Ok(uri) = format!("http://{upstream}{path}").parse() else {
-        return Ok(empty(StatusCode::BAD_REQUEST));
+    let Some(mut sender) = sender(&upstream).await else {
+        return Ok(empty(StatusCode::BAD_GATEWAY));
     };
-    *request.uri_mut() = uri;
-    match UPSTREAM.with(Client::clone).request(request).await {
-        Ok(response) => Ok(response.map(BodyExt::boxed)),
+    match sender.send_request(request).await {
+        Ok(response) => Ok(response.map(|body| Body::Answer(body, Some(sender)))),
         Err(_) => Ok(empty(StatusCode::BAD_GATEWAY)),
     }
 }
@@ -76,7 +129,7 @@ fn main() {
                     .enable_all()
                     .build()
                     .expect("a runtime");
-                runtime.block_on(async move {
+                tokio::task::LocalSet::new().block_on(&runtime, async move {
                     let listener =
                         tokio::net::TcpListener::from_std(listener).expect("a tokio socket");
                     loop {
@@ -85,7 +138,7 @@ fn main() {
                         };
                         let _ = stream.set_nodelay(true);
                         let (limiter, upstream) = (limiter.clone(), upstream.clone());
-                        tokio::spawn(async move {
+                        tokio::task::spawn_local(async move {
                             let service =
                                 service_fn(move |r| handle(limiter.clone(), upstream.clone(), r));
                             let _ = http1::Builder::new()
