@@ -245,6 +245,9 @@ impl Limited<'_> {
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         // Appended one by one: no vector of all the fields on the way.
         let headers = response.headers_mut();
+        // Room for all of them at once: growing the map as they come
+        // reallocated it twice.
+        headers.reserve(8);
         for (name, value) in self.fixed() {
             headers.append(name, value);
         }
