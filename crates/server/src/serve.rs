@@ -77,7 +77,6 @@ fn admit(open: &Arc<Mutex<Open>>, ip: IpAddr, limits: &ConnectionLimits) -> Opti
     })
 }
 
-/// Nanoseconds since the connection was accepted.
 /// What the socket and the service note for a connection's watchdog:
 /// flags and counts only, no clock (a reading on every read and write cost
 /// about 1,000 instructions per request); the watchdog reads the time on
