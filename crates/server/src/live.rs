@@ -102,7 +102,9 @@ impl Default for Live {
 /// and how much of that count it may have inherited.
 #[derive(Debug, Default)]
 struct Sketch {
-    counts: HashMap<Box<str>, (u64, u64)>,
+    /// Hashed with foldhash, not SipHash: a refusal adds to it, and a map
+    /// of at most `CAPACITY` entries has no long chains to fear.
+    counts: HashMap<Box<str>, (u64, u64), foldhash::fast::RandomState>,
 }
 
 impl Sketch {

@@ -74,6 +74,8 @@ pub struct Entry {
     pub(crate) fields: Fields,
     /// The fields of the local fallback's policy, for degraded answers.
     pub(crate) local_fields: Fields,
+    /// The body of the gateway's `429` when this policy refuses, made once.
+    pub(crate) refused: axum::body::Bytes,
     decisions: [Counter; 7],
     fallbacks: Counter,
     reported: Counter,
@@ -109,6 +111,7 @@ impl Entry {
             | Policy::SlidingCounter(_) => None,
         };
         Self {
+            refused: weir_tower::error_body("RATE_LIMITED", &name).into(),
             fields: Fields::new(&name, &config.policy),
             local_fields: Fields::new(&name, &local),
             decisions: [

@@ -43,14 +43,21 @@ type FieldText = SmallVec<[u8; 64]>;
 /// printable ASCII replaced by `?` (sf-string cannot carry it).
 fn sf_string(out: &mut FieldText, name: &str) {
     out.push(b'"');
-    for c in name.chars() {
-        match c {
-            '"' | '\\' => {
-                out.push(b'\\');
-                out.push(c as u8);
+    // A name with nothing to escape (nearly all) is copied whole.
+    let plain = |b: &u8| matches!(b, b' '..=b'~') && !matches!(b, b'"' | b'\\');
+    match name.as_bytes().iter().all(plain) {
+        true => out.extend_from_slice(name.as_bytes()),
+        false => {
+            for c in name.chars() {
+                match c {
+                    '"' | '\\' => {
+                        out.push(b'\\');
+                        out.push(c as u8);
+                    }
+                    ' '..='~' => out.push(c as u8),
+                    _ => out.push(b'?'),
+                }
             }
-            ' '..='~' => out.push(c as u8),
-            _ => out.push(b'?'),
         }
     }
     out.push(b'"');
@@ -106,6 +113,18 @@ pub enum HeaderStyle {
     None,
 }
 
+impl HeaderStyle {
+    /// How many fields an answer in this style carries.
+    fn fields(self) -> usize {
+        match self {
+            Self::Ietf => 2,
+            Self::XRateLimit => 3,
+            Self::Both => 5,
+            Self::None => 0,
+        }
+    }
+}
+
 impl std::str::FromStr for HeaderStyle {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -131,7 +150,7 @@ pub fn fields_in(style: HeaderStyle, parts: &[Part<'_>]) -> Vec<(HeaderName, Hea
 /// Appends the rate-limit fields of these parts in `style` to `headers`
 /// (no vector on the way: this runs on every answer).
 pub fn append_fields(style: HeaderStyle, parts: &[Part<'_>], headers: &mut HeaderMap) {
-    headers.reserve(5);
+    headers.reserve(style.fields());
     each_field(style, parts, |name, value| {
         headers.append(name, value);
     });
@@ -241,17 +260,25 @@ impl Limited<'_> {
 
     /// The whole `429` response.
     pub fn response<B: From<String>>(&self) -> Response<B> {
-        let mut response = Response::new(B::from(self.body()));
+        self.response_with(B::from(self.body()))
+    }
+
+    /// The `429` response with `body`: [`Limited::body`], made once (per
+    /// policy, say) by a caller that answers many.
+    pub fn response_with<B>(&self, body: B) -> Response<B> {
+        let mut response = Response::new(body);
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        // Appended one by one: no vector of all the fields on the way.
+        // Room for all the fields at once (growing the map as they come
+        // reallocated it twice), and no more.
         let headers = response.headers_mut();
-        // Room for all of them at once: growing the map as they come
-        // reallocated it twice.
-        headers.reserve(8);
+        headers.reserve(3 + self.style.fields());
+        // Appended one by one: no vector of all the fields on the way.
         for (name, value) in self.fixed() {
             headers.append(name, value);
         }
-        append_fields(self.style, self.parts, headers);
+        each_field(self.style, self.parts, |name, value| {
+            headers.append(name, value);
+        });
         response
     }
 }
