@@ -31,8 +31,13 @@ use crate::usage::{Charge, Metered, Scanner};
 /// Whether a header belongs to one connection, not to the message (one
 /// comparison of lengths, then of bytes, per header).
 fn hop_by_hop(name: &HeaderName) -> bool {
+    hop_by_hop_text(name.as_str())
+}
+
+/// [`hop_by_hop`] for a name in lower case.
+fn hop_by_hop_text(name: &str) -> bool {
     matches!(
-        name.as_str(),
+        name,
         "connection"
             | "keep-alive"
             | "proxy-authenticate"
@@ -392,23 +397,37 @@ fn admission(route: &Route, headers: &HeaderMap) -> Result<u64, ApiError> {
 
 /// Removes the hop-by-hop headers, and those the `Connection` header names.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // `Connection`'s values are taken out first (nearly always one, whose
-    // copy shares its bytes), then each name they list is removed by its
-    // text: nothing is parsed, and names not present cost one lookup.
-    let mut values = headers.get_all(header::CONNECTION).iter();
-    let first = values.next().cloned();
-    let more: Vec<HeaderValue> = values.cloned().collect();
-    if let Some(first) = first {
+    // One scan over the names present, which nearly always finds none but
+    // an upstream's `Connection: keep-alive`.
+    let (mut connection, mut fixed) = (false, false);
+    for name in headers.keys() {
+        match name == header::CONNECTION {
+            true => connection = true,
+            false => fixed |= hop_by_hop(name),
+        }
+    }
+    if connection {
+        // `Connection`'s values are taken out first (nearly always one,
+        // whose copy shares its bytes), then each name they list is removed
+        // by its text: nothing is parsed. `close` (not a header name) and
+        // the fixed set as written in lower case cost no lookup.
+        let mut values = headers.get_all(header::CONNECTION).iter();
+        let first = values.next().cloned();
+        let more: Vec<HeaderValue> = values.cloned().collect();
         headers.remove(header::CONNECTION);
-        for value in std::iter::once(&first).chain(&more) {
+        for value in first.iter().chain(&more) {
             for listed in value.to_str().unwrap_or_default().split(',') {
-                headers.remove(listed.trim());
+                let listed = listed.trim();
+                if !listed.eq_ignore_ascii_case("close") && !hop_by_hop_text(listed) {
+                    headers.remove(listed);
+                }
             }
         }
     }
-    // The fixed set: one scan over the names present, which rarely finds one.
-    while let Some(name) = headers.keys().find(|name| hop_by_hop(name)).cloned() {
-        headers.remove(name);
+    if fixed {
+        while let Some(name) = headers.keys().find(|name| hop_by_hop(name)).cloned() {
+            headers.remove(name);
+        }
     }
 }
 
@@ -477,16 +496,28 @@ async fn send(
                 }
             }
         }
-        false => {
+        // Looked up only when one is there: a scan of the few names sent.
+        false
+            if headers
+                .keys()
+                .any(|name| name == header::FORWARDED || name == X_REAL_IP) =>
+        {
             headers.remove(header::FORWARDED);
             headers.remove(X_REAL_IP);
         }
+        false => {}
     }
-    headers.remove(X_FORWARDED_FOR);
-    if let Some(peer) = peer {
-        push_ip(&mut chain, peer.ip());
-        if let Ok(value) = HeaderValue::from_bytes(&chain) {
-            headers.insert(X_FORWARDED_FOR, value);
+    // Inserting replaces every value the client sent.
+    match peer {
+        Some(peer) => {
+            push_ip(&mut chain, peer.ip());
+            match HeaderValue::from_bytes(&chain) {
+                Ok(value) => headers.insert(X_FORWARDED_FOR, value),
+                Err(_) => headers.remove(X_FORWARDED_FOR),
+            };
+        }
+        None => {
+            headers.remove(X_FORWARDED_FOR);
         }
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
@@ -611,6 +642,15 @@ mod tests {
         let mut left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
         left.sort_unstable();
         assert_eq!(left, ["content-type", "x-kept"]);
+        // The fixed set without `Connection`, and `Connection` alone.
+        for first in [("transfer-encoding", "chunked"), ("connection", "close")] {
+            let mut headers = HeaderMap::new();
+            for (name, value) in [first, ("x-kept", "3")] {
+                headers.append(name, HeaderValue::from_static(value));
+            }
+            strip_hop_by_hop(&mut headers);
+            assert_eq!(headers.keys().collect::<Vec<_>>(), ["x-kept"]);
+        }
     }
 
     #[test]

@@ -323,7 +323,7 @@ async fn clients_get_http_1_1_and_the_upstream_gets_forwarding_headers() {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream
         .write_all(
-            b"GET /old HTTP/1.1\r\nHost: shop.example\r\nX-Forwarded-For: 6.6.6.6\r\nConnection: close, x-secret\r\nX-Secret: 1\r\nKeep-Alive: timeout=5\r\nProxy-Authorization: Basic eA==\r\n\r\n",
+            b"GET /old HTTP/1.1\r\nHost: shop.example\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 7.7.7.7\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nConnection: close, x-secret\r\nX-Secret: 1\r\nKeep-Alive: timeout=5\r\nProxy-Authorization: Basic eA==\r\n\r\n",
         )
         .await
         .unwrap();
@@ -337,6 +337,10 @@ async fn clients_get_http_1_1_and_the_upstream_gets_forwarding_headers() {
         "spoofed XFF replaced: {head}"
     );
     assert!(head.contains("x-forwarded-proto: http"), "{head}");
+    assert!(
+        !head.contains("6.6.6.6") && !head.contains("7.7.7.7"),
+        "an untrusted peer's claims dropped: {head}"
+    );
     assert!(
         !head.contains("x-secret"),
         "named in Connection: stripped: {head}"
