@@ -76,7 +76,7 @@ pub(crate) struct Verdict {
     /// The longest shaper delay the caller accepted.
     max_delay: Nanos,
     /// Per check: its policy is in shadow mode.
-    shadow: Vec<bool>,
+    shadow: Few<bool>,
 }
 
 impl Verdict {
@@ -151,7 +151,7 @@ impl Verdict {
         let mut decided = self.all.decisions.into_iter();
         let mut shadows = self.shadow.into_iter();
         let mut decisions = Vec::with_capacity(checks.len());
-        let mut shadow = Vec::with_capacity(checks.len());
+        let mut shadow = Few::with_capacity(checks.len());
         for check in checks {
             let entry = table.get(check.policy);
             if entry.unlimited {
@@ -280,7 +280,7 @@ impl Local {
         let checks = checks
             .iter()
             .map(|c| self.check(table, c))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Few<_>, _>>()?;
         Ok(self.limiter.check_all_within(&checks, max_delay)?)
     }
 }
@@ -394,7 +394,7 @@ impl Backend {
                 },
                 degraded: false,
                 max_delay,
-                shadow: Vec::new(),
+                shadow: Few::new(),
             }),
             Self::Memory(local) => local.decide(table, &counted, max_delay).map(|all| Verdict {
                 all,
@@ -587,7 +587,7 @@ fn refusal(e: StoreError) -> Refusal {
     }
 }
 
-fn shadows(table: &PolicyTable, checks: &[Check<'_>]) -> Vec<bool> {
+fn shadows(table: &PolicyTable, checks: &[Check<'_>]) -> Few<bool> {
     checks.iter().map(|c| table.get(c.policy).shadow).collect()
 }
 

@@ -528,7 +528,10 @@ async fn send(
     }
     // A body without a length is cut at the bound as it streams.
     let limit = usize::try_from(route.max_body).unwrap_or(usize::MAX);
-    let body = Body::new(http_body_util::Limited::new(body, limit));
+    let body = match hyper::body::Body::is_end_stream(&body) {
+        true => body,
+        false => Body::new(http_body_util::Limited::new(body, limit)),
+    };
     let started = std::time::Instant::now();
     let traced = Traced::start("weir.upstream");
     if traced.on() {

@@ -218,7 +218,12 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Conn {
         self.activity.head.store(false, Ordering::Release);
         self.activity.heads.fetch_add(1, Ordering::AcqRel);
         let guard = InFlight(self.activity.clone());
-        let mut request = request.map(axum::body::Body::new);
+        // A request without a body (most) gets the empty one, which is not
+        // boxed: nothing to allocate, nothing to poll through a pointer.
+        let mut request = request.map(|body| match hyper::body::Body::is_end_stream(&body) {
+            true => axum::body::Body::empty(),
+            false => axum::body::Body::new(body),
+        });
         if let Some(state) = self.app.gateway(request.uri().path()) {
             let (state, peer) = (state.clone(), self.peer);
             return Box::pin(async move {
