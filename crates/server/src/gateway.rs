@@ -460,9 +460,11 @@ async fn send(
     // The upstream gets the path that was matched, encoded once, and the
     // query as sent.
     let path = encode(path);
-    let target = match parts.uri.query() {
-        None => PathAndQuery::try_from(&*path),
-        Some(query) => PathAndQuery::try_from([&path, "?", query].concat()),
+    let target = match (parts.uri.path_and_query(), parts.uri.query()) {
+        // Nothing decoded, nothing encoded: the target as sent, shared.
+        (Some(sent), _) if sent.path() == path => Ok(sent.clone()),
+        (_, None) => PathAndQuery::try_from(&*path),
+        (_, Some(query)) => PathAndQuery::try_from([&path, "?", query].concat()),
     };
     // Origin-form: the connection is to the route's upstream already.
     let (Some(authority), Ok(target)) = (route.upstream.authority(), target) else {

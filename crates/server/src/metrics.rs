@@ -97,25 +97,34 @@ pub(crate) fn process() -> &'static metrics_process::Collector {
 type Handles<T> =
     OnceLock<ShardedLock<HashMap<String, Vec<(u16, T)>, foldhash::fast::RandomState>>>;
 
-/// The handle of `route` and `status`, or the one `make` registers (kept
-/// for at most [`MAX_ROUTES`] routes: routes and API paths are configured).
-fn cached<T: Clone>(handles: &Handles<T>, route: &str, status: u16, make: impl FnOnce() -> T) -> T {
+/// Applies `apply` to the handle of `route` and `status`, or to the one
+/// `make` registers (kept for at most [`MAX_ROUTES`] routes: routes and API
+/// paths are configured). A known handle is used under the read lock, not
+/// cloned: a clone and its drop would write its shared reference count.
+fn cached<T: Clone>(
+    handles: &Handles<T>,
+    route: &str,
+    status: u16,
+    make: impl FnOnce() -> T,
+    apply: impl FnOnce(&T),
+) {
     let handles = handles.get_or_init(ShardedLock::default);
-    let known = handles
-        .read()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(route)
-        .and_then(|statuses| statuses.iter().find(|(s, _)| *s == status))
-        .map(|(_, t)| t.clone());
-    known.unwrap_or_else(|| {
-        let handle = make();
-        let mut handles = handles.write().unwrap_or_else(PoisonError::into_inner);
-        if handles.len() < MAX_ROUTES || handles.contains_key(route) {
-            let statuses = handles.entry(route.to_owned()).or_default();
-            statuses.push((status, handle.clone()));
+    {
+        let known = handles.read().unwrap_or_else(PoisonError::into_inner);
+        let found = known
+            .get(route)
+            .and_then(|statuses| statuses.iter().find(|(s, _)| *s == status));
+        if let Some((_, handle)) = found {
+            return apply(handle);
         }
-        handle
-    })
+    }
+    let handle = make();
+    let mut known = handles.write().unwrap_or_else(PoisonError::into_inner);
+    if known.len() < MAX_ROUTES || known.contains_key(route) {
+        let statuses = known.entry(route.to_owned()).or_default();
+        statuses.push((status, handle.clone()));
+    }
+    apply(&handle);
 }
 
 /// The most routes [`cached`] keeps handles for.
@@ -155,8 +164,8 @@ impl Meters {
             code,
             0,
             || metrics::counter!("weir_grpc_requests_total", "code" => code),
-        )
-        .increment(1);
+            |requests| requests.increment(1),
+        );
         DURATION
             .get_or_init(|| metrics::histogram!("weir_grpc_duration_seconds"))
             .record(started.elapsed().as_secs_f64());
@@ -166,10 +175,10 @@ impl Meters {
     /// not registered again per request.
     pub(crate) fn http(route: &str, status: u16) {
         static HANDLES: Handles<Counter> = OnceLock::new();
-        cached(&HANDLES, route, status, || {
-            metrics::counter!("weir_http_requests_total", "route" => route.to_owned(), "status" => status.to_string())
-        })
-        .increment(1);
+        let make = || metrics::counter!("weir_http_requests_total", "route" => route.to_owned(), "status" => status.to_string());
+        cached(&HANDLES, route, status, make, |requests| {
+            requests.increment(1)
+        });
     }
 
     /// One upstream call of a gateway route: its latency, or an error.
@@ -177,14 +186,20 @@ impl Meters {
         static LATENCY: Handles<Histogram> = OnceLock::new();
         static ERRORS: Handles<Counter> = OnceLock::new();
         match ok {
-            true => cached(&LATENCY, route, 0, || {
-                metrics::histogram!("weir_upstream_duration_seconds", "route" => route.to_owned())
-            })
-            .record(started.elapsed().as_secs_f64()),
-            false => cached(&ERRORS, route, 0, || {
-                metrics::counter!("weir_upstream_errors_total", "route" => route.to_owned())
-            })
-            .increment(1),
+            true => cached(
+                &LATENCY,
+                route,
+                0,
+                || metrics::histogram!("weir_upstream_duration_seconds", "route" => route.to_owned()),
+                |latency| latency.record(started.elapsed().as_secs_f64()),
+            ),
+            false => cached(
+                &ERRORS,
+                route,
+                0,
+                || metrics::counter!("weir_upstream_errors_total", "route" => route.to_owned()),
+                |errors| errors.increment(1),
+            ),
         }
     }
 
