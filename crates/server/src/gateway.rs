@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::uri::PathAndQuery;
+use axum::http::uri::{Authority, PathAndQuery};
 use axum::http::{HeaderValue, Uri};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderName, Method, Version, header};
@@ -271,11 +271,17 @@ pub(crate) async fn forward(
         traced.set("http.route", route.text.clone());
         traced.set("http.request.method", request.method().to_string());
     }
-    // Awaited in a statement of its own (as every wrapped future here): a
-    // temporary in an awaited expression keeps its room in the enclosing
-    // future across the await, doubling it.
-    let answering = traced.around(through(&shared, route, &params, &path, request, peer));
-    let response = answering.await;
+    // Awaited as it is made: a future bound to a name and then awaited, or
+    // built in the awaited expression and moved into a wrapper, takes its
+    // room twice in the enclosing future (measured: 6.7 kB instead of 3.8).
+    // Traced, it is boxed in a statement of its own.
+    let response = match traced.on() {
+        false => through(&shared, route, &params, &path, request, peer).await,
+        true => {
+            let traced = traced.boxed(through(&shared, route, &params, &path, request, peer));
+            traced.await
+        }
+    };
     traced.set(
         "http.response.status_code",
         i64::from(response.status().as_u16()),
@@ -540,11 +546,14 @@ async fn send(
         traced.set("server.address", authority.to_string());
     }
     let request = Request::from_parts(parts, body);
-    let calling = traced.around(tokio::time::timeout(
-        route.timeout,
-        upstream::send(&route.upstream, authority, request),
-    ));
-    let answered = calling.await;
+    // As in `forward`.
+    let answered = match traced.on() {
+        false => timed(route, authority, request).await,
+        true => {
+            let traced = traced.boxed(timed(route, authority, request));
+            traced.await
+        }
+    };
     match &answered {
         Ok(Ok(response)) => {
             traced.set(
@@ -591,6 +600,21 @@ async fn send(
     Meters::upstream(&route.text, started, false);
     tracing::warn!(route = %route.text, error = %failure, "upstream unavailable");
     ApiError::Upstream(format!("{}: {failure}", route.upstream)).into_response()
+}
+
+/// The upstream call within the route's timeout (made outside the async
+/// fn that awaits it, so that the call's future is not held twice).
+fn timed<'a>(
+    route: &'a Route,
+    authority: &'a Authority,
+    request: Request,
+) -> tokio::time::Timeout<
+    impl Future<Output = Result<http::Response<upstream::Answer>, upstream::Failure>> + 'a,
+> {
+    tokio::time::timeout(
+        route.timeout,
+        upstream::send(&route.upstream, authority, request),
+    )
 }
 
 /// What went wrong on the client's side of a forwarded request.

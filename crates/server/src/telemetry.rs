@@ -8,6 +8,7 @@
 //! Read at start only: a reload does not change it.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -112,6 +113,19 @@ impl Traced {
         match &self.0 {
             Some(cx) => Either::Left(future.with_context(cx.clone())),
             None => Either::Right(future),
+        }
+    }
+
+    /// [`Traced::around`], boxed: for a large future on a hot path, awaited
+    /// only when tracing is on, so that the caller's future holds the
+    /// untraced one once (see `gateway::forward`).
+    pub(crate) fn boxed<'a, F: Future + Send + 'a>(
+        &self,
+        future: F,
+    ) -> Pin<Box<dyn Future<Output = F::Output> + Send + 'a>> {
+        match &self.0 {
+            Some(cx) => Box::pin(future.with_context(cx.clone())),
+            None => Box::pin(future),
         }
     }
 }
