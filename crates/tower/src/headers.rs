@@ -115,7 +115,7 @@ pub enum HeaderStyle {
 
 impl HeaderStyle {
     /// How many fields an answer in this style carries.
-    fn fields(self) -> usize {
+    fn field_count(self) -> usize {
         match self {
             Self::Ietf => 2,
             Self::XRateLimit => 3,
@@ -150,7 +150,7 @@ pub fn fields_in(style: HeaderStyle, parts: &[Part<'_>]) -> Vec<(HeaderName, Hea
 /// Appends the rate-limit fields of these parts in `style` to `headers`
 /// (no vector on the way: this runs on every answer).
 pub fn append_fields(style: HeaderStyle, parts: &[Part<'_>], headers: &mut HeaderMap) {
-    headers.reserve(style.fields());
+    headers.reserve(style.field_count());
     each_field(style, parts, |name, value| {
         headers.append(name, value);
     });
@@ -271,7 +271,7 @@ impl Limited<'_> {
         // Room for all the fields at once (growing the map as they come
         // reallocated it twice), and no more.
         let headers = response.headers_mut();
-        headers.reserve(3 + self.style.fields());
+        headers.reserve(3 + self.style.field_count());
         // Appended one by one: no vector of all the fields on the way.
         for (name, value) in self.fixed() {
             headers.append(name, value);
