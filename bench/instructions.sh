@@ -2,10 +2,12 @@
 # The gateway's user-space instructions per request, counted by valgrind's
 # callgrind over a 6 s wrk run: the admitted path (docs/bench/gateway.lua)
 # and the 429 path (docs/bench/gateway-flood.lua). Unlike a rate on a shared
-# machine, the count moves by about 2 % between runs, so a change to the
-# forwarding path can be judged by it.
+# machine, the count moves by about 2 % between runs (more on a busy host,
+# where fewer requests share a wake-up), so a change to the forwarding path
+# can be judged by it: run the builds before and after it alternately.
 #
 #   bench/instructions.sh [WEIR-BINARY]      (default: target/release/weir)
+#   PATHS=admitted bench/instructions.sh …   (one path: admitted or refused)
 #
 # Needs valgrind, nginx (the upstream, started here when 127.0.0.1:19000 is
 # free) and wrk; missing ones are installed from Debian's packages.
@@ -29,7 +31,13 @@ if ! curl -s -o /dev/null http://127.0.0.1:19000/; then
   sleep 0.5
 fi
 addr=127.0.0.1:19012
-for script in gateway.lua gateway-flood.lua; do
+scripts=()
+case ${PATHS:-admitted refused} in
+  *admitted*) scripts+=(gateway.lua) ;;&
+  *refused*) scripts+=(gateway-flood.lua) ;;
+esac
+[ ${#scripts[@]} -gt 0 ] || { echo "PATHS=${PATHS}: valid are admitted, refused or both" >&2; exit 2; }
+for script in "${scripts[@]}"; do
   rm -f "$OUT"/callgrind.*
   valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$OUT/callgrind.%p" \
     "$weir" serve --config docs/bench/weir.toml --no-watch --listen $addr >"$OUT/callgrind.log" 2>&1 &
