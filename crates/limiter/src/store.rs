@@ -549,8 +549,10 @@ impl Store {
         (key.hash >> 32) as usize & self.mask
     }
 
-    /// Checks `key`, creating it if it is new; `now` is read after the key's
-    /// state is loaded (and under its lock).
+    /// Checks `key`, creating it if it is new. For a one-word key `now` is
+    /// read first, so that the clock's latency overlaps the key's lookup
+    /// (the decision is at the later of it and the key's latest time, as
+    /// for any check); for the others, under the key's lock.
     #[inline(always)]
     pub(crate) fn check(
         &self,
@@ -562,7 +564,13 @@ impl Store {
     ) -> Result<Result<Decision, CostError>, Full> {
         let key = self.hashed(key);
         let index = self.shard_of(key);
-        each_kind!(&self.table, Table, shards => shards.check(&self.rules, index, key, (cost, op), now, budget))
+        match &self.table {
+            Table::Word(shards) => {
+                let at = now();
+                shards.check(&self.rules, index, key, (cost, op), &|| at, budget)
+            }
+            Table::Locked(shards) => shards.check(&self.rules, index, key, (cost, op), now, budget),
+        }
     }
 
     pub(crate) fn lock(&self, index: usize) -> Guard<'_> {
