@@ -107,11 +107,15 @@ fn victim(cluster: &Cluster) -> (usize, usize) {
     (victim, survivor)
 }
 
+/// A master killed under load: only its slots' answers are degraded, and
+/// only until a replica is promoted. (The store timeout is 1 s, as in the
+/// rebalance test: with 100 ms, a call to a healthy master timed out now
+/// and then while the machine's two cores also ran the other tests.)
 #[test]
 fn one_master_down_degrades_only_its_own_slots() {
     let mut cluster = Cluster::with_replicas(3, 1);
     let config = format!(
-        "[store]\nurl = \"{}\"\ntimeout = \"100ms\"\n\n[policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 1000000\nrate = \"1000000/s\"\n",
+        "[store]\nurl = \"{}\"\ntimeout = \"1s\"\n\n[policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 1000000\nrate = \"1000000/s\"\n",
         cluster.url()
     );
     let server = serve("cluster-failover.toml", &config);
@@ -168,14 +172,15 @@ fn one_master_down_degrades_only_its_own_slots() {
         own_degraded.len(),
         answers.len()
     );
+    // Within a second, plus one store timeout for a call already waiting.
     assert!(
-        back <= Duration::from_secs(1),
+        back <= Duration::from_secs(2),
         "back on Redis {back:?} after the promotion"
     );
     // Every answer within the store timeout and a margin.
     let slowest = answers.iter().map(|a| a.3).max().unwrap();
     assert!(
-        slowest <= Duration::from_millis(400),
+        slowest <= Duration::from_millis(1300),
         "slowest answer {slowest:?}"
     );
 }
