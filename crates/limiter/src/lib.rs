@@ -417,10 +417,11 @@ impl<C: Clock> Limiter<C> {
     /// hands the decision back in registers; the rest is out of line.
     #[inline(always)]
     fn charge(&self, named: &Named, check: Check<'_>, op: Op) -> Result<Decision, Error> {
-        let now = || self.clock.now();
+        // Read before the key's lookup, so that the clock's latency overlaps it.
+        let now = self.clock.now();
         match named
             .store
-            .check(check.key, check.cost, &now, &named.budget, op)
+            .check(check.key, check.cost, now, &named.budget, op)
         {
             Ok(Ok(decision)) => Ok(decision),
             Ok(Err(error)) => Err(cost_error(named, error)),
@@ -433,11 +434,11 @@ impl<C: Clock> Limiter<C> {
     #[cold]
     #[inline(never)]
     fn charge_when_full(&self, named: &Named, check: Check<'_>, op: Op) -> Result<Decision, Error> {
-        let now = || self.clock.now();
-        self.sweep_when_full(now(), &named.budget)?;
+        let now = self.clock.now();
+        self.sweep_when_full(now, &named.budget)?;
         match named
             .store
-            .check(check.key, check.cost, &now, &named.budget, op)
+            .check(check.key, check.cost, now, &named.budget, op)
         {
             Ok(result) => result.map_err(|error| cost_error(named, error)),
             Err(Full) => Err(Error::TooManyKeys {

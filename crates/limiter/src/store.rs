@@ -147,7 +147,7 @@ pub(crate) trait Slot: Sized {
         &self,
         rules: &Rules,
         cost: u64,
-        now: &impl Fn() -> Nanos,
+        now: Nanos,
         op: Op,
     ) -> Result<Decision, CostError>;
     fn peek(&self, rules: &Rules, cost: u64, now: Nanos) -> Result<Decision, CostError>;
@@ -185,19 +185,19 @@ impl Slot for Word {
         &self,
         rules: &Rules,
         cost: u64,
-        now: &impl Fn() -> Nanos,
+        now: Nanos,
         op: Op,
     ) -> Result<Decision, CostError> {
         let Some((algorithm, n)) = rules.word else {
             return rules
                 .policy
-                .check(&mut rules.policy.new_state(), now(), cost);
+                .check(&mut rules.policy.new_state(), now, cost);
         };
         loop {
             let current = self.tat.load(Ordering::Acquire);
             // Read after `tat`: at least the time of the state loaded.
             let seen = self.seen.load(Ordering::Acquire);
-            let now = now().max(seen);
+            let now = now.max(seen);
             let state = LevelState {
                 seen: now,
                 level: current.saturating_sub(now.saturating_mul(n)),
@@ -268,12 +268,12 @@ impl Slot for Mutex<State> {
         &self,
         rules: &Rules,
         cost: u64,
-        now: &impl Fn() -> Nanos,
+        now: Nanos,
         op: Op,
     ) -> Result<Decision, CostError> {
         match op {
-            Op::Check => rules.policy.check(&mut self.lock(), now(), cost),
-            Op::Report => rules.policy.report(&mut self.lock(), now(), cost),
+            Op::Check => rules.policy.check(&mut self.lock(), now, cost),
+            Op::Report => rules.policy.report(&mut self.lock(), now, cost),
         }
     }
 
@@ -384,7 +384,7 @@ impl<S: Slot> ShardMap<S> {
         now: Nanos,
     ) -> Result<Decision, CostError> {
         match self.get(key) {
-            Some(slot) => slot.decide(rules, cost, &|| now, Op::Check),
+            Some(slot) => slot.decide(rules, cost, now, Op::Check),
             None => rules.policy.check(&mut rules.policy.new_state(), now, cost),
         }
     }
@@ -419,7 +419,7 @@ impl<S: Slot> Shards<S> {
         index: usize,
         key: Hashed<'_>,
         (cost, op): (u64, Op),
-        now: &impl Fn() -> Nanos,
+        now: Nanos,
         budget: &Budget,
     ) -> Result<Result<Decision, CostError>, Full> {
         let shard = &self.shards[index];
@@ -427,7 +427,7 @@ impl<S: Slot> Shards<S> {
             return Ok(slot.decide(rules, cost, now, op));
         }
         let mut guard = write(shard);
-        guard.insert(rules, key, now(), budget)?;
+        guard.insert(rules, key, now, budget)?;
         let slot = guard.get(key).ok_or(Full)?;
         Ok(slot.decide(rules, cost, now, op))
     }
@@ -549,28 +549,25 @@ impl Store {
         (key.hash >> 32) as usize & self.mask
     }
 
-    /// Checks `key`, creating it if it is new. For a one-word key `now` is
-    /// read first, so that the clock's latency overlaps the key's lookup
-    /// (the decision is at the later of it and the key's latest time, as
-    /// for any check); for the others, under the key's lock.
+    /// Checks `key` at `now`, creating it if it is new. Callers read the
+    /// clock before the lookup, so that its latency overlaps the hashing and
+    /// the probe: the decision is at the later of `now` and the key's latest
+    /// time, as for any check, so a check that waited for a key's lock behind
+    /// a later one is decided at that later time.
     #[inline(always)]
     pub(crate) fn check(
         &self,
         key: &str,
         cost: u64,
-        now: &impl Fn() -> Nanos,
+        now: Nanos,
         budget: &Budget,
         op: Op,
     ) -> Result<Result<Decision, CostError>, Full> {
         let key = self.hashed(key);
         let index = self.shard_of(key);
-        match &self.table {
-            Table::Word(shards) => {
-                let at = now();
-                shards.check(&self.rules, index, key, (cost, op), &|| at, budget)
-            }
-            Table::Locked(shards) => shards.check(&self.rules, index, key, (cost, op), now, budget),
-        }
+        each_kind!(&self.table, Table, shards => {
+            shards.check(&self.rules, index, key, (cost, op), now, budget)
+        })
     }
 
     pub(crate) fn lock(&self, index: usize) -> Guard<'_> {

@@ -5,6 +5,22 @@
 use crate::decision::{ceil_div, floor_div};
 use crate::{Decision, Nanos};
 
+/// `(index, offset)` of `t` in aligned windows of length `w`: `(t / w, t % w)`.
+/// A check mostly lands in the window of the key's last one (`known`) or the
+/// next, which a multiplication finds without a division.
+#[inline(always)]
+fn locate(t: Nanos, w: Nanos, known: u64) -> (u64, Nanos) {
+    if let Some(offset) = known.checked_mul(w).and_then(|start| t.checked_sub(start)) {
+        if offset < w {
+            return (known, offset);
+        }
+        if offset - w < w {
+            return (known + 1, offset - w);
+        }
+    }
+    (t / w, t % w)
+}
+
 /// Fixed window: at most `limit` admitted cost per aligned `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FixedWindow {
@@ -36,7 +52,7 @@ impl FixedWindow {
 
     /// Charges `cost` at `t`, whatever the count (a report).
     pub(crate) fn charge(&self, state: FixedWindowState, t: Nanos, cost: u64) -> FixedWindowState {
-        let index = t / self.window;
+        let (index, _) = locate(t, self.window, state.index);
         let count = if index == state.index { state.count } else { 0 };
         FixedWindowState {
             seen: t,
@@ -55,10 +71,9 @@ impl FixedWindow {
         cost: u64,
     ) -> (Decision, FixedWindowState) {
         let t = now.max(state.seen);
-        let index = t / self.window;
+        let (index, offset) = locate(t, self.window, state.index);
         let count = if index == state.index { state.count } else { 0 };
-        let window_end = u128::from(index + 1) * u128::from(self.window);
-        let to_end = ceil_div(window_end - u128::from(t), 1);
+        let to_end = self.window - offset;
         let allowed = u128::from(count) + u128::from(cost) <= u128::from(self.limit);
         let count = if allowed { count + cost } else { count };
         let reset = if count > 0 { to_end } else { 0 };
@@ -114,22 +129,22 @@ impl SlidingCounter {
     /// The evaluation time, the window index, and the current and previous
     /// windows' counts at `now` (the state rolled forward).
     #[inline(always)]
-    fn roll(&self, state: SlidingCounterState, now: Nanos) -> (Nanos, u64, u64, u64) {
+    fn roll(&self, state: SlidingCounterState, now: Nanos) -> (Nanos, u64, u64, u64, Nanos) {
         let t = now.max(state.seen);
-        let index = t / self.window;
+        let (index, offset) = locate(t, self.window, state.index);
         let (cur, prev) = match index.checked_sub(state.index) {
             Some(0) => (state.current, state.previous),
             Some(1) => (0, state.current),
             _ => (0, 0),
         };
-        (t, index, cur, prev)
+        (t, index, cur, prev, offset)
     }
 
     /// `(remaining, reset)` with `cur` and `prev` at `t`.
     #[inline(always)]
-    fn standing(&self, t: Nanos, cur: u64, prev: u64) -> (u64, Nanos) {
+    fn standing(&self, offset: Nanos, cur: u64, prev: u64) -> (u64, Nanos) {
         let w = u128::from(self.window);
-        let left = w - u128::from(t % self.window);
+        let left = w - u128::from(offset);
         let used = u128::from(cur) * w + u128::from(prev) * left;
         let remaining = floor_div((u128::from(self.limit) * w).saturating_sub(used), w);
         let reset = match (cur, prev) {
@@ -147,7 +162,7 @@ impl SlidingCounter {
         t: Nanos,
         cost: u64,
     ) -> SlidingCounterState {
-        let (t, index, cur, prev) = self.roll(state, t);
+        let (t, index, cur, prev, _) = self.roll(state, t);
         SlidingCounterState {
             seen: t,
             index,
@@ -158,8 +173,8 @@ impl SlidingCounter {
 
     /// `(remaining, reset)` at `now` with no request.
     pub fn status(&self, state: SlidingCounterState, now: Nanos) -> (u64, Nanos) {
-        let (t, _, cur, prev) = self.roll(state, now);
-        self.standing(t, cur, prev)
+        let (_, _, cur, prev, offset) = self.roll(state, now);
+        self.standing(offset, cur, prev)
     }
 
     /// The pure transition: `(state, now, cost) → (decision, new state)`.
@@ -174,9 +189,9 @@ impl SlidingCounter {
         now: Nanos,
         cost: u64,
     ) -> (Decision, SlidingCounterState) {
-        let (t, index, cur, prev) = self.roll(state, now);
+        let (t, index, cur, prev, offset) = self.roll(state, now);
         let w = u128::from(self.window);
-        let left = w - u128::from(t % self.window); // W - e, in 1..=W
+        let left = w - u128::from(offset); // W - e, in 1..=W
         let (l, c, cur128, prev128) = (
             u128::from(self.limit),
             u128::from(cost),
@@ -185,7 +200,7 @@ impl SlidingCounter {
         );
         let allowed = (cur128 + c) * w + prev128 * left <= l * w;
         let cur = if allowed { cur + cost } else { cur };
-        let (remaining, reset) = self.standing(t, cur, prev);
+        let (remaining, reset) = self.standing(offset, cur, prev);
         let next = SlidingCounterState {
             seen: t,
             index,
