@@ -14,7 +14,11 @@
 //!   cores, which can disagree by a microsecond). A map entry is then 40
 //!   bytes: the key inline and the two words. Used when the rate's reduced
 //!   numerator `n` is at most 2 (`2/s`, `100/s`, `120/m` all have `n = 1`),
-//!   so `tat` fits 64 bits until 2262.
+//!   so `tat` fits 64 bits until 2262. A fixed window's state fits the
+//!   same way, as `index << bits | count`, when its index until 2262 and its
+//!   limit + 1 fit 64 bits together (`limit` up to 524,286 for `1ms`
+//!   windows, 67 million for `100ms`): a count past the limit is kept as
+//!   `limit + 1`, which decides alike.
 //! - the **locked path**: every other state sits behind its own mutex
 //!   (`parking_lot`'s, which spins before it parks: two threads on one hot
 //!   key of a window policy decide 1.4–1.7× faster than with std's).
@@ -36,7 +40,7 @@ use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteG
 use compact_str::CompactString;
 use hashbrown::HashTable;
 use parking_lot::Mutex;
-use weir_core::algo::{LeakyBucket, LevelState, TokenBucket};
+use weir_core::algo::{FixedWindow, FixedWindowState, LeakyBucket, LevelState, TokenBucket};
 use weir_core::{CostError, Decision, Nanos, Policy, State};
 
 /// A shard sweeps itself when it reaches this many keys, then at twice the
@@ -130,12 +134,106 @@ pub(crate) enum Leveled {
     Shaper(LeakyBucket),
 }
 
+/// How a state fits one word.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Packing {
+    /// `tat = seen·n + level`, `n` the rate's reduced numerator.
+    Level(Leveled, u64),
+    /// `index << bits | count`, the count capped at `limit + 1` (every count
+    /// past the limit decides alike: nothing but a cost of 0 passes).
+    Window(FixedWindow, u32),
+}
+
+impl Packing {
+    /// The packing of `policy`, if its states fit one word for every time
+    /// up to `u64::MAX` ns.
+    fn of(policy: &Policy) -> Option<Self> {
+        match *policy {
+            Policy::TokenBucket(b) | Policy::Gcra(b) => {
+                Some(Self::Level(Leveled::Bucket(b), b.rate().tokens()))
+            }
+            Policy::LeakyBucket(l) => Some(Self::Level(Leveled::Shaper(l), l.rate().tokens())),
+            Policy::FixedWindow(w) => {
+                let bits = (u64::MAX / w.window()).leading_zeros();
+                let cap = w.limit().checked_add(1)?;
+                (bits > 0 && bits < 64 && cap < 1 << bits).then_some(Self::Window(w, bits))
+            }
+            Policy::SlidingLog(_) | Policy::SlidingCounter(_) => None,
+        }
+        .filter(|packing| !matches!(packing, Self::Level(_, n) if *n > 2))
+    }
+
+    /// The state a word holds, at `now` (no earlier than the key's latest
+    /// time).
+    fn unpack(self, word: u64, now: Nanos) -> State {
+        match self {
+            Self::Level(_, n) => State::Level(level_of(word, now, n)),
+            Self::Window(_, bits) => State::FixedWindow(window_of(word, now, bits)),
+        }
+    }
+
+    fn pack(self, state: &State) -> u64 {
+        match (self, state) {
+            (Self::Level(_, n), State::Level(s)) => level_word(*s, n),
+            (Self::Window(w, bits), State::FixedWindow(s)) => window_word(*s, w, bits),
+            // `unpack` gives no other kind.
+            _ => 0,
+        }
+    }
+
+    /// A check's decision and the word after it.
+    #[inline(always)]
+    fn check(self, word: u64, now: Nanos, cost: u64) -> (Decision, u64) {
+        match self {
+            Self::Level(algorithm, n) => {
+                let state = level_of(word, now, n);
+                let (decision, next) = match algorithm {
+                    Leveled::Bucket(b) => b.check(state, now, cost),
+                    Leveled::Shaper(l) => l.check(state, now, cost),
+                };
+                (decision, level_word(next, n))
+            }
+            Self::Window(w, bits) => {
+                let (decision, next) = w.check(window_of(word, now, bits), now, cost);
+                (decision, window_word(next, w, bits))
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn level_of(word: u64, now: Nanos, n: u64) -> LevelState {
+    LevelState {
+        seen: now,
+        level: word.saturating_sub(now.saturating_mul(n)),
+    }
+}
+
+#[inline(always)]
+fn level_word(state: LevelState, n: u64) -> u64 {
+    state.seen.saturating_mul(n).saturating_add(state.level)
+}
+
+#[inline(always)]
+fn window_of(word: u64, now: Nanos, bits: u32) -> FixedWindowState {
+    FixedWindowState {
+        seen: now,
+        index: word >> bits,
+        count: word & ((1 << bits) - 1),
+    }
+}
+
+#[inline(always)]
+fn window_word(state: FixedWindowState, window: FixedWindow, bits: u32) -> u64 {
+    state.index << bits | state.count.min(window.limit() + 1)
+}
+
 /// What a store knows besides its keys.
 #[derive(Debug)]
 pub(crate) struct Rules {
     policy: Policy,
-    /// The level algorithm and its rate's reduced numerator, on the word path.
-    word: Option<(Leveled, u64)>,
+    /// How a key's state fits one word, on the word path.
+    word: Option<Packing>,
     /// The hasher of keys, for shards and buckets alike.
     pick: Pick,
 }
@@ -143,13 +241,7 @@ pub(crate) struct Rules {
 /// A key's state in the map.
 pub(crate) trait Slot: Sized {
     fn new(rules: &Rules) -> Self;
-    fn decide(
-        &self,
-        rules: &Rules,
-        cost: u64,
-        now: Nanos,
-        op: Op,
-    ) -> Result<Decision, CostError>;
+    fn decide(&self, rules: &Rules, cost: u64, now: Nanos, op: Op) -> Result<Decision, CostError>;
     fn peek(&self, rules: &Rules, cost: u64, now: Nanos) -> Result<Decision, CostError>;
     /// Idle at `now`, and nothing later seen.
     fn is_idle(&self, rules: &Rules, now: Nanos) -> bool;
@@ -157,21 +249,23 @@ pub(crate) trait Slot: Sized {
     fn status(&self, rules: &Rules, now: Nanos) -> (u64, Nanos);
 }
 
-/// The one-word state: `tat`, and the latest time a check of the key read
-/// (a check's time is never earlier: SPEC.md's clamp).
+/// The one-word state (as [`Packing`] says), and the latest time a check of
+/// the key read (a check's time is never earlier: SPEC.md's clamp).
 #[derive(Debug, Default)]
 pub(crate) struct Word {
-    tat: AtomicU64,
+    word: AtomicU64,
     seen: AtomicU64,
 }
 
 impl Word {
-    /// The level at `now` (at least the latest time seen), and that time.
-    fn level(&self, rules: &Rules, now: Nanos) -> (u64, Nanos) {
-        let n = rules.word.map_or(1, |(_, n)| n);
-        let tat = self.tat.load(Ordering::Acquire);
+    /// The state at `now` (at least the latest time seen), and that time.
+    fn state(&self, rules: &Rules, now: Nanos) -> (State, Nanos) {
+        let word = self.word.load(Ordering::Acquire);
         let now = now.max(self.seen.load(Ordering::Acquire));
-        (tat.saturating_sub(now.saturating_mul(n)), now)
+        match rules.word {
+            Some(packing) => (packing.unpack(word, now), now),
+            None => (rules.policy.new_state(), now),
+        }
     }
 }
 
@@ -181,38 +275,22 @@ impl Slot for Word {
     }
 
     #[inline(always)]
-    fn decide(
-        &self,
-        rules: &Rules,
-        cost: u64,
-        now: Nanos,
-        op: Op,
-    ) -> Result<Decision, CostError> {
-        let Some((algorithm, n)) = rules.word else {
-            return rules
-                .policy
-                .check(&mut rules.policy.new_state(), now, cost);
+    fn decide(&self, rules: &Rules, cost: u64, now: Nanos, op: Op) -> Result<Decision, CostError> {
+        let Some(packing) = rules.word else {
+            return rules.policy.check(&mut rules.policy.new_state(), now, cost);
         };
         loop {
-            let current = self.tat.load(Ordering::Acquire);
-            // Read after `tat`: at least the time of the state loaded.
+            let current = self.word.load(Ordering::Acquire);
+            // Read after the word: at least the time of the state loaded.
             let seen = self.seen.load(Ordering::Acquire);
             let now = now.max(seen);
-            let state = LevelState {
-                seen: now,
-                level: current.saturating_sub(now.saturating_mul(n)),
-            };
-            let (decision, next) = match (op, algorithm) {
-                (Op::Report, _) => {
-                    let mut after = State::Level(state);
-                    let decision = rules.policy.report(&mut after, now, cost)?;
-                    match after {
-                        State::Level(next) => (decision, next),
-                        _ => (decision, state),
-                    }
+            let (decision, new) = match op {
+                Op::Report => {
+                    let mut state = packing.unpack(current, now);
+                    let decision = rules.policy.report(&mut state, now, cost)?;
+                    (decision, packing.pack(&state))
                 }
-                (Op::Check, Leveled::Bucket(b)) => b.check(state, now, cost),
-                (Op::Check, Leveled::Shaper(l)) => l.check(state, now, cost),
+                Op::Check => packing.check(current, now, cost),
             };
             // Every check moves the key's latest time (SPEC.md), before an
             // admission commits its state: whoever loads that state then
@@ -220,14 +298,13 @@ impl Slot for Word {
             if now > seen {
                 self.seen.fetch_max(now, Ordering::AcqRel);
             }
-            // A rejection changes nothing else (its level is positive, so
-            // `tat` is the same).
+            // A rejection changes nothing else (a level stays positive; a
+            // window's count is kept, and a count of 0 admits any cost).
             if !decision.allowed {
                 return Ok(decision);
             }
-            let new = next.seen.saturating_mul(n).saturating_add(next.level);
             if self
-                .tat
+                .word
                 .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
@@ -238,23 +315,18 @@ impl Slot for Word {
     }
 
     fn peek(&self, rules: &Rules, cost: u64, now: Nanos) -> Result<Decision, CostError> {
-        let (level, now) = self.level(rules, now);
-        rules
-            .policy
-            .peek(&State::Level(LevelState { seen: now, level }), now, cost)
+        let (state, now) = self.state(rules, now);
+        rules.policy.peek(&state, now, cost)
     }
 
     fn is_idle(&self, rules: &Rules, now: Nanos) -> bool {
-        let n = rules.word.map_or(1, |(_, n)| n);
-        self.seen.load(Ordering::Acquire) <= now
-            && self.tat.load(Ordering::Acquire) <= now.saturating_mul(n)
+        let (state, at) = self.state(rules, now);
+        at <= now && rules.policy.is_idle(&state, now)
     }
 
     fn status(&self, rules: &Rules, now: Nanos) -> (u64, Nanos) {
-        let (level, now) = self.level(rules, now);
-        rules
-            .policy
-            .status(&State::Level(LevelState { seen: now, level }), now)
+        let (state, now) = self.state(rules, now);
+        rules.policy.status(&state, now)
     }
 }
 
@@ -264,13 +336,7 @@ impl Slot for Mutex<State> {
     }
 
     #[inline(always)]
-    fn decide(
-        &self,
-        rules: &Rules,
-        cost: u64,
-        now: Nanos,
-        op: Op,
-    ) -> Result<Decision, CostError> {
+    fn decide(&self, rules: &Rules, cost: u64, now: Nanos, op: Op) -> Result<Decision, CostError> {
         match op {
             Op::Check => rules.policy.check(&mut self.lock(), now, cost),
             Op::Report => rules.policy.report(&mut self.lock(), now, cost),
@@ -506,14 +572,7 @@ pub(crate) struct Store {
 
 impl Store {
     pub(crate) fn new(policy: Policy, shards: usize) -> Self {
-        let leveled = match policy {
-            Policy::TokenBucket(b) | Policy::Gcra(b) => {
-                Some((Leveled::Bucket(b), b.rate().tokens()))
-            }
-            Policy::LeakyBucket(l) => Some((Leveled::Shaper(l), l.rate().tokens())),
-            Policy::FixedWindow(_) | Policy::SlidingLog(_) | Policy::SlidingCounter(_) => None,
-        };
-        let word = leveled.filter(|&(_, n)| n <= 2);
+        let word = Packing::of(&policy);
         let count = shards.max(1).next_power_of_two();
         let table = match word {
             Some(_) => Table::Word(Shards::new(count)),
@@ -654,5 +713,39 @@ impl Store {
     /// Keys stored now.
     pub(crate) fn len(&self) -> usize {
         each_kind!(&self.table, Table, shards => shards.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packing(spec: &str) -> Option<Packing> {
+        Packing::of(&Policy::parse(spec).expect("a valid policy"))
+    }
+
+    #[test]
+    fn a_fixed_window_is_one_word_while_its_index_and_count_fit() {
+        // 1 ms windows take 45 bits of index until u64::MAX ns, leaving 19
+        // for a count of up to limit + 1.
+        let fits = |limit: u64| {
+            matches!(
+                packing(&format!("fixed-window limit={limit} window=1ms")),
+                Some(Packing::Window(_, 19))
+            )
+        };
+        assert!(fits(10) && fits((1 << 19) - 2));
+        assert!(!fits((1 << 19) - 1));
+        assert!(matches!(
+            packing("fixed-window limit=10 window=100ms"),
+            Some(Packing::Window(_, 26))
+        ));
+        assert!(packing("fixed-window limit=1 window=1ns").is_none());
+        assert!(packing("sliding-counter limit=10 window=100ms").is_none());
+        assert!(matches!(
+            packing("token-bucket capacity=10 rate=100/s"),
+            Some(Packing::Level(_, 1))
+        ));
+        assert!(packing("token-bucket capacity=10 rate=3/2s").is_none());
     }
 }

@@ -21,37 +21,62 @@ fn policies() -> impl Strategy<Value = Policy> {
     .prop_map(|spec| Policy::parse(spec).unwrap())
 }
 
-/// (gap in ms, key, cost); `back` makes some gaps negative.
-fn trace(back: bool) -> impl Strategy<Value = Vec<(i64, u8, u64)>> {
+/// What a step of a trace does to its key.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// A check of this cost (capped at the policy's largest; 0 is a probe
+    /// that passes unless the key is in debt).
+    Check(u64),
+    /// A report of this many times the policy's largest cost: into debt.
+    Report(u64),
+}
+
+/// (gap in ms, key, step); `back` makes some gaps negative.
+fn trace(back: bool) -> impl Strategy<Value = Vec<(i64, u8, Step)>> {
     let gap = if back { -300i64..700 } else { 0i64..700 };
+    let step = prop_oneof![
+        12 => (0u64..=3).prop_map(Step::Check),
+        1 => (1u64..=3).prop_map(Step::Report),
+    ];
     prop::collection::vec(
-        (prop_oneof![3 => Just(0i64), 5 => gap], 0u8..40, 1u64..=3),
+        (prop_oneof![3 => Just(0i64), 5 => gap], 0u8..40, step),
         1..200,
     )
 }
 
 fn compare(
     policy: Policy,
-    trace: &[(i64, u8, u64)],
+    trace: &[(i64, u8, Step)],
     limiter: &Limiter<FakeClock>,
 ) -> Result<(), TestCaseError> {
     let mut reference: HashMap<String, State> = HashMap::new();
     let mut now: Nanos = 10_000_000_000;
-    for &(gap, key, cost) in trace {
+    let name = limiter.policy("p").unwrap();
+    for &(gap, key, step) in trace {
         now = now.saturating_add_signed(gap * 1_000_000 + i64::from(key));
         let key = format!("k{key}");
-        let cost = cost.min(policy.max_cost().0);
         let state = reference
             .entry(key.clone())
             .or_insert_with(|| policy.new_state());
-        let expected = policy.check(state, now, cost).unwrap();
         limiter.clock().set(now);
+        let (expected, actual) = match step {
+            Step::Check(cost) => {
+                let cost = cost.min(policy.max_cost().0);
+                (policy.check(state, now, cost), limiter.check(&key, cost))
+            }
+            Step::Report(times) => {
+                let cost = policy.max_cost().0 * times;
+                let check = Check::new(name, &key).cost(cost);
+                (policy.report(state, now, cost), limiter.report(check))
+            }
+        };
         prop_assert_eq!(
-            limiter.check(&key, cost).unwrap(),
-            expected,
-            "{} at {}",
+            actual.unwrap(),
+            expected.unwrap(),
+            "{} at {}: {:?}",
             policy,
-            now
+            now,
+            step
         );
     }
     Ok(())
@@ -461,9 +486,10 @@ proptest! {
         let (alone, within) = (build(), build());
         let (p, q) = (alone.policy("p").unwrap(), alone.policy("q").unwrap());
         let mut now: Nanos = 10_000_000_000;
-        for &(gap, key, cost) in &trace {
+        for &(gap, key, step) in &trace {
             now = now.saturating_add_signed(gap * 1_000_000 + i64::from(key));
             let key = format!("k{key}");
+            let Step::Check(cost) = step else { continue };
             let cost = cost.clamp(1, policy.max_cost().0);
             alone.clock().set(now);
             within.clock().set(now);
