@@ -148,11 +148,12 @@ impl Packing {
     /// The packing of `policy`, if its states fit one word for every time
     /// up to `u64::MAX` ns.
     fn of(policy: &Policy) -> Option<Self> {
+        let level = |leveled, n: u64| (n <= 2).then_some(Self::Level(leveled, n));
         match *policy {
             Policy::TokenBucket(b) | Policy::Gcra(b) => {
-                Some(Self::Level(Leveled::Bucket(b), b.rate().tokens()))
+                level(Leveled::Bucket(b), b.rate().tokens())
             }
-            Policy::LeakyBucket(l) => Some(Self::Level(Leveled::Shaper(l), l.rate().tokens())),
+            Policy::LeakyBucket(l) => level(Leveled::Shaper(l), l.rate().tokens()),
             Policy::FixedWindow(w) => {
                 let bits = (u64::MAX / w.window()).leading_zeros();
                 let cap = w.limit().checked_add(1)?;
@@ -160,7 +161,6 @@ impl Packing {
             }
             Policy::SlidingLog(_) | Policy::SlidingCounter(_) => None,
         }
-        .filter(|packing| !matches!(packing, Self::Level(_, n) if *n > 2))
     }
 
     /// The state a word holds, at `now` (no earlier than the key's latest
