@@ -19,6 +19,12 @@
 //!   limit + 1 fit 64 bits together (`limit` up to 524,286 for `1ms`
 //!   windows, 67 million for `100ms`): a count past the limit is kept as
 //!   `limit + 1`, which decides alike.
+//! - the **wide path**: a sliding counter's window index and two counts in
+//!   one `AtomicU128` (`cmpxchg16b`, detected at run time), beside the same
+//!   `seen` word and by the same loop, when they fit 128 bits until 2262
+//!   (`limit² × window` below about 2^63: `1000` per `1h`, `10000` per
+//!   `1s`). A count is kept up to `limit × window + 1`: every count past
+//!   `limit × window` decides alike. A map entry is then 64 bytes.
 //! - the **locked path**: every other state sits behind its own mutex
 //!   (`parking_lot`'s, which spins before it parks: two threads on one hot
 //!   key of a window policy decide 1.4–1.7× faster than with std's).
@@ -36,11 +42,15 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError};
 
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
+use portable_atomic::AtomicU128;
 
 use compact_str::CompactString;
 use hashbrown::HashTable;
 use parking_lot::Mutex;
-use weir_core::algo::{FixedWindow, FixedWindowState, LeakyBucket, LevelState, TokenBucket};
+use weir_core::algo::{
+    FixedWindow, FixedWindowState, LeakyBucket, LevelState, SlidingCounter, SlidingCounterState,
+    TokenBucket,
+};
 use weir_core::{CostError, Decision, Nanos, Policy, State};
 
 /// A shard sweeps itself when it reaches this many keys, then at twice the
@@ -162,9 +172,22 @@ impl Packing {
             Policy::SlidingLog(_) | Policy::SlidingCounter(_) => None,
         }
     }
+}
 
+/// A state packed in one atomic integer.
+pub(crate) trait Pack: Copy {
+    type Int: Copy;
     /// The state a word holds, at `now` (no earlier than the key's latest
     /// time).
+    fn unpack(self, word: Self::Int, now: Nanos) -> State;
+    fn pack(self, state: &State) -> Self::Int;
+    /// A check's decision and the word after it.
+    fn check(self, word: Self::Int, now: Nanos, cost: u64) -> (Decision, Self::Int);
+}
+
+impl Pack for Packing {
+    type Int = u64;
+
     fn unpack(self, word: u64, now: Nanos) -> State {
         match self {
             Self::Level(_, n) => State::Level(level_of(word, now, n)),
@@ -181,7 +204,6 @@ impl Packing {
         }
     }
 
-    /// A check's decision and the word after it.
     #[inline(always)]
     fn check(self, word: u64, now: Nanos, cost: u64) -> (Decision, u64) {
         match self {
@@ -228,12 +250,83 @@ fn window_word(state: FixedWindowState, window: FixedWindow, bits: u32) -> u64 {
     state.index << bits | state.count.min(window.limit() + 1)
 }
 
+/// A sliding counter in 128 bits: `index << 2·bits | current << bits |
+/// previous`, each count capped at `limit·window + 1`. Every count past
+/// `limit·window` decides alike: weighted by at least 1 ns of the window it
+/// is past the limit, and in the retry's division, `(limit − cost)·window`
+/// over it, it rounds to 0.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wide {
+    counter: SlidingCounter,
+    bits: u32,
+    cap: u64,
+}
+
+impl Wide {
+    /// The packing of `policy`, if its states fit 128 bits for every time
+    /// up to `u64::MAX` ns.
+    fn of(policy: &Policy) -> Option<Self> {
+        let Policy::SlidingCounter(counter) = *policy else {
+            return None;
+        };
+        let cap = counter
+            .limit()
+            .checked_mul(counter.window())?
+            .checked_add(1)?;
+        let index = u64::BITS - (u64::MAX / counter.window()).leading_zeros();
+        let bits = u64::BITS - cap.leading_zeros();
+        (index + 2 * bits <= u128::BITS).then_some(Self { counter, bits, cap })
+    }
+
+    #[inline(always)]
+    fn state(self, word: u128, now: Nanos) -> SlidingCounterState {
+        let count = |at: u32| (word >> at) as u64 & (u64::MAX >> (u64::BITS - self.bits));
+        SlidingCounterState {
+            seen: now,
+            index: (word >> (2 * self.bits)) as u64,
+            current: count(self.bits),
+            previous: count(0),
+        }
+    }
+
+    #[inline(always)]
+    fn word(self, state: SlidingCounterState) -> u128 {
+        u128::from(state.index) << (2 * self.bits)
+            | u128::from(state.current.min(self.cap)) << self.bits
+            | u128::from(state.previous.min(self.cap))
+    }
+}
+
+impl Pack for Wide {
+    type Int = u128;
+
+    fn unpack(self, word: u128, now: Nanos) -> State {
+        State::SlidingCounter(self.state(word, now))
+    }
+
+    fn pack(self, state: &State) -> u128 {
+        match state {
+            State::SlidingCounter(s) => self.word(*s),
+            // `unpack` gives no other kind.
+            _ => 0,
+        }
+    }
+
+    #[inline(always)]
+    fn check(self, word: u128, now: Nanos, cost: u64) -> (Decision, u128) {
+        let (decision, next) = self.counter.check(self.state(word, now), now, cost);
+        (decision, self.word(next))
+    }
+}
+
 /// What a store knows besides its keys.
 #[derive(Debug)]
 pub(crate) struct Rules {
     policy: Policy,
     /// How a key's state fits one word, on the word path.
     word: Option<Packing>,
+    /// How a sliding counter's state fits 128 bits, on the wide path.
+    wide: Option<Wide>,
     /// The hasher of keys, for shards and buckets alike.
     pick: Pick,
 }
@@ -249,38 +342,90 @@ pub(crate) trait Slot: Sized {
     fn status(&self, rules: &Rules, now: Nanos) -> (u64, Nanos);
 }
 
-/// The one-word state (as [`Packing`] says), and the latest time a check of
-/// the key read (a check's time is never earlier: SPEC.md's clamp).
+/// An atomic integer a state is packed in: 64 bits ([`Packing`]) or 128
+/// ([`Wide`]).
+pub(crate) trait Atom: Default {
+    type Packing: Pack;
+    fn packing(rules: &Rules) -> Option<Self::Packing>;
+    fn get(&self) -> <Self::Packing as Pack>::Int;
+    /// Compare-and-swap (weak: it may fail spuriously).
+    fn replace(
+        &self,
+        current: <Self::Packing as Pack>::Int,
+        new: <Self::Packing as Pack>::Int,
+    ) -> bool;
+}
+
+impl Atom for AtomicU64 {
+    type Packing = Packing;
+
+    fn packing(rules: &Rules) -> Option<Packing> {
+        rules.word
+    }
+
+    #[inline(always)]
+    fn get(&self) -> u64 {
+        self.load(Ordering::Acquire)
+    }
+
+    #[inline(always)]
+    fn replace(&self, current: u64, new: u64) -> bool {
+        self.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+}
+
+impl Atom for AtomicU128 {
+    type Packing = Wide;
+
+    fn packing(rules: &Rules) -> Option<Wide> {
+        rules.wide
+    }
+
+    #[inline(always)]
+    fn get(&self) -> u128 {
+        self.load(Ordering::Acquire)
+    }
+
+    #[inline(always)]
+    fn replace(&self, current: u128, new: u128) -> bool {
+        self.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+}
+
+/// The packed state (as [`Packing`] or [`Wide`] says), and the latest time a
+/// check of the key read (a check's time is never earlier: SPEC.md's clamp).
 #[derive(Debug, Default)]
-pub(crate) struct Word {
-    word: AtomicU64,
+pub(crate) struct Word<A = AtomicU64> {
+    word: A,
     seen: AtomicU64,
 }
 
-impl Word {
+impl<A: Atom> Word<A> {
     /// The state at `now` (at least the latest time seen), and that time.
     fn state(&self, rules: &Rules, now: Nanos) -> (State, Nanos) {
-        let word = self.word.load(Ordering::Acquire);
+        let word = self.word.get();
         let now = now.max(self.seen.load(Ordering::Acquire));
-        match rules.word {
+        match A::packing(rules) {
             Some(packing) => (packing.unpack(word, now), now),
             None => (rules.policy.new_state(), now),
         }
     }
 }
 
-impl Slot for Word {
+impl<A: Atom> Slot for Word<A> {
     fn new(_: &Rules) -> Self {
         Self::default()
     }
 
     #[inline(always)]
     fn decide(&self, rules: &Rules, cost: u64, now: Nanos, op: Op) -> Result<Decision, CostError> {
-        let Some(packing) = rules.word else {
+        let Some(packing) = A::packing(rules) else {
             return rules.policy.check(&mut rules.policy.new_state(), now, cost);
         };
         loop {
-            let current = self.word.load(Ordering::Acquire);
+            let current = self.word.get();
             // Read after the word: at least the time of the state loaded.
             let seen = self.seen.load(Ordering::Acquire);
             let now = now.max(seen);
@@ -303,11 +448,7 @@ impl Slot for Word {
             if !decision.allowed {
                 return Ok(decision);
             }
-            if self
-                .word
-                .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
+            if self.word.replace(current, new) {
                 return Ok(decision);
             }
             std::hint::spin_loop();
@@ -545,6 +686,7 @@ macro_rules! each_kind {
     ($value:expr, $kind:ident, $s:ident => $body:expr) => {
         match $value {
             $kind::Word($s) => $body,
+            $kind::Wide($s) => $body,
             $kind::Locked($s) => $body,
         }
     };
@@ -553,6 +695,7 @@ macro_rules! each_kind {
 #[derive(Debug)]
 enum Table {
     Word(Shards<Word>),
+    Wide(Shards<Word<AtomicU128>>),
     Locked(Shards<Mutex<State>>),
 }
 
@@ -560,6 +703,7 @@ enum Table {
 #[derive(Debug)]
 pub(crate) enum Guard<'a> {
     Word(ShardedLockWriteGuard<'a, ShardMap<Word>>),
+    Wide(ShardedLockWriteGuard<'a, ShardMap<Word<AtomicU128>>>),
     Locked(ShardedLockWriteGuard<'a, ShardMap<Mutex<State>>>),
 }
 
@@ -572,16 +716,18 @@ pub(crate) struct Store {
 
 impl Store {
     pub(crate) fn new(policy: Policy, shards: usize) -> Self {
-        let word = Packing::of(&policy);
+        let (word, wide) = (Packing::of(&policy), Wide::of(&policy));
         let count = shards.max(1).next_power_of_two();
-        let table = match word {
-            Some(_) => Table::Word(Shards::new(count)),
-            None => Table::Locked(Shards::new(count)),
+        let table = match (word, wide) {
+            (Some(_), _) => Table::Word(Shards::new(count)),
+            (_, Some(_)) => Table::Wide(Shards::new(count)),
+            (None, None) => Table::Locked(Shards::new(count)),
         };
         Self {
             rules: Rules {
                 policy,
                 word,
+                wide,
                 pick: Pick::default(),
             },
             table,
@@ -632,6 +778,7 @@ impl Store {
     pub(crate) fn lock(&self, index: usize) -> Guard<'_> {
         match &self.table {
             Table::Word(shards) => Guard::Word(write(&shards.shards[index])),
+            Table::Wide(shards) => Guard::Wide(write(&shards.shards[index])),
             Table::Locked(shards) => Guard::Locked(write(&shards.shards[index])),
         }
     }
@@ -742,10 +889,28 @@ mod tests {
         ));
         assert!(packing("fixed-window limit=1 window=1ns").is_none());
         assert!(packing("sliding-counter limit=10 window=100ms").is_none());
+        assert!(packing("sliding-log limit=10 window=100ms").is_none());
         assert!(matches!(
             packing("token-bucket capacity=10 rate=100/s"),
             Some(Packing::Level(_, 1))
         ));
         assert!(packing("token-bucket capacity=10 rate=3/2s").is_none());
+    }
+
+    #[test]
+    fn a_sliding_counter_is_128_bits_while_its_index_and_counts_fit() {
+        let wide = |spec: &str| Wide::of(&Policy::parse(spec).expect("a valid policy"));
+        // 100 ms windows: 38 bits of index; counts up to 10·10^8 + 1, 30 bits.
+        let w = wide("sliding-counter limit=10 window=100ms").expect("fits");
+        assert_eq!((w.bits, w.cap), (30, 1_000_000_001));
+        // Index and two counts fit while limit² · window is below about 2^63.
+        assert!(wide("sliding-counter limit=1000 window=1h").is_some());
+        assert!(wide("sliding-counter limit=10000 window=1s").is_some());
+        assert!(wide("sliding-counter limit=100000 window=1s").is_none());
+        assert!(wide("sliding-counter limit=100 window=1d").is_some());
+        assert!(wide("fixed-window limit=10 window=100ms").is_none());
+        // A map entry: the key inline, the 128-bit word, `seen`.
+        assert_eq!(size_of::<(CompactString, Word<AtomicU128>)>(), 64);
+        assert_eq!(size_of::<(CompactString, Word)>(), 40);
     }
 }

@@ -31,12 +31,13 @@ enum Step {
     Report(u64),
 }
 
-/// (gap in ms, key, step); `back` makes some gaps negative.
-fn trace(back: bool) -> impl Strategy<Value = Vec<(i64, u8, Step)>> {
+/// (gap in time units, key, step); `back` makes some gaps negative; a
+/// report charges up to `debt` times the policy's largest cost.
+fn trace(back: bool, debt: u64) -> impl Strategy<Value = Vec<(i64, u8, Step)>> {
     let gap = if back { -300i64..700 } else { 0i64..700 };
     let step = prop_oneof![
         12 => (0u64..=3).prop_map(Step::Check),
-        1 => (1u64..=3).prop_map(Step::Report),
+        1 => (1u64..=debt).prop_map(Step::Report),
     ];
     prop::collection::vec(
         (prop_oneof![3 => Just(0i64), 5 => gap], 0u8..40, step),
@@ -44,16 +45,28 @@ fn trace(back: bool) -> impl Strategy<Value = Vec<(i64, u8, Step)>> {
     )
 }
 
+/// Replays `trace` (gaps in milliseconds) on `limiter` and on the core.
 fn compare(
     policy: Policy,
     trace: &[(i64, u8, Step)],
     limiter: &Limiter<FakeClock>,
 ) -> Result<(), TestCaseError> {
+    compare_in(policy, trace, limiter, 1_000_000)
+}
+
+/// Replays `trace`, its gaps in units of `unit` ns, on `limiter` and on the
+/// core.
+fn compare_in(
+    policy: Policy,
+    trace: &[(i64, u8, Step)],
+    limiter: &Limiter<FakeClock>,
+    unit: i64,
+) -> Result<(), TestCaseError> {
     let mut reference: HashMap<String, State> = HashMap::new();
     let mut now: Nanos = 10_000_000_000;
     let name = limiter.policy("p").unwrap();
     for &(gap, key, step) in trace {
-        now = now.saturating_add_signed(gap * 1_000_000 + i64::from(key));
+        now = now.saturating_add_signed(gap * unit + i64::from(key));
         let key = format!("k{key}");
         let state = reference
             .entry(key.clone())
@@ -88,16 +101,33 @@ proptest! {
     /// Forward time, one shard and a tight budget: sweeps run constantly and
     /// must never change a decision.
     #[test]
-    fn same_decisions_as_the_core_while_sweeping(policy in policies(), trace in trace(false)) {
+    fn same_decisions_as_the_core_while_sweeping(policy in policies(), trace in trace(false, 3)) {
         let limiter = Limiter::builder().policy("p", policy).shards(1).max_keys(40).clock(FakeClock::at(0)).build().unwrap();
         compare(policy, &trace, &limiter)?;
     }
 
     /// Clocks going backwards: the clamp to each key's latest time.
     #[test]
-    fn same_decisions_as_the_core_with_time_going_back(policy in policies(), trace in trace(true)) {
+    fn same_decisions_as_the_core_with_time_going_back(policy in policies(), trace in trace(true, 3)) {
         let limiter = Limiter::builder().policy("p", policy).clock(FakeClock::at(0)).build().unwrap();
         compare(policy, &trace, &limiter)?;
+    }
+
+    /// Windows of nanoseconds and reports far into debt: the packed states
+    /// cap their counts (a fixed window's at `limit + 1`, a sliding
+    /// counter's at `limit·window + 1`), and every count past a cap must
+    /// decide as the exact one does.
+    #[test]
+    fn counts_past_a_packed_cap_decide_as_the_core(
+        policy in prop::sample::select(vec![
+            "sliding-counter limit=2 window=40ns",
+            "sliding-counter limit=3 window=7ns",
+            "fixed-window limit=2 window=40ns",
+        ]).prop_map(|spec| Policy::parse(spec).unwrap()),
+        trace in trace(true, 100),
+    ) {
+        let limiter = Limiter::builder().policy("p", policy).clock(FakeClock::at(0)).build().unwrap();
+        compare_in(policy, &trace, &limiter, 1)?;
     }
 }
 
@@ -480,7 +510,7 @@ proptest! {
     /// refused request of several checks moves no key's latest time (on
     /// Redis neither), a refused single check does (SPEC.md).
     #[test]
-    fn one_check_requests_decide_as_within_larger_ones(policy in policies(), trace in trace(false), shadow: bool) {
+    fn one_check_requests_decide_as_within_larger_ones(policy in policies(), trace in trace(false, 3), shadow: bool) {
         let standing = Policy::parse("fixed-window limit=1 window=1s").unwrap();
         let build = || Limiter::builder().policy("p", policy).policy("q", standing).clock(FakeClock::at(0)).build().unwrap();
         let (alone, within) = (build(), build());
