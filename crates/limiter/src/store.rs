@@ -165,13 +165,18 @@ impl Packing {
             }
             Policy::LeakyBucket(l) => level(Leveled::Shaper(l), l.rate().tokens()),
             Policy::FixedWindow(w) => {
-                let bits = (u64::MAX / w.window()).leading_zeros();
+                let bits = u64::BITS - index_bits(w.window());
                 let cap = w.limit().checked_add(1)?;
                 (bits > 0 && bits < 64 && cap < 1 << bits).then_some(Self::Window(w, bits))
             }
             Policy::SlidingLog(_) | Policy::SlidingCounter(_) => None,
         }
     }
+}
+
+/// The bits a window's index takes until `u64::MAX` ns.
+fn index_bits(window: Nanos) -> u32 {
+    u64::BITS - (u64::MAX / window).leading_zeros()
 }
 
 /// A state packed in one atomic integer.
@@ -273,9 +278,12 @@ impl Wide {
             .limit()
             .checked_mul(counter.window())?
             .checked_add(1)?;
-        let index = u64::BITS - (u64::MAX / counter.window()).leading_zeros();
         let bits = u64::BITS - cap.leading_zeros();
-        (index + 2 * bits <= u128::BITS).then_some(Self { counter, bits, cap })
+        (index_bits(counter.window()) + 2 * bits <= u128::BITS).then_some(Self {
+            counter,
+            bits,
+            cap,
+        })
     }
 
     #[inline(always)]
