@@ -65,16 +65,14 @@ impl Batcher {
     /// Starts a sender with a connection of its own, opened from `client`
     /// on the current runtime; until it is open (or if it cannot be), the
     /// sender's calls go on `shared`, so that no check waits for a connect.
-    fn start_connected(
-        client: redis::Client,
-        config: redis::aio::ConnectionManagerConfig,
-        shared: Connection,
-        script: redis::Script,
-    ) -> Self {
+    fn start_connected(threads: &PerThread, shared: Connection, script: redis::Script) -> Self {
         let (queue, requests) = mpsc::unbounded_channel();
         let (opened, own) = oneshot::channel();
+        let (client, config) = (threads.client.clone(), threads.config.clone());
+        let registry = threads.opened.clone();
         tokio::spawn(async move {
             if let Ok(own) = client.get_connection_manager_with_config(config).await {
+                lock(&registry).push(own.clone());
                 let _ = opened.send(Connection::Single(own));
             }
         });
@@ -99,6 +97,17 @@ pub(crate) struct PerThread {
     /// Alive while any clone of the store is: a thread's sender for a store
     /// that is gone is dropped (and its task and connection end).
     pub(crate) alive: Arc<()>,
+    /// The threads' connections, once open: the store's probe asks each,
+    /// since after Redis comes back every one of them must reconnect.
+    pub(crate) opened: Arc<std::sync::Mutex<Vec<redis::aio::ConnectionManager>>>,
+}
+
+/// The guarded value, even if a holder panicked (a list of handles cannot be
+/// left half-changed).
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 thread_local! {
@@ -115,8 +124,7 @@ impl PerThread {
                 Some(at) => at,
                 None => {
                     let batcher = Batcher::start_connected(
-                        self.client.clone(),
-                        self.config.clone(),
+                        self,
                         shared.clone(),
                         redis::Script::new(crate::SCRIPT),
                     );
@@ -126,6 +134,11 @@ impl PerThread {
             };
             senders[at].1.submit(request)
         })
+    }
+
+    /// The threads' connections open now.
+    pub(crate) fn connections(&self) -> Vec<redis::aio::ConnectionManager> {
+        lock(&self.opened).clone()
     }
 }
 

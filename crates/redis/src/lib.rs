@@ -238,6 +238,7 @@ impl RedisStore {
                     client,
                     config,
                     alive: std::sync::Arc::new(()),
+                    opened: std::sync::Arc::default(),
                 };
                 (
                     Connection::Single(manager),
@@ -304,9 +305,20 @@ impl RedisStore {
         self.timeout
     }
 
-    /// Whether the store answers a `PING` within the timeout.
+    /// Whether the store answers a `PING` within the timeout on every
+    /// connection it checks on (a single node's threads each have one: a
+    /// connection that failed while Redis was away fails its next call, and
+    /// reconnects then, so the probe makes that call rather than a check).
     pub async fn ping(&self) -> Result<(), StoreError> {
-        self.query(&redis::cmd("PING")).await
+        self.query::<()>(&redis::cmd("PING")).await?;
+        let Sender::PerThread(threads) = &self.sender else {
+            return Ok(());
+        };
+        let pings = threads.connections().into_iter().map(|mut c| async move {
+            self.call(redis::cmd("PING").query_async::<()>(&mut c))
+                .await
+        });
+        futures_util::future::try_join_all(pings).await.map(drop)
     }
 
     /// Forgets `identity` under the policy `name` (granting it a fresh

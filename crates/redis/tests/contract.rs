@@ -484,6 +484,67 @@ fn a_lost_state_is_detected_and_empty_keys_refill_from_then() {
     assert!(!run("z", &window, OnLoss::Full, t1 + NANOS_PER_SEC).1);
 }
 
+/// After Redis restarts, a passed `ping` (the breaker's probe) means that a
+/// check on any thread goes through: every thread's own connection, broken
+/// by the restart, was asked too (and so made again), not only the shared one.
+#[test]
+fn after_a_restart_a_passed_ping_means_every_connection_answers() {
+    let mut server = RedisServer::start(&[]);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = runtime
+        .block_on(RedisStore::connect(&server.url()))
+        .unwrap()
+        .with_timeout(std::time::Duration::from_secs(2));
+    let policy = Policy::parse("token-bucket capacity=5 rate=2/s").unwrap();
+    // Checks spread over both worker threads; how many Redis did not decide.
+    let failed = |round: usize| {
+        let calls: Vec<_> = (0..64)
+            .map(|i| {
+                let (store, policy) = (store.clone(), policy);
+                runtime.spawn(async move {
+                    let key = format!("{round}-{i}");
+                    let check = [weir_redis::Check {
+                        check: weir_core::Check {
+                            name: "restart",
+                            policy: &policy,
+                            key: &key,
+                            cost: 1,
+                        },
+                        on_loss: weir_redis::OnLoss::Full,
+                        shadow: false,
+                        report: false,
+                    }];
+                    let mode = weir_redis::Mode::Charge { max_delay: 0 };
+                    store.decide(&check, None, mode).await.is_err()
+                })
+            })
+            .collect();
+        runtime.block_on(async {
+            let mut failed = 0;
+            for call in calls {
+                failed += usize::from(call.await.unwrap());
+            }
+            failed
+        })
+    };
+    // Each thread opens its own connection in the background.
+    for round in 0..3 {
+        assert_eq!(failed(round), 0);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    server.restart();
+    let started = std::time::Instant::now();
+    while runtime.block_on(store.ping()).is_err() {
+        assert!(started.elapsed().as_secs() < 10, "Redis is back");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(failed(3), 0, "checks after a passed ping");
+}
+
 /// Requests queued together (here: every one before the first is sent) go
 /// to Redis as a few script calls, not one each, and are decided exactly as
 /// the core decides them one after another in the order they were queued:
