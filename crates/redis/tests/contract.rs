@@ -504,7 +504,7 @@ fn after_a_restart_a_passed_ping_means_every_connection_answers() {
     let failed = |round: usize| {
         let calls: Vec<_> = (0..64)
             .map(|i| {
-                let (store, policy) = (store.clone(), policy);
+                let store = store.clone();
                 runtime.spawn(async move {
                     let key = format!("{round}-{i}");
                     let check = [weir_redis::Check {
