@@ -231,6 +231,51 @@ rate = "1/m"
     assert_eq!(metric(&server, "weir_store_up"), 1.0);
 }
 
+/// A Redis that restarts while weir is idle is found by weir's own pings,
+/// not by the next checks: none of them fails on a connection that the
+/// restart broke (each runtime thread has one).
+#[test]
+fn an_idle_weir_reconnects_to_a_restarted_redis_before_its_next_checks() {
+    let mut redis = Redis::start(&[]);
+    let config = format!(
+        r#"[store]
+url = "{url}"
+timeout = "100ms"
+
+[policies.api]
+algorithm = "token-bucket"
+capacity = 1000
+rate = "1000/s"
+on_store_error = "deny"
+"#,
+        url = redis.url()
+    );
+    let path = temp("idle.toml", &config);
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
+    // Checks on new connections, spread over the runtime threads; how many
+    // Redis did not decide.
+    let failed = |round: usize| {
+        (0..40)
+            .filter(|i| {
+                let (status, json, _) = check(&server, "api", &format!("{round}-{i}"));
+                status != 200 || degraded(&json)
+            })
+            .count()
+    };
+    assert_eq!(failed(0), 0);
+    // By now every thread has opened its own connection.
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(failed(1), 0);
+    redis.restart();
+    thread::sleep(Duration::from_millis(500));
+    let (started, up) = (Instant::now(), r#""store_up":true"#);
+    while !server.request("GET", "/readyz", "").1.contains(up) {
+        assert!(started.elapsed() < Duration::from_secs(5), "back on Redis");
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(failed(2), 0, "checks after the restart");
+}
+
 /// Twelve clients spread over `servers` check `policies` for one identity
 /// until `run` has passed: admissions per policy, degraded answers, and the
 /// time from the first request to the end of the last.

@@ -3,7 +3,10 @@
 //! Guarantees (docs/RELIABILITY.md): no request waits on the store longer
 //! than `[store] timeout`; after [`OPEN_AFTER`] failures in a row the breaker
 //! opens and requests stop waiting at all; a background probe closes it
-//! within [`PROBE_EVERY`] of Redis answering again.
+//! within [`PROBE_EVERY`] of Redis answering again. While it is closed, a
+//! single node's connections are pinged every [`PROBE_EVERY`] too, so that
+//! one Redis closed while weir was idle is made again before a check needs
+//! it (and a Redis gone while idle opens the breaker by itself).
 //!
 //! On a Redis Cluster each master has a breaker of its own: the masters
 //! and their slots are read every [`TOPOLOGY_EVERY`], a check goes to the
@@ -24,7 +27,8 @@ use crate::config::StoreConfig;
 
 /// Consecutive store failures that open the breaker.
 pub const OPEN_AFTER: u32 = 3;
-/// How often an open breaker (or a store never reached) is probed.
+/// How often an open breaker (or a store never reached) is probed, and a
+/// closed one's connections pinged.
 pub const PROBE_EVERY: Duration = Duration::from_millis(100);
 /// How often a cluster's masters and slots are read again.
 pub const TOPOLOGY_EVERY: Duration = Duration::from_millis(500);
@@ -316,9 +320,16 @@ async fn supervise(remote: Weak<Remote>) {
             return;
         };
         if remote.is_up() {
-            if let Some(store) = remote.store.load_full().filter(|s| s.is_cluster()) {
+            let Some(store) = remote.store.load_full() else {
+                continue;
+            };
+            if store.is_cluster() {
                 tended += 1;
                 tend(&remote, &store, tended).await;
+            } else if store.ping().await.is_err() {
+                // A connection that Redis closed (a restart, a failover)
+                // fails its next call: the ping made that call, not a check.
+                remote.failed(None);
             }
             continue;
         }
