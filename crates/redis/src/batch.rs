@@ -70,13 +70,21 @@ impl Batcher {
         let (opened, own) = oneshot::channel();
         let (client, config) = (threads.client.clone(), threads.config.clone());
         let registry = threads.opened.clone();
+        // Alive while the sender's task is: a connection whose runtime is
+        // gone is no longer one to ask.
+        let sending = Arc::new(());
+        let used = Arc::downgrade(&sending);
         tokio::spawn(async move {
             if let Ok(own) = client.get_connection_manager_with_config(config).await {
-                lock(&registry).push(own.clone());
+                lock(&registry).push((used, own.clone()));
                 let _ = opened.send(Connection::Single(own));
             }
         });
-        tokio::spawn(send(requests, shared, Some(own), Arc::new(script)));
+        let script = Arc::new(script);
+        tokio::spawn(async move {
+            let _sending = sending;
+            send(requests, shared, Some(own), script).await;
+        });
         Self { queue }
     }
 
@@ -97,10 +105,14 @@ pub(crate) struct PerThread {
     /// Alive while any clone of the store is: a thread's sender for a store
     /// that is gone is dropped (and its task and connection end).
     pub(crate) alive: Arc<()>,
-    /// The threads' connections, once open: the store's probe asks each,
-    /// since after Redis comes back every one of them must reconnect.
-    pub(crate) opened: Arc<std::sync::Mutex<Vec<redis::aio::ConnectionManager>>>,
+    /// The threads' connections, once open, each while its sender runs: the
+    /// store's probe asks each, since after Redis comes back every one of
+    /// them must reconnect.
+    pub(crate) opened: Arc<std::sync::Mutex<Vec<Opened>>>,
 }
+
+/// A thread's connection, and whether its sender still runs.
+pub(crate) type Opened = (Weak<()>, redis::aio::ConnectionManager);
 
 /// The guarded value, even if a holder panicked (a list of handles cannot be
 /// left half-changed).
@@ -136,9 +148,11 @@ impl PerThread {
         })
     }
 
-    /// The threads' connections open now.
+    /// The threads' connections in use now.
     pub(crate) fn connections(&self) -> Vec<redis::aio::ConnectionManager> {
-        lock(&self.opened).clone()
+        let mut opened = lock(&self.opened);
+        opened.retain(|(sending, _)| sending.strong_count() > 0);
+        opened.iter().map(|(_, c)| c.clone()).collect()
     }
 }
 

@@ -545,6 +545,42 @@ fn after_a_restart_a_passed_ping_means_every_connection_answers() {
     assert_eq!(failed(3), 0, "checks after a passed ping");
 }
 
+/// A thread whose runtime has stopped leaves no connection for the probe to
+/// ask: `ping` answers for the connections still in use.
+#[test]
+fn a_stopped_runtime_leaves_no_connection_to_ping() {
+    let server = RedisServer::start(&[]);
+    let (runtime, store) = connect(&server.url());
+    let policy = Policy::parse("token-bucket capacity=5 rate=2/s").unwrap();
+    let check = [weir_redis::Check {
+        check: weir_core::Check {
+            name: "stopped",
+            policy: &policy,
+            key: "k",
+            cost: 1,
+        },
+        on_loss: weir_redis::OnLoss::Full,
+        shadow: false,
+        report: false,
+    }];
+    let mode = weir_redis::Mode::Charge { max_delay: 0 };
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let own = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            own.block_on(async {
+                // The second check goes on this thread's own connection.
+                store.decide(&check, None, mode).await.unwrap();
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                store.decide(&check, None, mode).await.unwrap();
+            });
+        });
+    });
+    runtime.block_on(store.ping()).unwrap();
+}
+
 /// Requests queued together (here: every one before the first is sent) go
 /// to Redis as a few script calls, not one each, and are decided exactly as
 /// the core decides them one after another in the order they were queued:
