@@ -484,6 +484,24 @@ fn a_lost_state_is_detected_and_empty_keys_refill_from_then() {
     assert!(!run("z", &window, OnLoss::Full, t1 + NANOS_PER_SEC).1);
 }
 
+/// Charging, as a check is (no shaper bound).
+const CHARGE: weir_redis::Mode = weir_redis::Mode::Charge { max_delay: 0 };
+
+/// A request of one check of cost 1 of `key` under `policy`.
+fn one_check<'a>(policy: &'a Policy, key: &'a str) -> [weir_redis::Check<'a>; 1] {
+    [weir_redis::Check {
+        check: weir_core::Check {
+            name: "one",
+            policy,
+            key,
+            cost: 1,
+        },
+        on_loss: weir_redis::OnLoss::Full,
+        shadow: false,
+        report: false,
+    }]
+}
+
 /// After Redis restarts, a passed `ping` (the breaker's probe) means that a
 /// check on any thread goes through: every thread's own connection, broken
 /// by the restart, was asked too (and so made again), not only the shared one.
@@ -507,19 +525,8 @@ fn after_a_restart_a_passed_ping_means_every_connection_answers() {
                 let store = store.clone();
                 runtime.spawn(async move {
                     let key = format!("{round}-{i}");
-                    let check = [weir_redis::Check {
-                        check: weir_core::Check {
-                            name: "restart",
-                            policy: &policy,
-                            key: &key,
-                            cost: 1,
-                        },
-                        on_loss: weir_redis::OnLoss::Full,
-                        shadow: false,
-                        report: false,
-                    }];
-                    let mode = weir_redis::Mode::Charge { max_delay: 0 };
-                    store.decide(&check, None, mode).await.is_err()
+                    let check = one_check(&policy, &key);
+                    store.decide(&check, None, CHARGE).await.is_err()
                 })
             })
             .collect();
@@ -552,18 +559,7 @@ fn a_stopped_runtime_leaves_no_connection_to_ping() {
     let server = RedisServer::start(&[]);
     let (runtime, store) = connect(&server.url());
     let policy = Policy::parse("token-bucket capacity=5 rate=2/s").unwrap();
-    let check = [weir_redis::Check {
-        check: weir_core::Check {
-            name: "stopped",
-            policy: &policy,
-            key: "k",
-            cost: 1,
-        },
-        on_loss: weir_redis::OnLoss::Full,
-        shadow: false,
-        report: false,
-    }];
-    let mode = weir_redis::Mode::Charge { max_delay: 0 };
+    let check = one_check(&policy, "k");
     std::thread::scope(|scope| {
         scope.spawn(|| {
             let own = tokio::runtime::Builder::new_current_thread()
@@ -572,9 +568,9 @@ fn a_stopped_runtime_leaves_no_connection_to_ping() {
                 .unwrap();
             own.block_on(async {
                 // The second check goes on this thread's own connection.
-                store.decide(&check, None, mode).await.unwrap();
+                store.decide(&check, None, CHARGE).await.unwrap();
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                store.decide(&check, None, mode).await.unwrap();
+                store.decide(&check, None, CHARGE).await.unwrap();
             });
         });
     });
