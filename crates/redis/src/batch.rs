@@ -11,7 +11,7 @@
 //! together.
 
 use std::cell::RefCell;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, PoisonError, Weak};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -76,7 +76,8 @@ impl Batcher {
         let used = Arc::downgrade(&sending);
         tokio::spawn(async move {
             if let Ok(own) = client.get_connection_manager_with_config(config).await {
-                lock(&registry).push((used, own.clone()));
+                let mut registry = registry.lock().unwrap_or_else(PoisonError::into_inner);
+                registry.push((used, own.clone()));
                 let _ = opened.send(Connection::Single(own));
             }
         });
@@ -114,14 +115,6 @@ pub(crate) struct PerThread {
 /// A thread's connection, and whether its sender still runs.
 pub(crate) type Opened = (Weak<()>, redis::aio::ConnectionManager);
 
-/// The guarded value, even if a holder panicked (a list of handles cannot be
-/// left half-changed).
-fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 thread_local! {
     static SENDERS: RefCell<Vec<(Weak<()>, Batcher)>> = const { RefCell::new(Vec::new()) };
 }
@@ -150,7 +143,7 @@ impl PerThread {
 
     /// The threads' connections in use now.
     pub(crate) fn connections(&self) -> Vec<redis::aio::ConnectionManager> {
-        let mut opened = lock(&self.opened);
+        let mut opened = self.opened.lock().unwrap_or_else(PoisonError::into_inner);
         opened.retain(|(sending, _)| sending.strong_count() > 0);
         opened.iter().map(|(_, c)| c.clone()).collect()
     }

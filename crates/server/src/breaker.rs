@@ -5,8 +5,8 @@
 //! opens and requests stop waiting at all; a background probe closes it
 //! within [`PROBE_EVERY`] of Redis answering again. While it is closed, a
 //! single node's connections are pinged every [`PROBE_EVERY`] too, so that
-//! one Redis closed while weir was idle is made again before a check needs
-//! it (and a Redis gone while idle opens the breaker by itself).
+//! a connection Redis closed while weir was idle is made again before a
+//! check needs it (and a Redis gone while idle opens the breaker by itself).
 //!
 //! On a Redis Cluster each master has a breaker of its own: the masters
 //! and their slots are read every [`TOPOLOGY_EVERY`], a check goes to the
