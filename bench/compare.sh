@@ -32,7 +32,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
-rows=()
+rows=() notes=()
 # row COMPARISON PEER PEER_RATE WEIR_RATE PEER_LAT WEIR_LAT COMMAND [PEER_CPU WEIR_CPU]
 row() {
   local ratio cpu="—"
@@ -198,14 +198,14 @@ fi
 
 # --- the Envoy rate limit service against limitador ------------------------
 if want rls; then
-  grpc_load() { # grpc_load ADDR PIDS... -> "rate p50 p99 cpu-µs-per-call"
+  grpc_load() { # grpc_load ADDR PIDS... -> "rate p50 p99 cpu-µs-per-call generator-cpu-µs-per-call"
     local addr=$1 before
     shift
     before=$(ticks "$@")
     cargo bench -q -p weir-server --bench grpc_load -- --addr "$addr" --seconds "$SECONDS_EACH" \
       --keys 100000 --concurrency 64 --connections 4 2>/dev/null | tail -1 >"$OUT/grpc.json"
-    python3 -c "import json; d=json.load(open('$OUT/grpc.json')); print(int(d['per_second']), d['p50_us'], d['p99_us'], d['requests'])" |
-      { read -r rate p50 p99 requests; echo "$rate $p50 $p99 $(per_request $(($(ticks "$@") - before)) "$requests")"; }
+    python3 -c "import json; d=json.load(open('$OUT/grpc.json')); print(int(d['per_second']), d['p50_us'], d['p99_us'], d['requests'], d['client_cpu_us'])" |
+      { read -r rate p50 p99 requests client; echo "$rate $p50 $p99 $(per_request $(($(ticks "$@") - before)) "$requests") $client"; }
   }
   cat >"$OUT/limits.yaml" <<'YAML'
 - namespace: bench
@@ -248,11 +248,15 @@ YAML
       # shellcheck disable=SC2086
       grpc_load "127.0.0.1:$port" "$weir_pid" $shared >>"$OUT/rls-weir-$store.txt"
     done
-    read -r wr w50 w99 wcpu <<<"$(median <"$OUT/rls-weir-$store.txt")"
+    read -r wr w50 w99 wcpu wgen <<<"$(median <"$OUT/rls-weir-$store.txt")"
     peer="" peer_lat="—" pcpu="—"
     if [ -n "$peer_pid" ]; then
-      read -r pr p50 p99 pcpu <<<"$(median <"$OUT/rls-limitador-$store.txt")"
+      read -r pr p50 p99 pcpu pgen <<<"$(median <"$OUT/rls-limitador-$store.txt")"
       peer=$pr peer_lat="$p50 µs / $p99 µs"
+      # The generator shares the cores: with it at G µs of CPU a call, no
+      # server answers more than cores / (G + its own CPU a call) calls a
+      # second, so twice the peer's rate R needs cores / 2R - G µs a call.
+      notes+=("- RLS ($store): the load generator spent $pgen µs of CPU per call beside limitador and $wgen beside weir. On the $(nproc) cores it shares, twice limitador's rate needs a server costing at most $(python3 -c "print(round($(nproc) * 1e6 / (2 * $pr) - $wgen, 1))") µs of CPU per call, counted as in the CPU column (weir: $wcpu).")
       kill "$peer_pid" 2>/dev/null || true
     fi
     row "Envoy RLS ($store), 64 calls in flight, 100,000 sellers" "limitador-server" "$peer" "$wr" "$peer_lat" "$w50 µs / $w99 µs" \
@@ -267,3 +271,7 @@ echo
 echo "| comparison | peer | peer /s | weir /s | ratio | CPU µs per request, peer / weir | peer p50 / p99 | weir p50 / p99 | command |"
 echo "|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
+if [ ${#notes[@]} -gt 0 ]; then
+  echo
+  printf '%s\n' "${notes[@]}"
+fi

@@ -7,7 +7,12 @@
 //!     [--concurrency 64] [--connections 4] [--seconds 10] [--keys 10000]
 //! ```
 //!
-//! Prints requests per second, latency percentiles and the codes returned.
+//! Prints requests per second, latency percentiles, the codes returned and
+//! this generator's own CPU time per call (`client_cpu_us`, on Linux; with
+//! no `--addr` it counts the server in this process too). On a machine
+//! whose cores the generator shares with the server, that cost bounds any
+//! server's rate: no server can answer more than `cores / (client + server
+//! CPU per call)` calls a second.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -92,6 +97,7 @@ async fn main() {
             .expect("the rate limit service answers");
         channels.push(channel);
     }
+    let cpu_before = cpu_ticks();
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let workers: Vec<_> = (0..args.concurrency)
         .map(|i| {
@@ -138,9 +144,16 @@ async fn main() {
     }
     let elapsed = started.elapsed().as_secs_f64().max(args.seconds as f64);
     let total = ok + over + failed;
+    let client_cpu_us = match (cpu_before, cpu_ticks()) {
+        (Some(before), Some(after)) => format!(
+            "{:.1}",
+            after.saturating_sub(before) as f64 * 1e6 / USER_HZ / total.max(1) as f64
+        ),
+        _ => "null".into(),
+    };
     println!(
         "{{\"requests\": {total}, \"per_second\": {:.0}, \"ok\": {ok}, \"over_limit\": {over}, \"failed\": {failed}, \
-         \"p50_us\": {}, \"p99_us\": {}, \"p999_us\": {}, \"max_us\": {}, \"concurrency\": {}, \"connections\": {}}}",
+         \"p50_us\": {}, \"p99_us\": {}, \"p999_us\": {}, \"max_us\": {}, \"concurrency\": {}, \"connections\": {}, \"client_cpu_us\": {client_cpu_us}}}",
         total as f64 / elapsed,
         all.value_at_quantile(0.5),
         all.value_at_quantile(0.99),
@@ -149,4 +162,19 @@ async fn main() {
         args.concurrency,
         args.connections
     );
+}
+
+/// The clock ticks of `/proc/[pid]/stat` (Linux's `USER_HZ`, 100 a second
+/// on every architecture this runs on).
+const USER_HZ: f64 = 100.0;
+
+/// This process's CPU time (user + system) so far, in ticks, on Linux.
+fn cpu_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name, which is in parentheses and may
+    // hold spaces: utime and stime are the 12th and 13th of them.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(user + system)
 }
