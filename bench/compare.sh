@@ -256,7 +256,7 @@ YAML
       # The generator shares the cores: with it at G µs of CPU a call, no
       # server answers more than cores / (G + its own CPU a call) calls a
       # second, so twice the peer's rate R needs cores / 2R - G µs a call.
-      notes+=("- RLS ($store): the load generator spent $pgen µs of CPU per call beside limitador and $wgen beside weir. On the $(nproc) cores it shares, twice limitador's rate needs a server costing at most $(python3 -c "print(round($(nproc) * 1e6 / (2 * $pr) - $wgen, 1))") µs of CPU per call, counted as in the CPU column (weir: $wcpu).")
+      notes+=("- RLS ($store): the load generator spent $pgen µs of CPU per call beside limitador and $wgen beside weir. On the $(nproc) cores it shares, twice limitador's rate needs a server costing at most $(python3 -c "print(round($(nproc) * 1e6 / (2 * max($pr, 1)) - $wgen, 1))") µs of CPU per call, counted as in the CPU column (weir: $wcpu).")
       kill "$peer_pid" 2>/dev/null || true
     fi
     row "Envoy RLS ($store), 64 calls in flight, 100,000 sellers" "limitador-server" "$peer" "$wr" "$peer_lat" "$w50 µs / $w99 µs" \
