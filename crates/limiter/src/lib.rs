@@ -346,7 +346,12 @@ impl<C: Clock> Limiter<C> {
     }
 
     /// Decides one check at the clock's time.
-    #[inline]
+    ///
+    /// Always inlined into its caller, as the store's path beneath it is:
+    /// called, it returns the decision through memory, and the caller
+    /// reads back what it just wrote (5–10 % of a hot key's check,
+    /// `docs/BENCHMARKS.md`).
+    #[inline(always)]
     pub fn check_one(&self, check: Check<'_>) -> Result<Decision, Error> {
         let named = self.validate(check)?;
         self.charge(named, check, Op::Check)
