@@ -49,6 +49,24 @@ pub(crate) fn connect(url: &str) -> (tokio::runtime::Runtime, RedisStore) {
     (runtime, store)
 }
 
+/// Charging, as a check is (no shaper bound).
+const CHARGE: weir_redis::Mode = weir_redis::Mode::Charge { max_delay: 0 };
+
+/// A request of one check of cost 1 of `key` under `policy`.
+fn one_check<'a>(policy: &'a Policy, key: &'a str) -> [weir_redis::Check<'a>; 1] {
+    [weir_redis::Check {
+        check: weir_core::Check {
+            name: "one",
+            policy,
+            key,
+            cost: 1,
+        },
+        on_loss: weir_redis::OnLoss::Full,
+        shadow: false,
+        report: false,
+    }]
+}
+
 /// Replays arrivals `(gap ms, key, cost)` — all checks — through Redis and
 /// the core.
 pub(crate) fn replay(
@@ -358,11 +376,7 @@ fn several_policies_decide_as_the_in_process_limiter() {
                         .collect();
                     let got = shared
                         .runtime
-                        .block_on(shared.store.decide(
-                            &reports,
-                            Some(now),
-                            Mode::Charge { max_delay: 0 },
-                        ))
+                        .block_on(shared.store.decide(&reports, Some(now), CHARGE))
                         .unwrap()
                         .all;
                     prop_assert_eq!(&got.decisions, &expected, "report {:?} at {}", chosen, now);
@@ -422,7 +436,7 @@ fn peek_charges_nothing() {
 /// `OnLoss::Empty` keys count as used up at the moment it was found.
 #[test]
 fn a_lost_state_is_detected_and_empty_keys_refill_from_then() {
-    use weir_redis::{Check, Mode, OnLoss};
+    use weir_redis::OnLoss;
     let server = RedisServer::start(&[]);
     let (runtime, store) = connect(&server.url());
     let store = store.with_marker(true);
@@ -430,19 +444,10 @@ fn a_lost_state_is_detected_and_empty_keys_refill_from_then() {
     let window = Policy::parse("sliding-log limit=3 window=10s").unwrap();
     let t0 = 1_796_000_000 * NANOS_PER_SEC;
     let run = |identity: &str, policy: &Policy, on_loss, at: Nanos| {
-        let check = [Check {
-            check: weir_core::Check {
-                name: "loss",
-                policy,
-                key: identity,
-                cost: 1,
-            },
-            on_loss,
-            shadow: false,
-            report: false,
-        }];
+        let mut check = one_check(policy, identity);
+        check[0].on_loss = on_loss;
         let checked = runtime
-            .block_on(store.decide(&check, Some(at), Mode::Charge { max_delay: 0 }))
+            .block_on(store.decide(&check, Some(at), CHARGE))
             .unwrap();
         (checked.all, checked.state_lost)
     };
@@ -482,24 +487,6 @@ fn a_lost_state_is_detected_and_empty_keys_refill_from_then() {
             .allowed
     );
     assert!(!run("z", &window, OnLoss::Full, t1 + NANOS_PER_SEC).1);
-}
-
-/// Charging, as a check is (no shaper bound).
-const CHARGE: weir_redis::Mode = weir_redis::Mode::Charge { max_delay: 0 };
-
-/// A request of one check of cost 1 of `key` under `policy`.
-fn one_check<'a>(policy: &'a Policy, key: &'a str) -> [weir_redis::Check<'a>; 1] {
-    [weir_redis::Check {
-        check: weir_core::Check {
-            name: "one",
-            policy,
-            key,
-            cost: 1,
-        },
-        on_loss: weir_redis::OnLoss::Full,
-        shadow: false,
-        report: false,
-    }]
 }
 
 /// After Redis restarts, a passed `ping` (the breaker's probe) means that a
