@@ -61,8 +61,9 @@ cargo build --release -q -p weir
 # criterion sample on a shared machine; `cargo bench -p weir-limiter --bench
 # store` is the criterion version of the same comparison).
 if want library; then
-  cargo build --release -q -p weir-limiter --example keyed
+  cargo build --release -q -p weir-limiter --example keyed --example floor
   keyed() { target/release/examples/keyed "$@" | awk '{ print $(NF - 1) }'; }
+  floor() { target/release/examples/floor "$@" | awk '{ print $(NF - 1) }'; }
   best() { sort -n | tail -1; }
   for group in "1 1" "1 2" "100000 1" "100000 2"; do
     set -- $group
@@ -79,6 +80,20 @@ if want library; then
         "cargo run --release -p weir-limiter --example keyed -- weir $1 $2 '$policy'"
     done
   done
+  # What bounds one hot key on one thread on this machine: the skeleton of
+  # weir's lookup (examples/floor.rs), with and without the write SPEC.md's
+  # clamp makes on a refusal, beside governor in the same run.
+  : >"$OUT/floor-peer.txt"; : >"$OUT/floor-clamp.txt"; : >"$OUT/floor-free.txt"
+  for _ in $(seq "${REPEAT:-3}"); do
+    keyed governor 1 1 >>"$OUT/floor-peer.txt"
+    floor clamp >>"$OUT/floor-clamp.txt"
+    floor no-clamp >>"$OUT/floor-free.txt"
+  done
+  read -r peer clamp free < <(echo "$(best <"$OUT/floor-peer.txt") $(best <"$OUT/floor-clamp.txt") $(best <"$OUT/floor-free.txt")")
+  bound="so no exact check with this lookup passes governor here"
+  [ "$clamp" -ge "$peer" ] && bound="so what weir adds to it, not the clamp, keeps weir from governor here"
+  over() { python3 -c "print(f'{$1 / $2:.2f}')"; }
+  notes+=("- library, one hot key, one thread: the floor under weir's check (\`examples/floor\`: its lookup and one compare) runs $clamp checks/s with SPEC.md's clamp, a refusal moving the key's latest time ($(over "$clamp" "$peer")× governor's $peer), and $free without that write ($(over "$free" "$peer")×): $bound.")
 fi
 
 # --- Redis: batching, and the refusal cache ------------------------------
