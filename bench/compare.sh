@@ -33,12 +33,14 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
 rows=() notes=()
+over() { # over A B -> "A/B×" to two places, or — when B is 0 or missing
+  python3 -c "a,b=float('$1' or 0),float('$2' or 0); print(f'{a/b:.2f}×' if b else '—')"
+}
 # row COMPARISON PEER PEER_RATE WEIR_RATE PEER_LAT WEIR_LAT COMMAND [PEER_CPU WEIR_CPU]
 row() {
-  local ratio cpu="—"
-  ratio=$(python3 -c "p,w=float('$3' or 0),float('$4' or 0); print(f'{w/p:.2f}×' if p else '—')")
+  local cpu="—"
   [ -n "${9:-}" ] && cpu="${8:-—} / $9"
-  rows+=("| $1 | $2 | $3 | $4 | **$ratio** | $cpu | $5 | $6 | \`$7\` |")
+  rows+=("| $1 | $2 | $3 | $4 | **$(over "$4" "$3")** | $cpu | $5 | $6 | \`$7\` |")
 }
 # CPU time (user + system) of processes and their children's threads, in
 # clock ticks, and per request: what a server spends on each request,
@@ -92,8 +94,7 @@ if want library; then
   read -r peer clamp free < <(echo "$(best <"$OUT/floor-peer.txt") $(best <"$OUT/floor-clamp.txt") $(best <"$OUT/floor-free.txt")")
   bound="so no exact check with this lookup passes governor here"
   [ "$clamp" -ge "$peer" ] && bound="so what weir adds to it, not the clamp, keeps weir from governor here"
-  over() { python3 -c "print(f'{$1 / $2:.2f}')"; }
-  notes+=("- library, one hot key, one thread: the floor under weir's check (\`examples/floor\`: its lookup and one compare) runs $clamp checks/s with SPEC.md's clamp, a refusal moving the key's latest time ($(over "$clamp" "$peer")× governor's $peer), and $free without that write ($(over "$free" "$peer")×): $bound.")
+  notes+=("- library, one hot key, one thread: the floor under weir's check (\`examples/floor\`: its lookup and one compare) runs $clamp checks/s with SPEC.md's clamp, a refusal moving the key's latest time ($(over "$clamp" "$peer") governor's $peer), and $free without that write ($(over "$free" "$peer")): $bound.")
 fi
 
 # --- Redis: batching, and the refusal cache ------------------------------
