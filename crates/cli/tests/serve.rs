@@ -20,7 +20,20 @@ pub(crate) struct Server {
 
 impl Server {
     pub(crate) fn start(args: &[&str]) -> Self {
-        let mut child = weir()
+        Self::spawn(weir(), args)
+    }
+
+    /// [`Server::start`] with the process's address space capped at `kib`
+    /// KiB (`ulimit -v`): an allocation past it fails, and the server dies.
+    pub(crate) fn start_capped(kib: u64, args: &[&str]) -> Self {
+        let mut sh = Command::new("sh");
+        let script = format!("ulimit -v {kib} && exec \"$0\" \"$@\"");
+        sh.args(["-c", &script, env!("CARGO_BIN_EXE_weir")]);
+        Self::spawn(sh, args)
+    }
+
+    fn spawn(mut command: Command, args: &[&str]) -> Self {
+        let mut child = command
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(args)
             .stderr(Stdio::piped())
@@ -391,4 +404,64 @@ fn json_logs_are_one_object_per_line() {
         err.contains("line 2") && err.contains("log_format") && err.contains("\"json\""),
         "{err}"
     );
+}
+
+/// The playground and `weir simulate --plot` under hostile numbers: a
+/// nanosecond window over centuries, the last representable time and the
+/// first past it, the largest costs. Under a 1 GiB address-space cap every
+/// request is answered (`200`, or `422` saying what is wrong), none with a
+/// panic's text, and the server stays up.
+#[test]
+fn hostile_playground_requests_are_answered_within_a_memory_cap() {
+    let server = Server::start_capped(1 << 20, &[]);
+    let policies = [
+        "fixed-window limit=1 window=1ns",
+        "sliding-log limit=1 window=1ns",
+        "sliding-counter limit=1 window=1ns",
+        "token-bucket capacity=1 rate=1/1ns",
+        "gcra burst=1 rate=1/1ns",
+        "leaky-bucket rate=1/1ns queue=1",
+        "fixed-window limit=4294967295 window=365d",
+        "leaky-bucket rate=1/365d queue=4294967295",
+    ];
+    let traces = [
+        "time\n0\n9000000000\n",
+        "time\n0\n18446744073.709551615\n",
+        "time\n18446744073.709551615\n18446744073.709551615\n",
+        "time\n18446744073.709551616\n",
+        "time\n-1\n",
+        "time,key,cost\n0,a,4294967295\n0.000000001,a,18446744073709551615\n",
+        "time,key\n0,a\n0.000000001,b\n0.000000002,a\n3000000000,a\n",
+    ];
+    for policy in policies {
+        for trace in traces {
+            let body = serde_json::json!({ "policies": [policy], "trace": trace }).to_string();
+            let (status, answer) = server.request("POST", "/v1/simulate", &body);
+            assert!(
+                status == 200 || status == 422,
+                "{policy} over {trace:?}: {status} {answer}"
+            );
+            assert!(!answer.contains("panicked"), "{answer}");
+            assert!(answer.len() < 4 << 20, "{} bytes", answer.len());
+        }
+    }
+    let all = serde_json::json!({ "policies": &policies[..6], "trace": traces[0] }).to_string();
+    let (status, answer) = server.request("POST", "/v1/simulate", &all);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(server.request("GET", "/healthz", "").0, 200);
+
+    // The same through `weir simulate --compare --plot`, under the same cap.
+    let trace = temp("hostile.csv", traces[0]);
+    let plot = temp("hostile.svg", "");
+    let out = Command::new("sh")
+        .args(["-c", "ulimit -v 1048576 && exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_weir"))
+        .args(["simulate", "--compare", "--policy", policies[0], "--plot"])
+        .arg(&plot)
+        .arg("--trace")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::metadata(&plot).unwrap().len() < 4 << 20);
 }

@@ -3,6 +3,7 @@
 //! `weir_tower::Limited`, shared with the tower layer and the Envoy service.
 
 use axum::Json;
+use axum::body::{Body, Bytes, to_bytes};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use serde::Serialize;
@@ -54,6 +55,11 @@ pub(crate) enum ApiError {
     UpstreamTimeout(std::time::Duration),
     /// The client's request body failed (cut short, too slow).
     BadBody(String),
+    /// The request body did not arrive whole within `[server]
+    /// body_deadline`.
+    BodyDeadline(std::time::Duration),
+    /// A fault of weir's own (logged; its text never reaches the client).
+    Internal,
 }
 
 impl From<Refusal> for ApiError {
@@ -66,6 +72,31 @@ impl From<CheckError> for ApiError {
     fn from(e: CheckError) -> Self {
         Self::Refused(Refusal::Invalid(e))
     }
+}
+
+/// A request body of at most `max` bytes, whole within `deadline`: a
+/// client that drips its body a byte at a time, each byte inside `[server]
+/// body_timeout`, is still cut off at the deadline (`408`, and the
+/// connection closes with the body unread).
+pub(crate) async fn read_body(
+    body: Body,
+    max: usize,
+    deadline: std::time::Duration,
+) -> Result<Bytes, ApiError> {
+    let read = match tokio::time::timeout(deadline, to_bytes(body, max)).await {
+        Ok(read) => read,
+        Err(_) => return Err(ApiError::BodyDeadline(deadline)),
+    };
+    read.map_err(|e| {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        while let Some(c) = cause {
+            if c.is::<http_body_util::LengthLimitError>() {
+                return ApiError::BodyTooLarge(max);
+            }
+            cause = c.source();
+        }
+        ApiError::BadBody(e.to_string())
+    })
 }
 
 #[derive(Serialize)]
@@ -172,6 +203,19 @@ impl ApiError {
                 format!("the upstream did not answer within {t:?}"),
             ),
             Self::BadBody(m) => (S::BAD_REQUEST, "BAD_BODY", m.clone()),
+            Self::BodyDeadline(t) => (
+                S::REQUEST_TIMEOUT,
+                "BODY_TIMEOUT",
+                format!(
+                    "the request body did not arrive whole within {} s ([server] body_deadline)",
+                    t.as_secs_f64()
+                ),
+            ),
+            Self::Internal => (
+                S::INTERNAL_SERVER_ERROR,
+                "INTERNAL",
+                "weir could not answer this request; the fault is in its log".into(),
+            ),
         }
     }
 }

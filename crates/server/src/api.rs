@@ -4,7 +4,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::{Body, to_bytes};
+use axum::body::Body;
 use axum::extract::{ConnectInfo, FromRequestParts, Path, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use weir_core::Nanos;
 use weir_tower::{Part, append_fields};
 
-use crate::answer::{ApiError, DecisionBody, ms};
+use crate::answer::{ApiError, DecisionBody, ms, read_body};
 use crate::backend::{Check, Few, scoped_key};
 use crate::config::{OnStoreError, PolicyId};
 use crate::state::{AppState, Shared};
@@ -164,16 +164,8 @@ impl Asked {
 }
 
 async fn asked(shared: &Shared, body: Body) -> Result<Asked, ApiError> {
-    let bytes = to_bytes(body, MAX_BODY).await.map_err(|e| {
-        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
-        while let Some(c) = cause {
-            if c.is::<http_body_util::LengthLimitError>() {
-                return ApiError::BodyTooLarge(MAX_BODY);
-            }
-            cause = c.source();
-        }
-        ApiError::BadBody(e.to_string())
-    })?;
+    let deadline = shared.config.server.limits.body_deadline;
+    let bytes = read_body(body, MAX_BODY, deadline).await?;
     let Read { named, cost, multi } = read(&bytes)?;
     let mut ids = Vec::with_capacity(named.len());
     let mut keys = Vec::with_capacity(named.len());

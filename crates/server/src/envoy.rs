@@ -10,6 +10,7 @@
 //! unlimited (`OK`, no limit). All matched descriptors of one request are
 //! decided all-or-nothing.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -69,6 +70,11 @@ pub enum Target {
     },
 }
 
+/// The most descriptors one request may carry (`INVALID_ARGUMENT` above):
+/// Envoy's rate limit actions make a handful per request, and every
+/// descriptor is a check the request's answer waits on.
+pub const MAX_DESCRIPTORS: usize = 64;
+
 /// Translates a request into (policy, key, cost) per descriptor, or the
 /// `INVALID_ARGUMENT` message. Pure: no store, no clock. A descriptor's
 /// identity — its domain, keys and values as Envoy sent them — is at most
@@ -79,6 +85,12 @@ pub fn translate(config: &Config, request: &RateLimitRequest) -> Result<Translat
     }
     if request.descriptors.is_empty() {
         return Err("the request has no descriptors".into());
+    }
+    if request.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(format!(
+            "the request has {} descriptors, above the limit of {MAX_DESCRIPTORS}",
+            request.descriptors.len()
+        ));
     }
     let rules: Vec<_> = config
         .descriptors
@@ -306,22 +318,17 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
     // producing the same entries — are one check of their summed cost, and
     // report the same status.
     let mut checks: Vec<Check<'_>> = Vec::with_capacity(translated.len());
+    let mut index: HashMap<(PolicyId, &str), usize> = HashMap::with_capacity(translated.len());
     let mut slot = Vec::with_capacity(translated.len());
     for t in &translated {
         slot.push(t.map(|(policy, key, cost)| {
-            match checks
-                .iter()
-                .position(|c| c.policy == policy && c.key == key)
-            {
-                Some(i) => {
-                    checks[i].cost = checks[i].cost.saturating_add(cost);
-                    i
-                }
-                None => {
+            *index
+                .entry((policy, key))
+                .and_modify(|&mut i| checks[i].cost = checks[i].cost.saturating_add(cost))
+                .or_insert_with(|| {
                     checks.push(Check { policy, key, cost });
                     checks.len() - 1
-                }
-            }
+                })
         }));
     }
     let ok = DescriptorStatus {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::{Body, to_bytes};
+use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
@@ -15,7 +15,7 @@ use weir_core::Policy;
 use weir_sim::compare::{compare, default_burst_window};
 use weir_sim::{TraceError, TraceReader};
 
-use crate::answer::ApiError;
+use crate::answer::{ApiError, read_body};
 use crate::api::{Peer, authorize};
 use crate::backend::Backend;
 use crate::live::{CAPACITY, Hitter, SLICE, SLICES};
@@ -209,12 +209,16 @@ pub(crate) async fn simulate(
     State(state): State<Arc<AppState>>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let bytes = to_bytes(body, MAX_BODY).await.map_err(|_| {
-        ApiError::InvalidRequest(format!(
-            "the playground takes at most {} KiB; replay larger traces with `weir simulate`",
-            MAX_BODY >> 10
-        ))
-    })?;
+    let deadline = state.current().config.server.limits.body_deadline;
+    let bytes = read_body(body, MAX_BODY, deadline)
+        .await
+        .map_err(|e| match e {
+            ApiError::BodyTooLarge(_) => ApiError::InvalidRequest(format!(
+                "the playground takes at most {} KiB; replay larger traces with `weir simulate`",
+                MAX_BODY >> 10
+            )),
+            e => e,
+        })?;
     let asked: Playground =
         serde_json::from_slice(&bytes).map_err(|e| ApiError::Malformed(e.to_string()))?;
     if asked.policies.is_empty() || asked.policies.len() > MAX_POLICIES {
@@ -239,7 +243,10 @@ pub(crate) async fn simulate(
     }
     let plotted = tokio::task::spawn_blocking(move || plot(policies, &asked.trace))
         .await
-        .map_err(|e| ApiError::InvalidRequest(e.to_string()))??;
+        .map_err(|e| {
+            tracing::error!(error = %e, "the playground's simulation failed");
+            ApiError::Internal
+        })??;
     Ok(Json(plotted).into_response())
 }
 

@@ -307,6 +307,17 @@ async fn malformed_requests_are_invalid_arguments() {
             "above the limit",
         ),
         (
+            // 65 distinct descriptors matching one rule: one past the cap.
+            RateLimitRequest {
+                domain: "kartly".into(),
+                descriptors: (0..65)
+                    .map(|i| descriptor(&[("seller", &i.to_string())], None))
+                    .collect(),
+                hits_addend: 0,
+            },
+            "65 descriptors, above the limit of 64",
+        ),
+        (
             RateLimitRequest {
                 domain: "kartly".into(),
                 descriptors: vec![descriptor(&[("seller", "1")], Some(4))],

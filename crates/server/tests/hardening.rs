@@ -70,6 +70,53 @@ async fn a_slow_body_fails_and_a_slow_header_is_not_a_slow_body() {
     assert!(answer.contains("BAD_BODY"), "{answer}");
 }
 
+/// A body dripped a byte at a time, each byte well inside `body_timeout`:
+/// the whole body's deadline still ends it, on the decision API and the
+/// playground, with a length or chunked.
+#[tokio::test]
+async fn a_dripping_body_is_cut_off_at_its_deadline() {
+    let config = format!("[server]\nbody_deadline = \"600ms\"\n\n{POLICY}");
+    let (addr, _) = start(&config).await;
+    let heads = [
+        "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 65000\r\n\r\n",
+        "POST /v1/simulate HTTP/1.1\r\nHost: x\r\nContent-Length: 65000\r\n\r\n",
+        "POST /v1/report HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+    ];
+    for head in heads {
+        let drip = TcpStream::connect(addr).await.unwrap();
+        let (mut read, mut write) = drip.into_split();
+        write.write_all(head.as_bytes()).await.unwrap();
+        let piece: &[u8] = match head.contains("chunked") {
+            true => b"1\r\n{\r\n",
+            false => b"{",
+        };
+        let dripping = async {
+            while write.write_all(piece).await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                // Fresh clients are served meanwhile.
+                let health = send("GET", &format!("http://{addr}/healthz"), &[], "").await;
+                assert_eq!(health.status, 200);
+            }
+            std::future::pending::<()>().await;
+        };
+        let started = Instant::now();
+        let mut answer = Vec::new();
+        tokio::select! {
+            _ = read.read_to_end(&mut answer) => {}
+            () = dripping => {}
+            () = tokio::time::sleep(Duration::from_secs(3)) => panic!("{head}: still open"),
+        }
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(500),
+            "{head}: closed after {took:?}"
+        );
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{head}: {answer}");
+        assert!(answer.contains("BODY_TIMEOUT"), "{answer}");
+    }
+}
+
 #[tokio::test]
 async fn the_connection_cap_holds_while_normal_requests_succeed() {
     let config = format!("[server]\nmax_connections_per_ip = 8\n\n{POLICY}");

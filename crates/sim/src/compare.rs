@@ -96,13 +96,18 @@ impl Lane {
             }
         }
         released.sort_unstable();
-        let (mut start, mut sum) = (0, 0u64);
+        // Sorted, so `at - released[start].0` cannot underflow; a window of
+        // at least 1 ns never drops the current release, even at the end of
+        // time (where an added window would saturate).
+        let window = window.max(1);
+        let (mut start, mut sum) = (0, 0u128);
         for &(at, cost) in &released {
-            sum += cost;
-            while released[start].0.saturating_add(window) <= at {
-                sum -= released[start].1;
+            sum += u128::from(cost);
+            while at - released[start].0 >= window {
+                sum -= u128::from(released[start].1);
                 start += 1;
             }
+            let sum = u64::try_from(sum).unwrap_or(u64::MAX);
             summary.max_burst = summary.max_burst.max(sum);
         }
         summary
@@ -166,6 +171,19 @@ mod tests {
         write_table(&mut table, &lanes, window).unwrap();
         let table = String::from_utf8(table).unwrap();
         assert!(table.contains("max burst/1m"), "{table}");
+    }
+
+    #[test]
+    fn extreme_times_and_windows_are_counted_without_panicking() {
+        let policy = Policy::parse("fixed-window limit=1 window=1ns").unwrap();
+        let arrivals = [0, 9_000_000_000 * NANOS_PER_SEC, u64::MAX, u64::MAX]
+            .map(|t| Ok(Arrival::new(t, "k", 1)));
+        let lanes = compare(vec![("p".into(), policy)], arrivals).unwrap();
+        assert_eq!(lanes[0].summary(1).max_burst, 1);
+        // Half-open: the release at the end of time is outside `[0, MAX)`.
+        assert_eq!(lanes[0].summary(u64::MAX).max_burst, 2);
+        let svg = crate::plot::render("t", &lanes, 1).unwrap();
+        assert!(svg.len() < 1 << 20, "{} bytes", svg.len());
     }
 
     #[test]

@@ -16,6 +16,10 @@ use crate::compare::Lane;
 const BINS: usize = 600;
 /// Bins across the close-up.
 const ZOOM_BINS: usize = 120;
+/// The most window boundaries one panel draws (none when there would be
+/// more): with the fixed bins, what bounds a plot's size whatever the
+/// trace's span and the policies' windows.
+const MAX_BOUNDARIES: f64 = 60.0;
 const LANE_HEIGHT: u32 = 230;
 const WIDTH: u32 = 1400;
 /// One font size for every caption, one for every label.
@@ -82,7 +86,10 @@ fn human(seconds: f64) -> String {
 }
 
 fn round3(x: f64) -> f64 {
-    let digits = 3 - x.abs().log10().floor() as i32 - 1;
+    if !x.is_normal() {
+        return x;
+    }
+    let digits = 2 - (x.abs().log10().floor() as i32).clamp(-30, 30);
     let scale = 10f64.powi(digits.max(0));
     (x * scale).round() / scale
 }
@@ -221,9 +228,11 @@ fn panel<DB: DrawingBackend>(
         ))
         .draw()?;
     if let Some(w) = lane.policy.aligned_window().map(seconds) {
-        let (first, last) = ((span.from / w).ceil() as i64, (span.to / w).floor() as i64);
-        if last - first < 60 {
-            let lines = (first..=last).map(|k| {
+        // At most MAX_BOUNDARIES lines, counted in floating point: a window
+        // of a nanosecond over years is billions of windows, drawn as none.
+        let (first, last) = ((span.from / w).ceil(), (span.to / w).floor());
+        if last - first < MAX_BOUNDARIES {
+            let lines = (first as i64..=last as i64).map(|k| {
                 PathElement::new(vec![(k as f64 * w, -top), (k as f64 * w, top * 2.2)], GREY)
             });
             chart

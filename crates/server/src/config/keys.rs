@@ -24,6 +24,7 @@ const SERVER: &[&str] = &[
     "header_timeout",
     "idle_timeout",
     "body_timeout",
+    "body_deadline",
     "shutdown_timeout",
     "max_connections",
     "max_connections_per_ip",

@@ -62,6 +62,9 @@ pub struct ConnectionLimits {
     pub idle_timeout: Duration,
     /// The longest wait for the next piece of a request body.
     pub body_timeout: Duration,
+    /// A decision API or playground body, first byte to last (gateway
+    /// bodies: the route's `timeout`).
+    pub body_deadline: Duration,
     /// Open connections in all.
     pub max_connections: usize,
     /// Open connections from one client address.
@@ -76,6 +79,7 @@ impl Default for ConnectionLimits {
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             body_timeout: Duration::from_secs(30),
+            body_deadline: Duration::from_secs(10),
             max_connections: 10_000,
             max_connections_per_ip: 256,
             shutdown_timeout: Duration::from_secs(30),
@@ -92,6 +96,7 @@ pub(super) struct Raw {
     header_timeout: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
     body_timeout: Option<Spanned<String>>,
+    body_deadline: Option<Spanned<String>>,
     shutdown_timeout: Option<Spanned<String>>,
     max_connections: Option<Spanned<u64>>,
     max_connections_per_ip: Option<Spanned<u64>>,
@@ -209,6 +214,12 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
             &raw.body_timeout,
             defaults.body_timeout,
             "body_timeout",
+            report,
+        ),
+        body_deadline: duration(
+            &raw.body_deadline,
+            defaults.body_deadline,
+            "body_deadline",
             report,
         ),
         shutdown_timeout: duration(
