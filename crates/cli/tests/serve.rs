@@ -462,6 +462,10 @@ fn hostile_playground_requests_are_answered_within_a_memory_cap() {
         .arg(&trace)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(std::fs::metadata(&plot).unwrap().len() < 4 << 20);
 }

@@ -615,11 +615,15 @@ impl Policy {
         }
         let t = now.max(state.seen());
         match (self, &mut *state) {
-            (Self::TokenBucket(b) | Self::Gcra(b), State::Level(s)) => s.charge(t, b.rate(), cost),
-            (Self::LeakyBucket(l), State::Level(s)) => s.charge(t, l.rate(), cost),
-            (Self::FixedWindow(w), State::FixedWindow(s)) => *s = w.charge(*s, t, cost),
-            (Self::SlidingCounter(c), State::SlidingCounter(s)) => *s = c.charge(*s, t, cost),
-            (Self::SlidingLog(l), State::Log(s)) => l.charge(s, t, cost),
+            (Self::TokenBucket(b) | Self::Gcra(b), State::Level(s)) => {
+                s.charge(t, b.rate(), cost, max);
+            }
+            (Self::LeakyBucket(l), State::Level(s)) => s.charge(t, l.rate(), cost, max),
+            (Self::FixedWindow(w), State::FixedWindow(s)) => *s = w.charge(*s, t, cost, max),
+            (Self::SlidingCounter(c), State::SlidingCounter(s)) => {
+                *s = c.charge(*s, t, cost, max);
+            }
+            (Self::SlidingLog(l), State::Log(s)) => l.charge(s, t, cost, max),
             _ => {
                 *state = self.new_state();
                 return self.report(state, now, cost);

@@ -127,28 +127,36 @@ impl Model {
     }
 }
 
+/// SPEC.md's M: the largest report is M times the capacity (limit,
+/// queue), and no sum of reports leaves a key deeper in debt than one.
+const M: i128 = 1_000;
+
 /// A report's charge: the state an admitted check of `cost` would leave,
-/// without the admission condition.
+/// without the admission condition, within the ceiling on debt.
 fn charge(spec: Spec, state: &mut KeyState, t: i128, cost: i128) {
     match (spec, state) {
         (Spec::TokenBucket { capacity, n, p }, KeyState::Bucket { tokens, updated_at }) => {
             let avail = (*tokens + int(t - *updated_at) * Q::new(n, p)).min(int(capacity));
-            *tokens = avail - int(cost);
+            *tokens = (avail - int(cost)).max(int(capacity - M * capacity));
             *updated_at = t;
         }
-        (Spec::FixedWindow { window, .. }, KeyState::Window { index, count }) => {
+        (Spec::FixedWindow { limit, window }, KeyState::Window { index, count }) => {
             let i = t.div_euclid(window);
             if i != *index {
                 *index = i;
                 *count = 0;
             }
-            *count += cost;
+            *count = (*count + cost).min(M * limit);
         }
-        (Spec::SlidingLog { window, .. }, KeyState::Log(log)) => {
+        (Spec::SlidingLog { limit, window }, KeyState::Log(log)) => {
             log.retain(|&(a, _)| a > t - window);
-            log.push((t, cost));
+            let live: i128 = log.iter().map(|&(_, c)| c).sum();
+            let cost = cost.min(M * limit - live);
+            if cost > 0 {
+                log.push((t, cost));
+            }
         }
-        (Spec::SlidingCounter { window, .. }, KeyState::Counter { index, cur, prev }) => {
+        (Spec::SlidingCounter { limit, window }, KeyState::Counter { index, cur, prev }) => {
             let i = t.div_euclid(window);
             if i == *index + 1 {
                 *prev = *cur;
@@ -158,11 +166,12 @@ fn charge(spec: Spec, state: &mut KeyState, t: i128, cost: i128) {
                 *cur = 0;
             }
             *index = i;
-            *cur += cost;
+            *cur = (*cur + cost).min(M * limit);
         }
-        (Spec::LeakyBucket { n, p, .. }, KeyState::Shaper { next }) => {
+        (Spec::LeakyBucket { n, p, queue }, KeyState::Shaper { next }) => {
             let start = next.map_or(int(t), |next| next.max(int(t)));
-            *next = Some(start + int(cost) * Q::new(p, n));
+            let slot = Q::new(p, n);
+            *next = Some((start + int(cost) * slot).min(int(t) + int(M * queue) * slot));
         }
         (spec, _) => panic!("state does not match {spec:?}"),
     }

@@ -565,7 +565,8 @@ impl RedisStore {
                 spec.push_str(" s");
             }
             if *report {
-                spec.push_str(" r");
+                // The largest report is also the ceiling on debt.
+                let _ = write!(spec, " r={}", check.policy.max_report());
             }
             let _ = write!(spec, " c={}", check.cost);
             specs.push(spec);

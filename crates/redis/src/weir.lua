@@ -15,8 +15,9 @@
 --          " c=K" for its cost (0: report the standing, charge nothing,
 --          never refuse), " s" for a shadow check (decided and charged as if
 --          enforced, but never refusing the request; when it would refuse it
---          charges nothing), and " r" for a report (usage after the fact:
---          always charged, possibly into debt; allowed, with the wait of a
+--          charges nothing), and " r=R" for a report (usage after the fact:
+--          always charged, possibly into debt, but never deeper than a report
+--          of R, the largest, leaves a fresh key; allowed, with the wait of a
 --          check of cost 1):
 --          "tb C n p"  token bucket / GCRA: capacity C, rate reduced to n/p ns
 --          "lb Q n p"  leaky bucket: queue Q, rate n/p
@@ -126,7 +127,7 @@ local function parse(arg)
     for k = flags, #spec do
       if spec[k] == 'e' then p[6] = true
       elseif spec[k] == 's' then p[7] = true
-      elseif spec[k] == 'r' then p[8] = true
+      elseif string.sub(spec[k], 1, 2) == 'r=' then p[8] = tonumber(string.sub(spec[k], 3))
       elseif string.sub(spec[k], 1, 2) == 'c=' then p[5] = tonumber(string.sub(spec[k], 3)) end
     end
     parsed[arg] = p
@@ -238,6 +239,7 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
       end
       if kind == 'tb' then
         local full, need = size * p, level + cost * p
+        if report then need = math.min(need, report * p) end
         -- The standing: for a cost of 0, or a request others may refuse.
         if standing then left0, idle0 = idiv(math.max(full - level, 0), p), cdiv(level, n) end
         if report then
@@ -256,7 +258,7 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
         -- Always: a wait over max_delay refuses an allowed check too.
         left0, idle0 = idiv(math.max(slots - level, 0), p), cdiv(level, n)
         if report then
-          local after = level + cost * p
+          local after = math.min(level + cost * p, report * p)
           allowed, reset = 1, cdiv(after, n)
           remaining = idiv(math.max(slots - after, 0), p)
           if after > bound then retry = cdiv(after - bound, n) end
@@ -287,7 +289,7 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
       if kind == 'fw' then
         left0, idle0 = math.max(L - cur, 0), (cur > 0) and left or 0
         if report then
-          local after = cur + cost
+          local after = math.min(cur + cost, report)
           allowed, remaining, reset = 1, math.max(L - after, 0), (after > 0) and left or 0
           if after + 1 > L then retry = left end
           new = string.format('%d %d %d %d %d', ts, tn, ss, sn, after)
@@ -302,7 +304,7 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
       else
         left0, idle0 = sc_standing(L, W, prev, left, cur)
         if report then
-          local after = cur + cost
+          local after = math.min(cur + cost, report)
           allowed = 1
           remaining, reset = sc_standing(L, W, prev, left, after)
           -- The wait of a check of cost 1 on the new counts.
@@ -360,9 +362,11 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
       left0 = math.max(L - count, 0)
       if #times > 0 then idle0 = W - diff(ts, tn, times[#times][1], times[#times][2]) end
       if report then
-        local after = count + cost
+        -- Cut so that the live cost stays at most the ceiling.
+        local added = math.max(math.min(cost, report - count), 0)
+        local after = count + added
         allowed, remaining, reset = 1, math.max(L - after, 0), W
-        if cost == 0 then reset = idle0 end
+        if added == 0 then reset = idle0 end
         if after + 1 > L then
           -- The oldest entry (this report last) whose expiry leaves room for 1.
           local excess, sum = after + 1 - L, 0
@@ -373,7 +377,7 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
           end
           if not found then retry = W end
         end
-        if cost > 0 then new = encode({ { ts, tn }, cost }) else new = fresh end
+        if added > 0 then new = encode({ { ts, tn }, added }) else new = fresh end
       elseif count + cost <= L then
         allowed, remaining, reset = 1, L - count - cost, W
         new = encode({ { ts, tn }, cost })

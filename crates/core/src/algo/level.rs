@@ -30,10 +30,14 @@ impl LevelState {
     }
 
     /// Charges `cost` tokens (or slots) at `t`, whatever the level: a
-    /// report, which may put a bucket into debt.
-    pub(crate) fn charge(&mut self, t: Nanos, rate: Rate, cost: u64) {
+    /// report, which may put a bucket into debt, but never deeper than a
+    /// charge of `ceiling` would leave an empty level (SPEC.md's ceiling on
+    /// debt: `ceiling` is the largest report).
+    pub(crate) fn charge(&mut self, t: Nanos, rate: Rate, cost: u64, ceiling: u64) {
         let (t, level) = self.at(t, rate);
-        *self = Self::new(t, level + u128::from(cost) * u128::from(rate.period()));
+        let period = u128::from(rate.period());
+        let charged = level + u128::from(cost) * period;
+        *self = Self::new(t, charged.min(u128::from(ceiling) * period));
     }
 
     fn new(t: Nanos, level: u128) -> Self {

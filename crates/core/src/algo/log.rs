@@ -186,10 +186,12 @@ impl SlidingLog {
         decision
     }
 
-    /// Appends `(t, cost)` whatever the live cost (a report).
-    pub(crate) fn charge(&self, state: &mut LogState, t: Nanos, cost: u64) {
+    /// Appends `(t, cost)` whatever the live cost (a report), the cost cut
+    /// so that the live cost stays at most `ceiling` (the largest report).
+    pub(crate) fn charge(&self, state: &mut LogState, t: Nanos, cost: u64, ceiling: u64) {
         state.seen = t;
         state.expire(t, self.window);
+        let cost = cost.min(ceiling.saturating_sub(state.total));
         if cost > 0 {
             state.push(t, cost);
         }

@@ -50,14 +50,21 @@ impl FixedWindow {
         self.window
     }
 
-    /// Charges `cost` at `t`, whatever the count (a report).
-    pub(crate) fn charge(&self, state: FixedWindowState, t: Nanos, cost: u64) -> FixedWindowState {
+    /// Charges `cost` at `t`, whatever the count (a report), up to a count
+    /// of `ceiling` (the largest report).
+    pub(crate) fn charge(
+        &self,
+        state: FixedWindowState,
+        t: Nanos,
+        cost: u64,
+        ceiling: u64,
+    ) -> FixedWindowState {
         let (index, _) = locate(t, self.window, state.index);
         let count = if index == state.index { state.count } else { 0 };
         FixedWindowState {
             seen: t,
             index,
-            count: count.saturating_add(cost),
+            count: count.saturating_add(cost).min(ceiling),
         }
     }
 
@@ -155,18 +162,20 @@ impl SlidingCounter {
         (remaining, reset)
     }
 
-    /// Charges `cost` at `t`, whatever the estimate (a report).
+    /// Charges `cost` at `t`, whatever the estimate (a report), up to a
+    /// current count of `ceiling` (the largest report).
     pub(crate) fn charge(
         &self,
         state: SlidingCounterState,
         t: Nanos,
         cost: u64,
+        ceiling: u64,
     ) -> SlidingCounterState {
         let (t, index, cur, prev, _) = self.roll(state, t);
         SlidingCounterState {
             seen: t,
             index,
-            current: cur.saturating_add(cost),
+            current: cur.saturating_add(cost).min(ceiling),
             previous: prev,
         }
     }
