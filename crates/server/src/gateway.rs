@@ -386,12 +386,13 @@ async fn through(
 fn admission(route: &Route, headers: &HeaderMap) -> Result<u64, ApiError> {
     match &route.cost {
         Cost::Fixed(n) => Ok(*n),
-        Cost::Header(name) => match headers.get(name) {
-            None => Ok(1),
+        Cost::Header { name, min } => match headers.get(name) {
+            None => Ok(min.unwrap_or(1)),
             Some(v) => v
                 .to_str()
                 .ok()
-                .and_then(|v| v.trim().parse().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(|cost| cost.max(min.unwrap_or(0)))
                 .ok_or_else(|| {
                     ApiError::InvalidRequest(format!(
                         "`{name}` must be a whole number of at least 0"
@@ -531,8 +532,20 @@ async fn send(
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     // A usage header may come as a trailer, which HTTP/1.1 sends only to
     // who asks for them.
-    if matches!(route.usage, Some(Usage::Header(_))) {
-        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    match route.usage {
+        Some(Usage::Header(_)) => {
+            headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        }
+        // The usage is read from the answer's JSON as it passes: asked for
+        // uncompressed, whatever the client accepts, so that a client
+        // cannot turn the charge off with `Accept-Encoding: gzip`.
+        Some(Usage::Json(_)) => {
+            headers.insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
+        }
+        None => {}
     }
     // A body without a length is cut at the bound as it streams.
     let limit = usize::try_from(route.max_body).unwrap_or(usize::MAX);
@@ -547,12 +560,16 @@ async fn send(
     }
     let request = Request::from_parts(parts, body);
     // As in `forward`.
-    let answered = match traced.on() {
-        false => timed(route, authority, request).await,
-        true => {
-            let traced = traced.boxed(timed(route, authority, request));
-            traced.await
+    let answered = match (charge, &route.usage, traced.on()) {
+        (Some(charge), Some(usage), _) => {
+            let metered = metered(route, authority, request, charge, usage.clone());
+            traced.boxed(metered).await
         }
+        (_, _, false) => timed(route, authority, request).await.map(plain),
+        (_, _, true) => traced
+            .boxed(timed(route, authority, request))
+            .await
+            .map(plain),
     };
     match &answered {
         Ok(Ok(response)) => {
@@ -572,13 +589,6 @@ async fn send(
             // Clients are answered in HTTP/1.1, whatever the upstream spoke.
             parts.version = Version::HTTP_11;
             strip_hop_by_hop(&mut parts.headers);
-            let body = match (charge, &route.usage) {
-                (Some(charge), Some(usage)) => {
-                    let scanner = Scanner::new(usage, &parts.headers);
-                    Body::new(Metered::new(body, scanner, charge, route.timeout))
-                }
-                _ => Body::new(body),
-            };
             return Response::from_parts(parts, body);
         }
         Ok(Err(e)) => e,
@@ -600,6 +610,48 @@ async fn send(
     Meters::upstream(&route.text, started, false);
     tracing::warn!(route = %route.text, error = %failure, "upstream unavailable");
     ApiError::Upstream(format!("{}: {failure}", route.upstream)).into_response()
+}
+
+/// What an upstream call answered: the response (its body as the client
+/// will read it), the failure, or the route's timeout.
+type Answered =
+    Result<Result<http::Response<Body>, upstream::Failure>, tokio::time::error::Elapsed>;
+
+fn plain(
+    answered: Result<http::Response<upstream::Answer>, upstream::Failure>,
+) -> Result<http::Response<Body>, upstream::Failure> {
+    answered.map(|response| response.map(Body::new))
+}
+
+/// A metered route's upstream call, in a task of its own: a client that
+/// hangs up before the answer's head is charged all the same, when the
+/// answer ends (its body is then read without the client, as
+/// [`Metered`] reads the rest of an answer the client left mid-stream).
+async fn metered(
+    route: &Route,
+    authority: &Authority,
+    request: Request,
+    charge: Charge,
+    usage: Usage,
+) -> Answered {
+    let (upstream, authority, timeout) = (route.upstream.clone(), authority.clone(), route.timeout);
+    let call = tokio::spawn(async move {
+        let answered =
+            tokio::time::timeout(timeout, upstream::send(&upstream, &authority, request));
+        answered.await.map(|answered| {
+            answered.map(|response| {
+                let (parts, body) = response.into_parts();
+                let scanner = Scanner::new(&usage, &parts.headers);
+                let body = Body::new(Metered::new(body, scanner, charge, timeout));
+                http::Response::from_parts(parts, body)
+            })
+        })
+    });
+    match call.await {
+        Ok(answered) => answered,
+        // The task panicked (a bug): an upstream failure to the client.
+        Err(e) => Ok(Err(e.into())),
+    }
 }
 
 /// The upstream call within the route's timeout (made outside the async

@@ -297,8 +297,9 @@ async fn failed_admin_attempts_are_throttled_and_the_scheme_is_case_insensitive(
 
 #[tokio::test]
 async fn usage_reported_after_the_fact_puts_a_tenant_into_debt() {
+    // A policy name of its own: the metrics registry is the process's.
     let config =
-        "[policies.tokens]\nalgorithm = \"token-bucket\"\ncapacity = 1000\nrate = \"100/s\"\n";
+        "[policies.api-tokens]\nalgorithm = \"token-bucket\"\ncapacity = 1000\nrate = \"100/s\"\n";
     let (addr, _) = start(config).await;
     let check = |body: &'static str| {
         let url = format!("http://{addr}/v1/check");
@@ -309,8 +310,11 @@ async fn usage_reported_after_the_fact_puts_a_tenant_into_debt() {
         async move { send("POST", &url, &[], body).await }
     };
     // Admitted with a check of 1, then the answer's 2,500 tokens reported.
-    assert_eq!(check(r#"{"policy":"tokens","key":"t1"}"#).await.status, 200);
-    let charged = report(r#"{"policy":"tokens","key":"t1","cost":2499}"#).await;
+    assert_eq!(
+        check(r#"{"policy":"api-tokens","key":"t1"}"#).await.status,
+        200
+    );
+    let charged = report(r#"{"policy":"api-tokens","key":"t1","cost":2499}"#).await;
     assert_eq!(charged.status, 200, "{}", charged.body);
     let charged = charged.json();
     assert_eq!(
@@ -320,19 +324,19 @@ async fn usage_reported_after_the_fact_puts_a_tenant_into_debt() {
     // 1,500 tokens of debt and 1 to spend, at 100/s: about 15 s.
     let wait = charged["retry_after_ms"].as_u64().unwrap();
     assert!((14_990..=15_010).contains(&wait), "{charged}");
-    let refused = check(r#"{"policy":"tokens","key":"t1"}"#).await;
+    let refused = check(r#"{"policy":"api-tokens","key":"t1"}"#).await;
     assert_eq!(
         (refused.status, refused.json()["allowed"].as_bool()),
         (200, Some(false))
     );
     // More than 1,000 times the capacity is an invalid report.
-    let too_much = report(r#"{"policy":"tokens","key":"t1","cost":1000001}"#).await;
+    let too_much = report(r#"{"policy":"api-tokens","key":"t1","cost":1000001}"#).await;
     assert_eq!(too_much.status, 422, "{}", too_much.body);
     let metrics = send("GET", &format!("http://{addr}/metrics"), &[], "")
         .await
         .body;
     assert!(
-        metrics.contains("weir_reported_cost_total{policy=\"tokens\"} 2499"),
+        metrics.contains("weir_reported_cost_total{policy=\"api-tokens\"} 2499"),
         "{metrics}"
     );
 }

@@ -46,6 +46,15 @@ policies = ["tokens-per-hour"]
 upstream = "http://{llm}"
 usage = "json:/usage/total_tokens"
 cost = "header:x-max-tokens"
+
+[[routes]]
+match = "POST /floored"
+identity = "header:x-tenant"
+policies = ["tokens-per-hour"]
+upstream = "http://{llm}"
+usage = "json:/usage/total_tokens"
+cost = "header:x-max-tokens"
+min_cost = 40
 "#
     )
 }
@@ -212,4 +221,86 @@ async fn a_client_that_leaves_mid_answer_is_charged_all_the_same() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// `Accept-Encoding: gzip` from the client: the upstream is asked for an
+/// answer weir can read, so the usage is still charged (and the client
+/// gets the JSON uncompressed).
+#[tokio::test]
+async fn a_client_that_accepts_gzip_is_charged_all_the_same() {
+    let llm = Llm::start().await;
+    let (addr, _) = start(&config(llm.addr)).await;
+    let url = format!("http://{addr}/v1/chat/completions");
+    let who = [
+        ("x-tenant", "zipped"),
+        ("accept-encoding", "gzip, br, zstd"),
+    ];
+    let answered = send("POST", &url, &who, &ask(31, false)).await;
+    assert_eq!(answered.status, 200);
+    assert_eq!(answered.body, usage_json(31));
+    let refused = send("POST", &url, &who, &ask(1, false)).await;
+    assert_eq!(
+        refused.status, 429,
+        "31 tokens used of 10: {}",
+        refused.body
+    );
+}
+
+/// A client that hangs up before the answer's head: the upstream's work is
+/// charged when its answer completes.
+#[tokio::test]
+async fn a_client_that_leaves_before_the_head_is_charged_all_the_same() {
+    let llm = Llm::start().await;
+    let (addr, _) = start(&config(llm.addr)).await;
+    let body = r#"{"usage":31,"stream":false,"head_ms":400}"#;
+    let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: weir\r\nX-Tenant: early\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    client.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(client);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while llm.finished() == 0 {
+        assert!(Instant::now() < deadline, "the answer never finished");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let url = format!("http://{addr}/v1/chat/completions");
+    loop {
+        let next = send("POST", &url, &[("x-tenant", "early")], &ask(1, false)).await;
+        if next.status == 429 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tenant that left before the head was never charged"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `min_cost`: an absent or lower declared cost is charged the floor.
+#[tokio::test]
+async fn min_cost_is_the_least_a_declared_cost_is_charged() {
+    let llm = Llm::start().await;
+    let (addr, _) = start(&config(llm.addr)).await;
+    let url = format!("http://{addr}/floored");
+    let cases = [
+        (None, "\"tokens-per-hour\";r=60;t=1440"),
+        (Some("0"), "\"tokens-per-hour\";r=20;t=2880"),
+    ];
+    for (declared, standing) in cases {
+        let mut who = vec![("x-tenant", "floor")];
+        who.extend(declared.map(|d| ("x-max-tokens", d)));
+        let answered = send("POST", &url, &who, &ask(0, false)).await;
+        assert_eq!(answered.status, 200, "{}", answered.body);
+        assert_eq!(answered.header("ratelimit"), standing, "{declared:?}");
+    }
+    let above = [("x-tenant", "floor2"), ("x-max-tokens", "50")];
+    let answered = send("POST", &url, &above, &ask(0, false)).await;
+    assert_eq!(
+        answered.header("ratelimit"),
+        "\"tokens-per-hour\";r=50;t=1800"
+    );
 }

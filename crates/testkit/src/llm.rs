@@ -1,9 +1,11 @@
 //! A fake LLM upstream over real HTTP/1.1: `POST` a JSON body
-//! `{"usage": N, "stream": bool, "pause_ms": M}` and it answers with `N`
-//! tokens used — in an `x-usage-tokens` header, in an OpenAI-style
-//! `application/json` body (`/usage/total_tokens`), or, with `stream`, in the
-//! last `data:` event of a `text/event-stream` answer (events `M` ms apart)
-//! and in an `x-usage-tokens` trailer.
+//! `{"usage": N, "stream": bool, "pause_ms": M, "head_ms": H}` and it
+//! answers, `H` ms later, with `N` tokens used — in an `x-usage-tokens`
+//! header, in an OpenAI-style `application/json` body
+//! (`/usage/total_tokens`; gzipped when the request accepts `gzip`, as
+//! real APIs do), or, with `stream`, in the last `data:` event of a
+//! `text/event-stream` answer (events `M` ms apart) and in an
+//! `x-usage-tokens` trailer.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -73,6 +75,11 @@ async fn answer(
     request: hyper::Request<Incoming>,
     finished: Arc<AtomicUsize>,
 ) -> Result<hyper::Response<Body>, std::convert::Infallible> {
+    let gzip = request
+        .headers()
+        .get_all("accept-encoding")
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|v| v.contains("gzip")));
     let body = request.into_body().collect().await.map(|b| b.to_bytes());
     let asked: serde_json::Value = body
         .ok()
@@ -80,6 +87,10 @@ async fn answer(
         .unwrap_or_default();
     let tokens = asked["usage"].as_u64();
     let pause = Duration::from_millis(asked["pause_ms"].as_u64().unwrap_or(0));
+    tokio::time::sleep(Duration::from_millis(
+        asked["head_ms"].as_u64().unwrap_or(0),
+    ))
+    .await;
     let mut response = hyper::Response::builder();
     if !asked["stream"].as_bool().unwrap_or(false) {
         if let Some(tokens) = tokens {
@@ -90,9 +101,13 @@ async fn answer(
             usage_json,
         );
         finished.fetch_add(1, Ordering::SeqCst);
-        let response = response
-            .header("content-type", "application/json")
-            .body(Either::Left(Full::from(json)));
+        let response = response.header("content-type", "application/json");
+        let response = match gzip {
+            true => response
+                .header("content-encoding", "gzip")
+                .body(Either::Left(Full::from(gzipped(json.as_bytes())))),
+            false => response.body(Either::Left(Full::from(json))),
+        };
         return Ok(response.unwrap());
     }
     let (mut tx, body) = Channel::new(1);
@@ -123,4 +138,11 @@ async fn answer(
         .header("trailer", "x-usage-tokens")
         .body(Either::Right(body));
     Ok(response.unwrap())
+}
+
+fn gzipped(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(bytes).unwrap();
+    encoder.finish().unwrap()
 }

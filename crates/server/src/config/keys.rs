@@ -53,6 +53,7 @@ const ROUTE: &[&str] = &[
     "identity_case",
     "usage",
     "cost",
+    "min_cost",
 ];
 const DESCRIPTOR: &[&str] = &["domain", "entries", "policy", "report", "key_entries"];
 

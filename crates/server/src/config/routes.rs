@@ -64,8 +64,14 @@ pub enum Usage {
 pub enum Cost {
     /// The same for every request (the default: 1).
     Fixed(u64),
-    /// `header:NAME`: a request header's decimal value (1 when absent).
-    Header(HeaderName),
+    /// `header:NAME`: a request header's decimal value, never less than
+    /// `min` (`min_cost`); absent, `min` (1 without `min_cost`).
+    Header {
+        /// The header.
+        name: HeaderName,
+        /// `min_cost`, if set.
+        min: Option<u64>,
+    },
 }
 
 /// One path segment of a route.
@@ -113,6 +119,7 @@ pub(super) struct Raw {
     identity_case: Option<Spanned<String>>,
     usage: Option<Spanned<String>>,
     cost: Option<Spanned<toml::Value>>,
+    min_cost: Option<Spanned<u64>>,
 }
 
 /// The default upstream timeout and body bound.
@@ -329,7 +336,10 @@ pub(super) fn parse(
                     toml::Value::String(s) => s
                         .strip_prefix("header:")
                         .and_then(|name| HeaderName::try_from(name).ok())
-                        .map(Cost::Header),
+                        .map(|name| Cost::Header {
+                            name,
+                            min: raw.min_cost.as_ref().map(|m| *m.get_ref()),
+                        }),
                     _ => None,
                 };
                 parsed.unwrap_or_else(|| {
@@ -342,6 +352,13 @@ pub(super) fn parse(
                 })
             }
         };
+        if let (Some(min), Cost::Fixed(_)) = (&raw.min_cost, &cost) {
+            report.error(
+                &min.span(),
+                &place("min_cost"),
+                "applies to a cost a client declares: set cost = \"header:NAME\" too, or drop min_cost",
+            );
+        }
         if let (Some(identity), Some(upstream)) = (identity, upstream) {
             routes.push(Route {
                 text: pattern.to_owned(),
