@@ -49,7 +49,7 @@ pub(crate) enum ApiError {
     AdminThrottled(std::time::Duration),
     /// A configuration that does not parse or validate (every error).
     InvalidConfig(String),
-    /// The upstream could not be reached.
+    /// The upstream of this route (its text) could not be reached.
     Upstream(String),
     /// The upstream did not answer in time.
     UpstreamTimeout(std::time::Duration),
@@ -196,7 +196,12 @@ impl ApiError {
                 ),
             ),
             Self::InvalidConfig(m) => (S::UNPROCESSABLE_ENTITY, "CONFIG_INVALID", m.clone()),
-            Self::Upstream(m) => (S::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", m.clone()),
+            // The route, never the upstream's address (that is logged).
+            Self::Upstream(route) => (
+                S::BAD_GATEWAY,
+                "UPSTREAM_UNAVAILABLE",
+                format!("the upstream of route `{route}` could not be reached"),
+            ),
             Self::UpstreamTimeout(t) => (
                 S::GATEWAY_TIMEOUT,
                 "UPSTREAM_TIMEOUT",

@@ -104,6 +104,21 @@ fn read(bytes: &[u8]) -> Result<Read, ApiError> {
             ));
         }
     };
+    // An empty or blank identity would be one bucket shared by every
+    // client that sends one: refused, as the gateway refuses it.
+    if let Some((i, _)) = checks
+        .iter()
+        .enumerate()
+        .find(|(_, (_, key))| key.trim().is_empty())
+    {
+        let which = match multi {
+            true => format!("`checks[{i}].key`"),
+            false => "`key`".to_owned(),
+        };
+        return Err(ApiError::MissingIdentity(format!(
+            "{which} is empty or blank: name the client, e.g. \"seller-842\""
+        )));
+    }
     match request.cost.unwrap_or(1) {
         0 => Err(ApiError::InvalidCost),
         cost => Ok(Read {

@@ -475,7 +475,8 @@ async fn send(
     };
     // Origin-form: the connection is to the route's upstream already.
     let (Some(authority), Ok(target)) = (route.upstream.authority(), target) else {
-        return ApiError::Upstream("cannot build the upstream URI".into()).into_response();
+        tracing::warn!(route = %route.text, "cannot build the upstream URI");
+        return ApiError::Upstream(route.text.clone()).into_response();
     };
     parts.uri = Uri::from(target);
     parts.version = Version::HTTP_11;
@@ -609,7 +610,7 @@ async fn send(
     }
     Meters::upstream(&route.text, started, false);
     tracing::warn!(route = %route.text, error = %failure, "upstream unavailable");
-    ApiError::Upstream(format!("{}: {failure}", route.upstream)).into_response()
+    ApiError::Upstream(route.text.clone()).into_response()
 }
 
 /// What an upstream call answered: the response (its body as the client
@@ -686,8 +687,11 @@ fn client_fault(error: &(dyn std::error::Error + 'static)) -> Option<ClientFault
             return Some(ClientFault::Body);
         }
         if let Some(hyper) = e.downcast_ref::<hyper::Error>() {
-            // The client's connection broke while its body was read.
-            if hyper.is_incomplete_message() || hyper.is_body_write_aborted() {
+            // The client's connection broke while its body was read, or the
+            // body being sent failed (`is_user`: the request body is the
+            // only user code of an upstream call) — cut short of its
+            // length, or a chunk that does not parse.
+            if hyper.is_incomplete_message() || hyper.is_body_write_aborted() || hyper.is_user() {
                 return Some(ClientFault::Body);
             }
         }

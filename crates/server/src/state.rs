@@ -107,7 +107,8 @@ const NEW_KEY_CLIENTS: usize = 100_000;
 pub const ADMIN_FAILURES: u32 = 5;
 /// The window failed admin attempts are counted in.
 pub const ADMIN_WINDOW: Duration = Duration::from_secs(60);
-/// Clients tracked for failed admin attempts (more: the oldest are dropped).
+/// Clients tracked for failed admin attempts (more: those not throttled
+/// are dropped).
 const ADMIN_TRACKED: usize = 10_000;
 
 /// The server's state: the current configuration, the metrics handle, and
@@ -166,10 +167,17 @@ impl AppState {
             .admin_failures
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if failures.len() >= ADMIN_TRACKED {
+        // Full: the expired go first, then those not throttled; a
+        // throttled address is never forgotten because others filled the
+        // table. Full of throttled addresses, a new one goes untracked (an
+        // attacker with that many addresses has as many tries either way).
+        if failures.len() >= ADMIN_TRACKED && !failures.contains_key(&ip) {
             failures.retain(|_, (_, since)| since.elapsed() < ADMIN_WINDOW);
             if failures.len() >= ADMIN_TRACKED {
-                failures.clear();
+                failures.retain(|_, (count, _)| *count >= ADMIN_FAILURES);
+            }
+            if failures.len() >= ADMIN_TRACKED {
+                return;
             }
         }
         let entry = failures.entry(ip).or_insert((0, Instant::now()));
@@ -201,5 +209,27 @@ impl AppState {
         next.hash = hash;
         self.current.store(Arc::new(next));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_throttled_address_outlives_a_full_table() {
+        let text = "[policies.api]\nalgorithm = \"gcra\"\nburst = 5\nrate = \"1/s\"\n";
+        let config = crate::config::parse(text, None).unwrap();
+        let state = AppState::new(Shared::new(config, None).unwrap());
+        let throttled = IpAddr::from([192, 0, 2, 1]);
+        for _ in 0..ADMIN_FAILURES {
+            state.admin_failed(throttled);
+        }
+        assert!(state.admin_locked(throttled).is_some());
+        for i in 0..=ADMIN_TRACKED as u32 {
+            state.admin_failed(IpAddr::from((0x0a00_0000 + i).to_be_bytes()));
+        }
+        assert!(state.admin_locked(throttled).is_some());
     }
 }

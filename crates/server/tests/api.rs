@@ -124,6 +124,13 @@ async fn bad_input_gets_its_own_4xx_and_charges_nothing() {
             "INVALID_COST",
         ),
         (r#"{"checks":[]}"#, 422, "INVALID_REQUEST"),
+        (r#"{"policy":"api","key":""}"#, 400, "MISSING_IDENTITY"),
+        (r#"{"policy":"api","key":"   "}"#, 400, "MISSING_IDENTITY"),
+        (
+            r#"{"checks":[{"policy":"api","key":"x"},{"policy":"api","key":"\t"}]}"#,
+            400,
+            "MISSING_IDENTITY",
+        ),
         (
             r#"{"checks":[{"policy":"api","key":"x"},{"policy":"nope","key":"x"}]}"#,
             404,

@@ -658,3 +658,39 @@ async fn no_request_is_sent_behind_an_answer_still_arriving() {
     }
     assert_eq!(accepted.load(Ordering::SeqCst), 2);
 }
+
+/// A client body that breaks off — cut short of its length, or a chunk that
+/// does not parse — is the client's fault: `400 BAD_BODY`, never counted as
+/// an upstream error, and no upstream address in any answer.
+#[tokio::test]
+async fn a_client_body_that_breaks_off_is_a_bad_request() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (up, _) = upstream().await;
+    let (addr, _) = start(&config(up)).await;
+    let cases: [&[u8]; 2] = [
+        b"POST /items/a HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789",
+        b"POST /items/b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
+    ];
+    for request in cases {
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        client.write_all(request).await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        assert!(answer.contains("BAD_BODY"), "{answer}");
+    }
+    let metrics = send("GET", &format!("http://{addr}/metrics"), &[], "")
+        .await
+        .body;
+    assert!(
+        !metrics.contains("weir_upstream_errors_total{route=\"POST /items/{item}\""),
+        "{metrics}"
+    );
+    // An upstream that is down: 502, without its address.
+    let (addr, _) = start(&config("127.0.0.1:1".parse().unwrap())).await;
+    let down = send("POST", &format!("http://{addr}/items/c"), &[], "{}").await;
+    assert_eq!(down.status, 502, "{}", down.body);
+    assert!(!down.body.contains("127.0.0.1"), "{}", down.body);
+}
