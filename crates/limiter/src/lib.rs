@@ -197,9 +197,11 @@ impl<C: Clock> Builder<C> {
         self
     }
 
-    /// The most keys the named policy may store (default: only the
-    /// limiter's `max_keys`): a flood of identities on one policy then
-    /// cannot refuse new identities on the others.
+    /// The most keys the named policy may store. A policy without one gets
+    /// an equal share of what the others' leave of `max_keys`, as do the
+    /// ad-hoc policies together ([`Limiter::ad_hoc`]): the shares add up to
+    /// at most `max_keys`, so a flood of identities on one policy never
+    /// refuses new identities on another.
     pub fn policy_max_keys(mut self, policy: impl Into<String>, max: usize) -> Self {
         self.policy_max_keys.insert(policy.into(), max);
         self
@@ -265,6 +267,16 @@ impl<C: Clock> Builder<C> {
         let kept = self.kept;
         let global = Arc::new(Budget::new(self.max_keys, None));
         let own = self.policy_max_keys;
+        let named = |name: &String| own.get(name).copied();
+        let explicit = (self.policies.iter().filter_map(|(n, _)| named(n)))
+            .fold(0usize, usize::saturating_add);
+        let unbudgeted = self
+            .policies
+            .iter()
+            .filter(|(n, _)| named(n).is_none())
+            .count();
+        // One share more: the ad-hoc policies' pool.
+        let share = self.max_keys.saturating_sub(explicit) / (unbudgeted + 1);
         let policies: Vec<Named> = self
             .policies
             .into_iter()
@@ -276,7 +288,7 @@ impl<C: Clock> Builder<C> {
                         || Arc::new(Store::new(policy, self.shards)),
                         |(_, s)| s.clone(),
                     );
-                let max = own.get(&name).copied().unwrap_or(usize::MAX);
+                let max = named(&name).unwrap_or(share);
                 let budget = Budget::new(max, Some(global.clone()));
                 // Kept keys count against the new budgets from the start.
                 budget.add(store.len());
@@ -292,6 +304,7 @@ impl<C: Clock> Builder<C> {
             index,
             ad_hoc: (0..AD_HOC).map(|_| OnceLock::new()).collect(),
             ad_hoc_names: Mutex::default(),
+            ad_hoc_budget: Arc::new(Budget::new(share, Some(global.clone()))),
             budget: global,
             max_key_len: self.max_key_len,
             shards: self.shards,
@@ -310,6 +323,8 @@ pub struct Limiter<C = SystemClock> {
     /// Policies added by name after the build ([`Limiter::ad_hoc`]).
     ad_hoc: Box<[OnceLock<Named>]>,
     ad_hoc_names: Mutex<HashMap<String, usize>>,
+    /// The ad-hoc policies' share of the budget, together.
+    ad_hoc_budget: Arc<Budget>,
     budget: Arc<Budget>,
     max_key_len: usize,
     shards: usize,
@@ -612,7 +627,7 @@ impl<C: Clock> Limiter<C> {
         let _ = cell.set(Named {
             name: name.to_owned(),
             store: Arc::new(Store::new(policy, self.shards)),
-            budget: Budget::new(usize::MAX, Some(self.budget.clone())),
+            budget: Budget::new(usize::MAX, Some(self.ad_hoc_budget.clone())),
         });
         names.insert(name.to_owned(), slot);
         Ok(PolicyId(self.policies.len() + slot))

@@ -15,6 +15,7 @@ fn a_million_identities_never_reset_a_limited_key() {
             Policy::parse("token-bucket capacity=1 rate=1/h").unwrap(),
         )
         .max_keys(100_000)
+        .policy_max_keys("p", 100_000)
         .clock(FakeClock::at(1))
         .build()
         .unwrap();
@@ -100,11 +101,48 @@ fn a_flood_on_one_policy_leaves_the_others_new_keys() {
         }
     }
     assert_eq!(refused, 400, "the flooded policy holds its own 100");
-    for i in 0..500 {
+    // The other has its share of the rest: (1,000 - 100) / 2.
+    for i in 0..450 {
         let d = limiter
             .check_one(Check::new(other, &format!("o-{i}")))
             .unwrap();
         assert!(d.allowed, "new identities elsewhere are admitted");
     }
-    assert_eq!(limiter.len(), 600);
+    assert_eq!(limiter.len(), 550);
+}
+
+/// With no budget of their own, policies share `max_keys` equally (one
+/// share more for the ad-hoc policies): a flood on one never refuses new
+/// identities on another, nor on an ad-hoc policy.
+#[test]
+fn by_default_each_policy_has_its_share_of_the_budget() {
+    let slow = Policy::parse("token-bucket capacity=1 rate=1/h").unwrap();
+    let limiter = Limiter::builder()
+        .policy("flooded", slow)
+        .policy("other", slow)
+        .policy("listed", slow)
+        .policy_max_keys("listed", 300)
+        .max_keys(1_200)
+        .build()
+        .unwrap();
+    let flooded = limiter.policy("flooded").unwrap();
+    let refused = (0..1_000)
+        .filter(|i| {
+            let check = limiter.check_one(Check::new(flooded, &format!("f-{i}")));
+            matches!(check, Err(Error::TooManyKeys { max: 300 }))
+        })
+        .count();
+    assert_eq!(
+        refused, 700,
+        "the flooded policy holds its share, (1,200 - 300) / 3"
+    );
+    let other = limiter.policy("other").unwrap();
+    let ad_hoc = limiter.ad_hoc("envoy-limit", slow).unwrap();
+    let listed = limiter.policy("listed").unwrap();
+    for i in 0..300 {
+        for id in [other, ad_hoc, listed] {
+            let d = limiter.check_one(Check::new(id, &format!("o-{i}")));
+            assert!(d.unwrap().allowed, "new identities elsewhere are admitted");
+        }
+    }
 }

@@ -206,14 +206,17 @@ async fn asked(shared: &Shared, body: Body) -> Result<Asked, ApiError> {
 /// with each policy's standing after the charge.
 pub(crate) async fn report(
     State(state): State<Arc<AppState>>,
+    Peer(peer): Peer,
     body: Body,
 ) -> Result<Response, ApiError> {
     let shared = state.current();
     let asked = asked(&shared, body).await?;
-    let decided = shared
-        .backend
-        .report(&shared.table, &asked.checks())
-        .await?;
+    let checks = asked.checks();
+    // A report stores a key as a check does: the same guard.
+    shared
+        .may_create(&checks, peer)
+        .map_err(ApiError::NewKeys)?;
+    let decided = shared.backend.report(&shared.table, &checks).await?;
     let bodies = asked
         .ids
         .iter()

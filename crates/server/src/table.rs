@@ -182,6 +182,11 @@ impl Entry {
 }
 
 /// Every policy of a configuration, by [`PolicyId`]; then one entry per
+/// The most keys an override holds per identity it lists: one per scope
+/// the identity arrives under (the decision API, each route's identity
+/// source, Envoy).
+const OVERRIDE_SCOPES: usize = 16;
+
 /// `[[overrides]]` table.
 #[derive(Debug)]
 pub struct PolicyTable {
@@ -220,7 +225,9 @@ impl PolicyTable {
                     Quota::Policy(policy) => policy,
                     Quota::Unlimited => base.policy,
                 },
-                max_keys: None,
+                // Only the identities it lists, each under a few scopes
+                // (the API's, a route's, Envoy's): a budget of its own.
+                max_keys: Some(o.keys.len().saturating_mul(OVERRIDE_SCOPES)),
                 ..base.clone()
             };
             let mut entry = Entry::new(&config, format!("{}@override-{}", base.name, n + 1), store);

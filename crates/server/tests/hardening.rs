@@ -205,11 +205,51 @@ async fn new_keys_per_address_are_capped_before_anything_is_stored() {
     );
     assert_eq!(fourth.header("retry-after"), "1");
     assert_eq!(check("a").await.status, 200, "known keys go on");
+    // A report creates keys too: the same guard.
+    let report = send(
+        "POST",
+        &format!("http://{addr}/v1/report"),
+        &[],
+        r#"{"policy":"api","key":"e","cost":1}"#,
+    )
+    .await;
+    assert_eq!(
+        report.json()["error"],
+        "NEW_KEYS_LIMITED",
+        "{}",
+        report.body
+    );
     assert_eq!(
         state.current().backend.local().limiter.len(),
         3,
-        "d was not stored"
+        "d and e were not stored"
     );
+}
+
+/// With default settings, a flood of new identities on one policy leaves
+/// new identities on another: each has its share of `[store] max_keys`.
+#[tokio::test]
+async fn by_default_a_flood_on_one_policy_leaves_new_identities_on_another() {
+    let config = "[store]\nmax_keys = 90\n\n[policies.slow]\nalgorithm = \"token-bucket\"\ncapacity = 1\nrate = \"1/h\"\n\n[policies.other]\nalgorithm = \"token-bucket\"\ncapacity = 1\nrate = \"1/h\"\n";
+    let (addr, _) = start(config).await;
+    let url = format!("http://{addr}/v1/check");
+    let check = |policy: &str, i: usize| {
+        let body = format!(r#"{{"policy":"{policy}","key":"k{i}"}}"#);
+        let url = url.clone();
+        async move { send("POST", &url, &[], &body).await }
+    };
+    let mut full = 0;
+    for i in 0..60 {
+        full += usize::from(check("slow", i).await.status == 503);
+    }
+    assert_eq!(full, 30, "the flooded policy holds its share, 90 / 3");
+    for i in 0..30 {
+        assert_eq!(
+            check("other", i).await.status,
+            200,
+            "a new identity elsewhere"
+        );
+    }
 }
 
 #[tokio::test]
