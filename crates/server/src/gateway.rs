@@ -165,14 +165,58 @@ pub(crate) fn client_ip(headers: &HeaderMap, peer: IpAddr, trusted: &[IpNet]) ->
     client
 }
 
-/// The caller's identity as sent, and its stored key.
+/// The caller's identity as sent, and its stored key: from the route's
+/// first source that holds one (absent or blank: the next).
 fn identity<'r>(
     route: &Route,
     request: &'r Request,
     params: &[(&'r str, &'r str)],
     client: Option<IpAddr>,
 ) -> Result<(Cow<'r, str>, String), ApiError> {
-    let value: Option<Cow<'r, str>> = match &route.identity {
+    let fallbacks = route
+        .fallbacks
+        .iter()
+        .map(|(source, scope)| (source, scope));
+    let mut blank = None;
+    for (source, scope) in std::iter::once((&route.identity, &route.scope)).chain(fallbacks) {
+        let value = match source_value(source, request, params, client)? {
+            Some(v) if !v.trim().is_empty() => v,
+            Some(_) => {
+                blank.get_or_insert(scope);
+                continue;
+            }
+            None => continue,
+        };
+        let value = match route.fold_case {
+            true => Cow::Owned(value.to_lowercase()),
+            false => value,
+        };
+        let key = scoped_key(scope, &value)?;
+        return Ok((value, key));
+    }
+    Err(ApiError::MissingIdentity(
+        match (blank, route.fallbacks.is_empty()) {
+            (Some(scope), true) => format!("the {scope} is empty"),
+            (None, true) => format!("no {}", route.scope),
+            (_, false) => {
+                let scopes = route.fallbacks.iter().map(|(_, scope)| scope.as_str());
+                let all: Vec<&str> = std::iter::once(route.scope.as_str())
+                    .chain(scopes)
+                    .collect();
+                format!("none of {} holds an identity", all.join(", "))
+            }
+        },
+    ))
+}
+
+/// What one identity source holds for the request, as sent.
+fn source_value<'r>(
+    source: &Identity,
+    request: &'r Request,
+    params: &[(&'r str, &'r str)],
+    client: Option<IpAddr>,
+) -> Result<Option<Cow<'r, str>>, ApiError> {
+    Ok(match source {
         Identity::Header(name) => {
             let mut values = request.headers().get_all(name).iter();
             let (first, second) = (values.next(), values.next());
@@ -190,20 +234,7 @@ fn identity<'r>(
             .find(|(n, _)| n == name)
             .map(|(_, v)| Cow::Borrowed(*v)),
         Identity::Peer => client.map(|ip| Cow::Owned(ip.to_string())),
-    };
-    let scope = &route.scope;
-    let value = value.map(|v| match route.fold_case {
-        true => Cow::Owned(v.to_lowercase()),
-        false => v,
-    });
-    match value {
-        Some(v) if !v.trim().is_empty() => {
-            let key = scoped_key(scope, &v)?;
-            Ok((v, key))
-        }
-        Some(_) => Err(ApiError::MissingIdentity(format!("the {scope} is empty"))),
-        None => Err(ApiError::MissingIdentity(format!("no {scope}"))),
-    }
+    })
 }
 
 /// A route and the path's parameters.

@@ -694,3 +694,62 @@ async fn a_client_body_that_breaks_off_is_a_bad_request() {
     assert_eq!(down.status, 502, "{}", down.body);
     assert!(!down.body.contains("127.0.0.1"), "{}", down.body);
 }
+
+/// `identity = ["header:x-api-key", "peer"]`: the key when sent, else the
+/// address — two key spaces that never meet.
+#[tokio::test]
+async fn an_identity_falls_back_to_the_next_source() {
+    let (up, _) = upstream().await;
+    let config = format!(
+        r#"
+[policies.one]
+algorithm = "fixed-window"
+limit = 1
+window = "1h"
+
+[[routes]]
+match = "GET /fallback"
+identity = ["header:x-api-key", "peer"]
+policies = ["one"]
+upstream = "http://{up}"
+"#
+    );
+    let (addr, _) = start(&config).await;
+    let url = format!("http://{addr}/fallback");
+    let keyed = [("x-api-key", "acme")];
+    assert_eq!(send("GET", &url, &keyed, "").await.status, 200);
+    assert_eq!(
+        send("GET", &url, &keyed, "").await.status,
+        429,
+        "acme's one"
+    );
+    assert_eq!(
+        send("GET", &url, &[], "").await.status,
+        200,
+        "the address's own"
+    );
+    assert_eq!(
+        send("GET", &url, &[("x-api-key", " ")], "").await.status,
+        429,
+        "blank: the address"
+    );
+    assert_eq!(
+        send("GET", &url, &[("x-api-key", "other")], "")
+            .await
+            .status,
+        200
+    );
+    let bad = weir_server::config::parse(
+        &config.replace(
+            r#"["header:x-api-key", "peer"]"#,
+            r#"["header:x-api-key", "cookie:id"]"#,
+        ),
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        bad.contains("identity") && bad.contains("cookie:id"),
+        "{bad}"
+    );
+}

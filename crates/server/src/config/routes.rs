@@ -24,6 +24,9 @@ pub struct Route {
     pub identity: Identity,
     /// Its scope ([`Identity::scope`]), made once.
     pub scope: String,
+    /// `identity = [first, then, …]`: the sources after the first, with
+    /// their scopes, tried in order while the ones before are absent.
+    pub fallbacks: Vec<(Identity, String)>,
     /// Policies checked all-or-nothing.
     pub policies: Vec<PolicyId>,
     /// `scheme://authority` of the upstream.
@@ -110,7 +113,7 @@ impl Identity {
 pub(super) struct Raw {
     #[serde(rename = "match")]
     pattern: Spanned<String>,
-    identity: Spanned<String>,
+    identity: Spanned<toml::Value>,
     policies: Spanned<Vec<String>>,
     upstream: Spanned<String>,
     max_wait: Option<Spanned<String>>,
@@ -144,6 +147,27 @@ fn size(text: &str) -> Option<u64> {
         _ => return None,
     };
     number.parse::<u64>().ok()?.checked_mul(scale)
+}
+
+/// One identity source as written: `header:NAME`, `path:PARAM` (a
+/// parameter of `segments`) or `peer`.
+fn source(text: &str, segments: &[Segment]) -> Result<Identity, String> {
+    match text.split_once(':') {
+        _ if text == "peer" => Ok(Identity::Peer),
+        Some(("header", name)) => match HeaderName::try_from(name) {
+            Ok(name) if name.as_str().len() <= 64 => Ok(Identity::Header(name)),
+            _ => Err(format!(
+                "`{name}` is not a header name of at most 64 characters"
+            )),
+        },
+        Some(("path", name)) if segments.contains(&Segment::Param(name.to_owned())) => {
+            Ok(Identity::Path(name.to_owned()))
+        }
+        Some(("path", name)) => Err(format!("the match has no `{{{name}}}` segment")),
+        _ => Err(format!(
+            "`{text}` is not an identity (valid: \"header:NAME\", \"path:PARAM\", \"peer\", or a list of them)"
+        )),
+    }
 }
 
 /// The methods a route may name.
@@ -198,43 +222,35 @@ pub(super) fn parse(
                 None => segments.push(Segment::Literal(part.to_owned())),
             }
         }
-        let text = raw.identity.get_ref();
         let at = raw.identity.span();
-        let identity = match text.split_once(':') {
-            _ if text == "peer" => Some(Identity::Peer),
-            Some(("header", name)) => match HeaderName::try_from(name) {
-                Ok(name) if name.as_str().len() <= 64 => Some(Identity::Header(name)),
-                _ => {
-                    report.error(
-                        &at,
-                        &place("identity"),
-                        format!("`{name}` is not a header name of at most 64 characters"),
-                    );
-                    None
-                }
-            },
-            Some(("path", name)) if segments.contains(&Segment::Param(name.to_owned())) => {
-                Some(Identity::Path(name.to_owned()))
+        let texts: Option<Vec<&str>> = match raw.identity.get_ref() {
+            toml::Value::String(text) => Some(vec![text.as_str()]),
+            toml::Value::Array(list) if !list.is_empty() => {
+                list.iter().map(|v| v.as_str()).collect()
             }
-            Some(("path", name)) => {
+            _ => None,
+        };
+        let sources: Vec<Identity> = match texts {
+            Some(texts) => texts
+                .into_iter()
+                .filter_map(|text| {
+                    source(text, &segments)
+                        .map_err(|e| report.error(&at, &place("identity"), e))
+                        .ok()
+                })
+                .collect(),
+            None => {
                 report.error(
                     &at,
                     &place("identity"),
-                    format!("the match has no `{{{name}}}` segment"),
+                    "is not an identity: a source such as \"header:x-api-key\", or a list of them tried in order, such as [\"header:x-api-key\", \"peer\"]",
                 );
-                None
-            }
-            _ => {
-                report.error(
-                    &at,
-                    &place("identity"),
-                    format!(
-                        "`{text}` is not an identity (valid: \"header:NAME\", \"path:PARAM\", \"peer\")"
-                    ),
-                );
-                None
+                Vec::new()
             }
         };
+        let mut sources = sources.into_iter();
+        let identity = sources.next();
+        let fallbacks: Vec<(Identity, String)> = sources.map(|s| (s.clone(), s.scope())).collect();
         let at = raw.policies.span();
         if raw.policies.get_ref().is_empty() {
             report.error(&at, &place("policies"), "name at least one policy");
@@ -367,6 +383,7 @@ pub(super) fn parse(
                 segments,
                 scope: identity.scope(),
                 identity,
+                fallbacks,
                 policies,
                 host: upstream
                     .authority()
