@@ -75,12 +75,20 @@ pub(crate) fn config(command: &ConfigCommand) -> anyhow::Result<()> {
                 .server
                 .grpc
                 .map_or(String::new(), |g| format!(", gRPC on {g}"));
+            let count = |n: usize, one: &str, many: &str| match n {
+                1 => format!("1 {one}"),
+                n => format!("{n} {many}"),
+            };
             println!(
-                "{}: ok ({} policies, {} routes, {} descriptor rules, store {}, listening on {}{grpc})",
+                "{}: ok ({}, {}, {}, store {}, listening on {}{grpc})",
                 file.display(),
-                config.policies.len(),
-                config.routes.len(),
-                config.descriptors.len(),
+                count(config.policies.len(), "policy", "policies"),
+                count(config.routes.len(), "route", "routes"),
+                count(
+                    config.descriptors.len(),
+                    "descriptor rule",
+                    "descriptor rules"
+                ),
                 config.store.url,
                 config.server.listen
             );
@@ -98,7 +106,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     };
     // The file's errors, each with its line, before anything starts.
     let (config, _) = source.load().map_err(|e| anyhow!("{e}"))?;
-    logging(config.server.json_logs);
+    logging(config.server.json_logs, &config.server.log_level)?;
     weir_server::serve::raise_fd_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -115,16 +123,31 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
 }
 
 /// Logs to stderr: text for people (colored on a terminal), or one JSON
-/// object per line for log pipelines (`[server] log_format = "json"`).
-fn logging(json: bool) {
+/// object per line for log pipelines (`[server] log_format = "json"`), from
+/// `[server] log_level` up — or as `RUST_LOG` says, when it is set.
+fn logging(json: bool, level: &str) -> anyhow::Result<()> {
     use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(directives) if !directives.trim().is_empty() => EnvFilter::try_new(&directives)
+            .map_err(|e| anyhow!("RUST_LOG=`{directives}`: {e} (e.g. RUST_LOG=debug, or RUST_LOG=weir_server=debug,info)"))?,
+        _ => EnvFilter::new(level),
+    };
+    // Where weir listens, and the access log once asked for, whatever the
+    // level.
+    let filter = ["weir::listening=info", "weir::access=info"]
+        .into_iter()
+        .filter_map(|d| d.parse().ok())
+        .fold(filter, EnvFilter::add_directive);
     let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
         .with_target(false)
         .with_writer(std::io::stderr);
     match json {
         true => logs.json().with_current_span(false).init(),
         false => logs.with_ansi(std::io::stderr().is_terminal()).init(),
     }
+    Ok(())
 }
 
 async fn serve(source: Source, watch: bool) -> anyhow::Result<()> {
@@ -153,15 +176,28 @@ async fn serve(source: Source, watch: bool) -> anyhow::Result<()> {
         None => None,
     };
     let internal = bind(config.server.internal, "internal").await?;
-    tracing::info!(%addr, config = %path.as_ref().map_or("example".into(), |p| p.display().to_string()), "weir listening");
-    eprintln!("weir listening on http://{addr}");
+    // What listens where: a plain line each for people (and scripts), or
+    // — JSON logs are JSON only — one log object each.
+    let json = config.server.json_logs;
+    let file = path
+        .as_ref()
+        .map_or("example".into(), |p| p.display().to_string());
+    let announce = |what: &str, url: String| match json {
+        true => tracing::info!(target: "weir::listening", %url, config = %file, "{what}"),
+        false => eprintln!("{what} on {url}"),
+    };
+    announce("weir listening", format!("http://{addr}"));
     if let Some(grpc) = &grpc {
-        eprintln!("weir rate limit service (gRPC) on {}", grpc.local_addr()?);
+        announce(
+            "weir rate limit service (gRPC)",
+            grpc.local_addr()?.to_string(),
+        );
     }
     if let Some(internal) = &internal {
-        eprintln!(
-            "weir internal (decision API, admin, metrics) on http://{}",
-            internal.local_addr()?
+        let at = internal.local_addr()?;
+        announce(
+            "weir internal (decision API, admin, metrics)",
+            format!("http://{at}"),
         );
     }
 

@@ -32,7 +32,7 @@ impl Server {
         Self::spawn(sh, args)
     }
 
-    fn spawn(mut command: Command, args: &[&str]) -> Self {
+    pub(crate) fn spawn(mut command: Command, args: &[&str]) -> Self {
         let mut child = command
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(args)
@@ -52,6 +52,12 @@ impl Server {
                 .expect("weir starts");
             if let Some(addr) = line.strip_prefix("weir listening on http://") {
                 break addr.to_owned();
+            }
+            // JSON logs: the same, as a log object.
+            let json = serde_json::from_str::<serde_json::Value>(&line).unwrap_or_default();
+            if json["fields"]["message"] == "weir listening" {
+                let url = json["fields"]["url"].as_str().unwrap();
+                break url.trim_start_matches("http://").to_owned();
             }
         };
         let log = std::sync::Mutex::new(log);
@@ -93,6 +99,20 @@ impl Server {
 
     fn signal(&self, name: &str) {
         crate::signal(self.child.id(), name);
+    }
+
+    /// Every log line written within `within`.
+    pub(crate) fn logs_for(&self, within: Duration) -> Vec<String> {
+        let until = std::time::Instant::now() + within;
+        let log = self.log.lock().unwrap();
+        let mut lines = Vec::new();
+        while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+            match log.recv_timeout(left) {
+                Ok(line) => lines.push(line),
+                Err(_) => break,
+            }
+        }
+        lines
     }
 
     pub(crate) fn wait_for_log(&self, needle: &str) -> String {
@@ -388,6 +408,16 @@ fn json_logs_are_one_object_per_line() {
     let line = server.wait_for_log("watching the configuration file");
     let log: serde_json::Value =
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    // Every line is JSON (the listening one was read as JSON to start).
+    server.signal("HUP");
+    let lines = server.logs_for(Duration::from_millis(500));
+    assert!(!lines.is_empty());
+    for line in lines {
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&line).is_ok(),
+            "{line}"
+        );
+    }
     assert_eq!(log["level"], "INFO", "{line}");
     let message = &log["fields"]["message"];
     assert_eq!(message, "watching the configuration file", "{line}");
@@ -468,4 +498,86 @@ fn hostile_playground_requests_are_answered_within_a_memory_cap() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(std::fs::metadata(&plot).unwrap().len() < 4 << 20);
+}
+
+/// A served file deleted: one error line, however often the watcher fires
+/// while it is gone; restored as it was, one line saying so; changed, one
+/// line saying what changed.
+#[test]
+fn reloads_log_each_outcome_once() {
+    let path = temp("logged.toml", &bucket(1));
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
+    server.wait_for_log("watching the configuration file");
+    std::fs::remove_file(&path).unwrap();
+    for _ in 0..4 {
+        server.signal("HUP");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let lines = server.logs_for(Duration::from_millis(1500));
+    let rejected = lines
+        .iter()
+        .filter(|l| l.contains("reload rejected"))
+        .count();
+    assert_eq!(rejected, 1, "{lines:#?}");
+    std::fs::write(&path, bucket(1)).unwrap();
+    server.wait_for_log("configuration unchanged");
+    std::fs::write(&path, bucket(2).replace("[policies.a]", "[policies.b]")).unwrap();
+    let line = server.wait_for_log("configuration reloaded");
+    assert!(
+        line.contains("policies added: b") && line.contains("policies removed: a"),
+        "{line}"
+    );
+}
+
+/// `[server] access_log`: one line per gateway request, JSON with JSON
+/// logs, at `log_level`; the identity only with `access_log_identity`.
+#[test]
+fn the_access_log_has_a_line_per_gateway_request() {
+    let config = |identity: bool| {
+        format!(
+            "[server]\nlog_format = \"json\"\nlog_level = \"warn\"\naccess_log = true\naccess_log_identity = {identity}\n\n[policies.one]\nalgorithm = \"fixed-window\"\nlimit = 1\nwindow = \"1h\"\n\n[[routes]]\nmatch = \"GET /r\"\nidentity = \"header:x-id\"\npolicies = [\"one\"]\nupstream = \"http://127.0.0.1:1\"\n"
+        )
+    };
+    for identity in [false, true] {
+        let path = temp(&format!("access-{identity}.toml"), &config(identity));
+        // RUST_LOG, when set, takes log_level's place: unset here.
+        let mut command = weir();
+        command.env_remove("RUST_LOG");
+        let server = Server::spawn(command, &["--config", path.to_str().unwrap()]);
+        let (down, _) = server.request_with("GET", "/r", "x-id: acme\r\n", "");
+        let (limited, _) = server.request_with("GET", "/r", "x-id: acme\r\n", "");
+        assert_eq!((down, limited), (502, 429));
+        let lines = server.logs_for(Duration::from_millis(500));
+        let access: Vec<serde_json::Value> = lines
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .filter(|l: &serde_json::Value| l["fields"]["message"] == "access")
+            .collect();
+        assert_eq!(access.len(), 2, "{lines:#?}");
+        let fields = |i: usize, name: &str| access[i]["fields"][name].clone();
+        assert_eq!(
+            (fields(0, "status"), fields(0, "outcome")),
+            (502.into(), "admitted".into())
+        );
+        assert_eq!(
+            (fields(1, "status"), fields(1, "outcome")),
+            (429.into(), "limited".into())
+        );
+        assert_eq!(
+            (fields(1, "route"), fields(1, "policy")),
+            ("GET /r".into(), "one".into())
+        );
+        assert!(fields(1, "latency_ms").is_f64());
+        assert_eq!(
+            fields(1, "identity").as_str() == Some("acme"),
+            identity,
+            "{:?}",
+            access[1]
+        );
+        // log_level = "warn": the upstream's failure is logged, no info line but the access log.
+        let infos = lines.iter().filter(|l| {
+            l.contains("\"INFO\"") && !l.contains("\"access\"") && !l.contains("weir listening")
+        });
+        assert_eq!(infos.count(), 0, "{lines:#?}");
+    }
 }

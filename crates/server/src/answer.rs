@@ -111,6 +111,11 @@ struct ErrorBody<'a> {
 }
 
 impl ApiError {
+    /// What the client is told, for a log line.
+    pub(crate) fn detail(&self) -> String {
+        self.parts().2
+    }
+
     fn parts(&self) -> (StatusCode, &'static str, String) {
         use StatusCode as S;
         match self {

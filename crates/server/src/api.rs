@@ -473,7 +473,8 @@ fn authenticate(
         if let Some(ip) = peer {
             state.admin_failed(ip);
         }
-        tracing::warn!(peer = ?peer, "admin authentication failed");
+        let peer = peer.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
+        tracing::warn!(%peer, "admin authentication failed");
         return Err(ApiError::Unauthorized);
     }
     Ok(shared)

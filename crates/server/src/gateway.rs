@@ -302,6 +302,11 @@ pub(crate) async fn forward(
         traced.set("http.route", route.text.clone());
         traced.set("http.request.method", request.method().to_string());
     }
+    let logged = shared
+        .config
+        .server
+        .access_log
+        .then(|| (std::time::Instant::now(), request.method().clone()));
     // Awaited as it is made: a future bound to a name and then awaited, or
     // built in the awaited expression and moved into a wrapper, takes its
     // room twice in the enclosing future (measured: 6.7 kB instead of 3.8).
@@ -317,7 +322,56 @@ pub(crate) async fn forward(
         "http.response.status_code",
         i64::from(response.status().as_u16()),
     );
+    if let Some((started, method)) = logged {
+        access_log(&shared, route, &method, &response, started);
+    }
     (response, Some(route.label.clone()))
+}
+
+/// What the access log says of a request beyond its status, set by
+/// [`through`] when `[server] access_log` is on.
+#[derive(Debug, Clone)]
+struct Logged {
+    /// `admitted`, `delayed` or `limited`.
+    outcome: &'static str,
+    /// The policy that refused it.
+    policy: Option<String>,
+    /// Decided without the shared store.
+    degraded: bool,
+    /// The identity as sent (`access_log_identity` only).
+    identity: Option<String>,
+}
+
+/// One access log line (`[server] access_log`): route, method, status,
+/// outcome, refusing policy, latency — and the identity only when
+/// `access_log_identity` asks for it. A request refused before it was
+/// decided is `invalid` (4xx) or `error` (5xx).
+fn access_log(
+    shared: &Shared,
+    route: &Route,
+    method: &Method,
+    response: &Response,
+    started: std::time::Instant,
+) {
+    let status = response.status().as_u16();
+    let logged = response.extensions().get::<Logged>();
+    let outcome = match (logged, status) {
+        (Some(l), _) => l.outcome,
+        (None, 500..) => "error",
+        (None, _) => "invalid",
+    };
+    let policy = logged.and_then(|l| l.policy.as_deref()).unwrap_or("");
+    let degraded = logged.is_some_and(|l| l.degraded);
+    let latency_ms = started.elapsed().as_secs_f64() * 1e3;
+    let route = route.text.as_str();
+    match logged.and_then(|l| l.identity.as_deref()) {
+        Some(identity) if shared.config.server.access_log_identity => {
+            tracing::info!(target: "weir::access", route, %method, status, outcome, policy, degraded, latency_ms, identity, "access")
+        }
+        _ => {
+            tracing::info!(target: "weir::access", route, %method, status, outcome, policy, degraded, latency_ms, "access")
+        }
+    }
 }
 
 /// A matched request: identified, decided, then forwarded or refused.
@@ -382,17 +436,32 @@ async fn through(
         Err(refusal) => return ApiError::from(refusal).into_response(),
     };
     let parts: Few<Part<'_>> = verdict.visible(&shared.table, &ids);
+    let server = &shared.config.server;
+    let logged = |outcome, policy: Option<&str>| Logged {
+        outcome,
+        policy: policy.map(str::to_owned),
+        degraded: verdict.degraded,
+        identity: server.access_log_identity.then(|| sent.to_string()),
+    };
     if let Some(first) = verdict.refusing() {
         let refusing = shared.table.get(ids[first]);
-        return Limited {
+        let mut response = Limited {
             policy: &refusing.name,
             retry_after: verdict.retry_after(),
             parts: &parts,
             style: shared.config.server.headers,
         }
         .response_with(Body::from(refusing.refused.clone()));
+        if server.access_log {
+            let logged = logged("limited", Some(&refusing.name));
+            response.extensions_mut().insert(logged);
+        }
+        return response;
     }
     let delay = verdict.delay();
+    let logged = server
+        .access_log
+        .then(|| logged(if delay > 0 { "delayed" } else { "admitted" }, None));
     if delay > 0 {
         // A client that goes away while waiting drops this future: it is
         // never forwarded (its slot is not refunded).
@@ -410,6 +479,9 @@ async fn through(
     let mut response = forwarded.await;
     let style = shared.config.server.headers;
     append_fields(style, &parts, response.headers_mut());
+    if let Some(logged) = logged {
+        response.extensions_mut().insert(logged);
+    }
     response
 }
 

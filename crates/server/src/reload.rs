@@ -88,10 +88,54 @@ pub(crate) fn record(result: &Result<Reloaded, String>, hash: Option<(u64, u64)>
     }
 }
 
+/// What a reload changed, for its log line: policies added, removed or
+/// changed, and the number of routes, descriptor rules and overrides.
+fn changes(old: &Config, new: &Config) -> String {
+    let find =
+        |config: &Config, name: &str| config.policies.iter().find(|p| p.name == name).cloned();
+    let names = |config: &Config, pick: &dyn Fn(&str) -> bool| -> Vec<String> {
+        let picked = config.policies.iter().filter(|p| pick(&p.name));
+        picked.map(|p| p.name.clone()).collect()
+    };
+    let added = names(new, &|n| find(old, n).is_none());
+    let removed = names(old, &|n| find(new, n).is_none());
+    let changed = names(new, &|n| {
+        find(old, n).is_some_and(|o| Some(o) != find(new, n))
+    });
+    let mut parts = Vec::new();
+    for (what, list) in [("added", added), ("removed", removed), ("changed", changed)] {
+        if !list.is_empty() {
+            parts.push(format!("policies {what}: {}", list.join(", ")));
+        }
+    }
+    let counts = [
+        ("routes", old.routes.len(), new.routes.len()),
+        (
+            "descriptor rules",
+            old.descriptors.len(),
+            new.descriptors.len(),
+        ),
+        ("overrides", old.overrides.len(), new.overrides.len()),
+    ];
+    for (what, before, after) in counts {
+        if before != after {
+            parts.push(format!("{what}: {before} -> {after}"));
+        }
+    }
+    match parts.is_empty() {
+        true => "no policy added, removed or changed".to_owned(),
+        false => parts.join("; "),
+    }
+}
+
 impl AppState {
     /// Reads the source again and serves it if it is valid and changed.
+    /// Logged once per distinct outcome: a file that stays broken (or
+    /// missing) while the watcher fires is one error line, and the next
+    /// success — or the file restored as it was — is one line more.
     pub fn reload_from_source(&self) -> Result<Reloaded, String> {
         let loaded = self.source.load();
+        let mut changed = String::new();
         let outcome = loaded.and_then(|(config, hash)| {
             let old = self.current().hash;
             if hash == old {
@@ -101,6 +145,7 @@ impl AppState {
             if config.server.listen != listen {
                 tracing::warn!(old = %listen, new = %config.server.listen, "a new listen address needs a restart");
             }
+            changed = changes(&self.current().config, &config);
             self.reload(config, hash).map_err(|e| e.to_string())?;
             Ok((Reloaded::Applied, Some((old, hash))))
         });
@@ -109,15 +154,35 @@ impl AppState {
             .map(|(r, _)| r.clone())
             .map_err(Clone::clone);
         record(&result, outcome.ok().and_then(|(_, h)| h));
+        let said = match &result {
+            Ok(Reloaded::Applied) => format!("applied: {changed}"),
+            Ok(Reloaded::Unchanged) => "unchanged".to_owned(),
+            Err(e) => e.clone(),
+        };
+        let mut last = self
+            .last_reload
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *last == said && !matches!(result, Ok(Reloaded::Applied)) {
+            return result;
+        }
+        let file = self
+            .source
+            .path
+            .as_ref()
+            .map_or("the example config".into(), |p| p.display().to_string());
         match &result {
             Ok(Reloaded::Applied) => {
-                tracing::info!(source = ?self.source.path, "configuration reloaded")
+                tracing::info!(%file, changes = %changed, "configuration reloaded")
             }
-            Ok(Reloaded::Unchanged) => tracing::debug!("configuration unchanged"),
+            Ok(Reloaded::Unchanged) => {
+                tracing::info!(%file, "configuration unchanged: the one served")
+            }
             Err(e) => {
                 tracing::error!(errors = %e, "reload rejected; the old configuration keeps serving")
             }
         }
+        *last = said;
         result
     }
 }

@@ -120,6 +120,8 @@ pub struct AppState {
     admin_failures: Mutex<HashMap<IpAddr, (u32, Instant)>>,
     /// Where the configuration is read again from on reload.
     pub(crate) source: Source,
+    /// What the last reload logged (an outcome is logged once).
+    pub(crate) last_reload: Mutex<String>,
 }
 
 impl AppState {
@@ -130,6 +132,7 @@ impl AppState {
             metrics: crate::metrics::handle(),
             admin_failures: Mutex::default(),
             source: Source::default(),
+            last_reload: Mutex::default(),
         })
     }
 
@@ -145,6 +148,7 @@ impl AppState {
             metrics: crate::metrics::handle(),
             admin_failures: Mutex::default(),
             source,
+            last_reload: Mutex::default(),
         }))
     }
 

@@ -66,7 +66,8 @@ impl Charge {
         if let Err(e) = self.shared.backend.report(table, &checks).await {
             metrics::counter!("weir_usage_unreported_total", "route" => self.route.to_string())
                 .increment(1);
-            tracing::warn!(route = %self.route, used, error = ?e, "usage could not be reported");
+            let error = crate::answer::ApiError::from(e).detail();
+            tracing::warn!(route = %self.route, used, %error, "usage could not be reported");
         }
     }
 }

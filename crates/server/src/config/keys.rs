@@ -34,6 +34,9 @@ const SERVER: &[&str] = &[
     "headers",
     "near_limit_ratio",
     "log_format",
+    "log_level",
+    "access_log",
+    "access_log_identity",
 ];
 const STORE: &[&str] = &[
     "url",

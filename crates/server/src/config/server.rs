@@ -39,6 +39,15 @@ pub struct ServerConfig {
     /// `log_format = "json"`: one JSON object per log line, for log
     /// pipelines; `"text"` (the default) for people. Read at start only.
     pub json_logs: bool,
+    /// `log_level`: the least severe level logged (`RUST_LOG`, when set,
+    /// takes its place). Read at start only.
+    pub log_level: String,
+    /// `access_log = true`: one line per gateway request (route, status,
+    /// outcome, policy, latency).
+    pub access_log: bool,
+    /// `access_log_identity = true`: the access log names the identity too
+    /// (off: identities are the clients', kept out of logs).
+    pub access_log_identity: bool,
     /// `[telemetry]`: OpenTelemetry spans over OTLP; none: off.
     pub telemetry: Option<Telemetry>,
 }
@@ -106,6 +115,9 @@ pub(super) struct Raw {
     headers: Option<Spanned<String>>,
     near_limit_ratio: Option<Spanned<toml::Value>>,
     log_format: Option<Spanned<String>>,
+    log_level: Option<Spanned<String>>,
+    access_log: Option<Spanned<bool>>,
+    access_log_identity: Option<Spanned<bool>>,
 }
 
 /// `[telemetry]` as written.
@@ -313,8 +325,27 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
             false
         }
     };
+    let log_level = match raw.log_level {
+        None => "info".to_owned(),
+        Some(level) if LOG_LEVELS.contains(&level.get_ref().as_str()) => level.into_inner(),
+        Some(level) => {
+            report.error(
+                &level.span(),
+                "[server] log_level",
+                format!(
+                    "`{}` is not a log level (valid: {})",
+                    level.get_ref(),
+                    LOG_LEVELS.map(|l| format!("\"{l}\"")).join(", ")
+                ),
+            );
+            "info".to_owned()
+        }
+    };
     ServerConfig {
         json_logs,
+        log_level,
+        access_log: raw.access_log.is_some_and(|a| *a.get_ref()),
+        access_log_identity: raw.access_log_identity.is_some_and(|a| *a.get_ref()),
         telemetry: None,
         listen,
         internal,
@@ -328,6 +359,9 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
         near_limit_ratio,
     }
 }
+
+/// The levels `log_level` takes, most severe first.
+const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
 
 /// An admin token long enough and not one repeated character.
 fn check_token(token: &str) -> Result<(), String> {
