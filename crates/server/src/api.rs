@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{ConnectInfo, FromRequestParts, Path, State};
+use axum::extract::{ConnectInfo, FromRequestParts, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
@@ -480,32 +480,83 @@ fn authenticate(
     Ok(shared)
 }
 
+/// `?source=` of the key endpoints: where the identity came from.
+#[derive(Debug, Deserialize)]
+pub(crate) struct KeySource {
+    source: Option<String>,
+}
+
+/// The scopes a stored key starts with (`api:acme`, `header:x-id:acme`).
+const SCOPES: [&str; 5] = ["api:", "peer:", "envoy:", "header:", "path:"];
+
+/// The stored key an admin request addresses, and the policy table entry
+/// that holds it (an overridden identity's override). `key` is the identity
+/// as a client sent it, through the decision API unless `source` names
+/// another (`header:NAME`, `path:PARAM`, `peer`); a key that already starts
+/// with a scope (`api:acme`, as the dashboard lists them) is the stored key.
+fn addressed(
+    shared: &Shared,
+    id: PolicyId,
+    key: &str,
+    source: Option<&str>,
+) -> Result<(PolicyId, String), ApiError> {
+    let stored = match source {
+        Some(source) => {
+            let valid = source == "api"
+                || source == "peer"
+                || ["header:", "path:"]
+                    .iter()
+                    .any(|s| source.len() > s.len() && source.starts_with(s));
+            if !valid {
+                return Err(ApiError::InvalidRequest(format!(
+                    "`source={source}` is not an identity source (valid: api, header:NAME, path:PARAM, peer)"
+                )));
+            }
+            scoped_key(source, key)?
+        }
+        None if SCOPES.iter().any(|s| key.starts_with(s)) => key.to_owned(),
+        None => scoped_key(API_SCOPE, key)?,
+    };
+    // The identity as sent: what overrides are keyed by.
+    let sent = match stored.split_once(':') {
+        Some(("header" | "path", rest)) => rest.split_once(':').map(|(_, v)| v),
+        Some(("api" | "peer", v)) => Some(v),
+        _ => None,
+    };
+    let id = sent.map_or(id, |sent| shared.table.resolve(id, sent));
+    Ok((id, stored))
+}
+
 #[derive(Debug, Serialize)]
 struct Inspected<'a> {
     policy: &'a str,
     key: &'a str,
+    /// The key in the store: the identity under its source's scope.
+    stored_key: &'a str,
     /// Whether the key has state; a key never seen (or a typo) is decided
     /// as new: its full allowance.
     exists: bool,
     next_check: DecisionBody<'a>,
 }
 
-/// `GET /v1/keys/{policy}/{key}`: whether the key exists, and what a check
-/// of cost 1 would decide now. The key is the stored one: `api:…` for the
-/// decision API, `header:NAME:…`, `path:PARAM:…` or `peer:…` for gateway
-/// identities.
+/// `GET /v1/keys/{policy}/{key}[?source=…]`: whether the key exists, and
+/// what a check of cost 1 would decide now. The key is an identity as a
+/// client sent it (see [`addressed`]), or a stored key.
 pub(crate) async fn inspect_key(
     State(state): State<Arc<AppState>>,
     Peer(peer): Peer,
     Path((policy, key)): Path<(String, String)>,
+    Query(KeySource { source }): Query<KeySource>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (shared, id) = authorize(&state, peer, &headers, &policy)?;
-    let (decision, exists) = shared.backend.peek(&shared.table, id, &key).await?;
+    let (id, stored) = addressed(&shared, id, &key, source.as_deref())?;
+    let (decision, exists) = shared.backend.peek(&shared.table, id, &stored).await?;
     let entry = shared.table.get(id);
     Ok(Json(Inspected {
         policy: &entry.name,
         key: &key,
+        stored_key: &stored,
         exists,
         next_check: DecisionBody::new(entry, &decision, false),
     })
@@ -516,25 +567,29 @@ pub(crate) async fn inspect_key(
 struct Reset<'a> {
     policy: &'a str,
     key: &'a str,
+    stored_key: &'a str,
     reset: bool,
     existed: bool,
     effect: &'static str,
 }
 
-/// `DELETE /v1/keys/{policy}/{key}`: forgets the key — which grants it a
-/// fresh, full allowance.
+/// `DELETE /v1/keys/{policy}/{key}[?source=…]`: forgets the key — which
+/// grants it a fresh, full allowance.
 pub(crate) async fn reset_key(
     State(state): State<Arc<AppState>>,
     Peer(peer): Peer,
     Path((policy, key)): Path<(String, String)>,
+    Query(KeySource { source }): Query<KeySource>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (shared, id) = authorize(&state, peer, &headers, &policy)?;
-    let existed = shared.backend.reset(&shared.table, id, &key).await?;
-    tracing::info!(policy, key, existed, "admin reset a key");
+    let (id, stored) = addressed(&shared, id, &key, source.as_deref())?;
+    let existed = shared.backend.reset(&shared.table, id, &stored).await?;
+    tracing::info!(policy, key = stored, existed, "admin reset a key");
     Ok(Json(Reset {
         policy: &policy,
         key: &key,
+        stored_key: &stored,
         reset: true,
         existed,
         effect: "the key starts afresh with its full allowance",

@@ -254,6 +254,24 @@ async fn policies_health_metrics_and_admin() {
         send("GET", &key, &auth, "").await.json()["next_check"]["remaining"],
         1
     );
+    // The identity as the client sent it: the decision API's unless a
+    // source is named; the answer says which stored key it addressed.
+    let sent = send("GET", &format!("{base}/v1/keys/api/m"), &auth, "")
+        .await
+        .json();
+    assert_eq!(sent["stored_key"], "api:m", "{sent}");
+    let header = format!("{base}/v1/keys/api/m?source=header:x-seller");
+    let other = send("DELETE", &header, &auth, "").await.json();
+    assert_eq!(other["stored_key"], "header:x-seller:m", "{other}");
+    let bad = send(
+        "GET",
+        &format!("{base}/v1/keys/api/m?source=cookie"),
+        &auth,
+        "",
+    )
+    .await;
+    assert_eq!(bad.status, 422, "{}", bad.body);
+    assert!(bad.body.contains("header:NAME"), "{}", bad.body);
     assert_eq!(
         send("GET", &format!("{base}/v1/keys/nope/x"), &auth, "")
             .await
