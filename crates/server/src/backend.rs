@@ -443,7 +443,6 @@ impl Backend {
                     {
                         entry.count(Outcome::NearLimit);
                     }
-                    entry.queue(d.remaining);
                 }
             }
             Err(_) => checks

@@ -463,8 +463,13 @@ async fn through(
         .access_log
         .then(|| logged(if delay > 0 { "delayed" } else { "admitted" }, None));
     if delay > 0 {
-        // A client that goes away while waiting drops this future: it is
-        // never forwarded (its slot is not refunded).
+        // Counted in its shapers' queue depth while it waits. A client that
+        // goes away while waiting drops this future: it is never forwarded
+        // (its slot is not refunded).
+        let _waiting: Few<_> = ids
+            .iter()
+            .filter_map(|&id| shared.table.get(id).waiting())
+            .collect();
         tokio::time::sleep(Duration::from_nanos(delay)).await;
     }
     let charge = route.usage.is_some().then(|| Charge {

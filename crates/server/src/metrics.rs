@@ -51,7 +51,7 @@ pub(crate) fn handle() -> PrometheusHandle {
                 "Times the store was found to have lost its state"
             );
             metrics::describe_gauge!("weir_store_up", "1 while decisions go to the shared store");
-            metrics::describe_gauge!("weir_queue_depth", "Slots in use per shaper policy");
+            metrics::describe_gauge!("weir_queue_depth", "Requests the gateway holds in a shaper policy's delay now");
             metrics::describe_gauge!("weir_build_info", "The running weir's version");
             metrics::describe_counter!("weir_grpc_requests_total", "gRPC calls by code");
             metrics::describe_histogram!(

@@ -81,8 +81,8 @@ pub struct Entry {
     reported: Counter,
     /// What the dashboard reads.
     pub(crate) live: crate::live::Live,
-    /// A shaper's gauge and its slots (queue + the one being served).
-    queue: Option<(Gauge, u64)>,
+    /// A shaper's `weir_queue_depth`: requests held in its delay now.
+    queue: Option<Gauge>,
 }
 
 impl Entry {
@@ -100,10 +100,9 @@ impl Entry {
         };
         let counter = |outcome: &'static str| metrics::counter!("weir_decisions_total", "policy" => name.clone(), "outcome" => outcome);
         let queue = match config.policy {
-            Policy::LeakyBucket(l) => Some((
-                metrics::gauge!("weir_queue_depth", "policy" => name.clone()),
-                l.queue() + 1,
-            )),
+            Policy::LeakyBucket(_) => {
+                Some(metrics::gauge!("weir_queue_depth", "policy" => name.clone()))
+            }
             Policy::TokenBucket(_)
             | Policy::Gcra(_)
             | Policy::FixedWindow(_)
@@ -173,20 +172,32 @@ impl Entry {
         self.fallbacks.increment(1);
     }
 
-    /// A shaper's slots in use, from a decision's `remaining`.
-    pub(crate) fn queue(&self, remaining: u64) {
-        if let Some((gauge, slots)) = &self.queue {
-            gauge.set(slots.saturating_sub(remaining) as f64);
-        }
+    /// A request held in this shaper's delay, until the guard drops (it
+    /// is released, or its client left): none for other algorithms.
+    pub(crate) fn waiting(&self) -> Option<Waiting> {
+        self.queue.as_ref().map(|gauge| {
+            gauge.increment(1.0);
+            Waiting(gauge.clone())
+        })
     }
 }
 
-/// Every policy of a configuration, by [`PolicyId`]; then one entry per
+/// One request counted in a shaper's `weir_queue_depth` while it lives.
+#[derive(Debug)]
+pub(crate) struct Waiting(Gauge);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
+
 /// The most keys an override holds per identity it lists: one per scope
 /// the identity arrives under (the decision API, each route's identity
 /// source, Envoy).
 const OVERRIDE_SCOPES: usize = 16;
 
+/// Every policy of a configuration, by [`PolicyId`]; then one entry per
 /// `[[overrides]]` table.
 #[derive(Debug)]
 pub struct PolicyTable {

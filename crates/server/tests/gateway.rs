@@ -753,3 +753,37 @@ upstream = "http://{up}"
         "{bad}"
     );
 }
+
+/// `weir_queue_depth` is the requests a shaper holds now: two while two
+/// wait, none once they are released.
+#[tokio::test]
+async fn queue_depth_counts_the_requests_held_now() {
+    let (up, _) = upstream().await;
+    let config = format!(
+        "[policies.queued]\nalgorithm = \"leaky-bucket\"\nrate = \"5/s\"\nqueue = 2\n\n[[routes]]\nmatch = \"GET /queued\"\nidentity = \"peer\"\npolicies = [\"queued\"]\nupstream = \"http://{up}\"\nmax_wait = \"1s\"\n"
+    );
+    let (addr, _) = start(&config).await;
+    let url = format!("http://{addr}/queued");
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { send("GET", &url, &[], "").await })
+        })
+        .collect();
+    let depth = || async {
+        let metrics = send("GET", &format!("http://{addr}/metrics"), &[], "")
+            .await
+            .body;
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("weir_queue_depth{policy=\"queued\"}"))
+            .map(str::to_owned);
+        line.and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(depth().await, Some(2.0), "released at 200 and 400 ms");
+    for task in tasks {
+        assert_eq!(task.await.unwrap().status, 200);
+    }
+    assert_eq!(depth().await, Some(0.0));
+}
