@@ -14,21 +14,34 @@ pub(crate) struct Args {
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Listen here instead of the config's `[server] listen`.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = address)]
     listen: Option<std::net::SocketAddr>,
     /// Serve the Envoy rate limit service (gRPC) here, instead of the
     /// config's `[server] grpc`.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = address)]
     grpc: Option<std::net::SocketAddr>,
     /// Serve the decision API, admin endpoints and metrics here (and only
     /// gateway routes and /healthz on --listen), instead of the config's
     /// `[server] internal`.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = address)]
     internal: Option<std::net::SocketAddr>,
     /// Do not watch the config file; reload it only on SIGHUP or `POST
     /// /v1/admin/reload`.
     #[arg(long)]
     no_watch: bool,
+}
+
+/// An address to listen on: `IP:PORT`, or `localhost:PORT` (loopback).
+fn address(text: &str) -> Result<std::net::SocketAddr, String> {
+    let localhost = || {
+        let port = text.strip_prefix("localhost:")?.parse::<u16>().ok()?;
+        Some(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+    };
+    text.parse().ok().or_else(localhost).ok_or_else(|| {
+        format!(
+            "`{text}` is not an address to listen on: an IP address and a port, such as 127.0.0.1:8080, [::1]:8080, 0.0.0.0:8080 (all interfaces) or localhost:8080"
+        )
+    })
 }
 
 #[derive(Debug, clap::Subcommand)]

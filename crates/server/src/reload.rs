@@ -44,7 +44,12 @@ impl Source {
             None => ("the example config".to_owned(), config::EXAMPLE.to_owned()),
         };
         let mut config = config::parse(&text, self.admin_token_env.clone()).map_err(|errors| {
-            let lines: Vec<String> = errors.0.iter().map(|e| format!("{name}:{e}")).collect();
+            let lines: Vec<String> = (errors.0.iter())
+                .map(|e| match e.line {
+                    0 => e.to_string(),
+                    _ => format!("{name}:{e}"),
+                })
+                .collect();
             lines.join("\n")
         })?;
         let server = &mut config.server;

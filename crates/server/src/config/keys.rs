@@ -16,7 +16,7 @@ const TOP: &[&str] = &[
     "telemetry",
 ];
 const TELEMETRY: &[&str] = &["otlp_endpoint", "include_identity"];
-const SERVER: &[&str] = &[
+pub(super) const SERVER: &[&str] = &[
     "listen",
     "internal",
     "grpc",

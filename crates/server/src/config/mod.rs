@@ -58,7 +58,8 @@ impl Config {
 /// One problem in a config file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
-    /// 1-based line.
+    /// 1-based line; 0 for a problem outside the file (an environment
+    /// variable).
     pub line: usize,
     /// Where: `[server] listen`, `[[routes]] #2 policies`, …
     pub place: String,
@@ -68,7 +69,10 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "line {}: {}: {}", self.line, self.place, self.message)
+        match self.line {
+            0 => write!(f, "{}: {}", self.place, self.message),
+            line => write!(f, "line {line}: {}: {}", self.place, self.message),
+        }
     }
 }
 
@@ -99,6 +103,15 @@ impl Report<'_> {
     pub(crate) fn line(&self, span: &Range<usize>) -> usize {
         let end = span.start.min(self.text.len());
         self.text[..end].matches('\n').count() + 1
+    }
+
+    /// Records a problem outside the file (line 0).
+    pub(crate) fn error_outside(&mut self, place: &str, message: impl Into<String>) {
+        self.errors.push(ConfigError {
+            line: 0,
+            place: place.to_owned(),
+            message: message.into(),
+        });
     }
 
     /// Records a problem at `span`.

@@ -111,6 +111,17 @@ fn rule<T: FromStr<Err = String>>(
         .ok()
 }
 
+/// Values that parse as a count, a rate or a duration: what stands in for
+/// a bad parameter while the others are checked.
+const STAND_INS: [&str; 3] = ["1", "1/s", "1s"];
+
+fn build(algorithm: &str, params: &[(String, String)]) -> Result<Policy, weir_core::PolicyError> {
+    Policy::from_params(
+        algorithm,
+        params.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+    )
+}
+
 pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
     let mut policies = Vec::new();
     for (name, table) in &raw.0 {
@@ -144,9 +155,14 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
                     Value::Integer(n) if *n > 0 => max_keys = usize::try_from(*n).ok(),
                     _ => report.error(&value.span(), &at, "must be a number of keys, at least 1"),
                 },
+                server if super::keys::SERVER.contains(&server) => report.error(
+                    &value.span(),
+                    &at,
+                    format!("belongs in [server], not in a policy: `[server] {server} = …`"),
+                ),
                 _ => match value.get_ref() {
-                    Value::String(s) => params.push((key.as_str(), s.clone(), value.span())),
-                    Value::Integer(i) => params.push((key.as_str(), i.to_string(), value.span())),
+                    Value::String(s) => params.push((key.clone(), s.clone())),
+                    Value::Integer(i) => params.push((key.clone(), i.to_string())),
                     other => report.error(
                         &value.span(),
                         &at,
@@ -158,26 +174,51 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
                 },
             }
         }
-        let Some(algorithm) = params.iter().position(|(k, _, _)| *k == "algorithm") else {
+        let Some(algorithm) = params.iter().position(|(k, _)| k == "algorithm") else {
             report.error(&first, &place, "has no `algorithm` (token-bucket, gcra, fixed-window, sliding-log, sliding-counter, leaky-bucket)");
             continue;
         };
-        let (_, algorithm, _) = params.remove(algorithm);
-        let parsed =
-            Policy::from_params(&algorithm, params.iter().map(|(k, v, _)| (*k, v.as_str())));
-        match parsed {
-            Ok(policy) => policies.push(PolicyConfig {
-                name: name.clone(),
-                policy,
-                on_store_error,
-                on_state_loss,
-                max_keys,
-                shadow,
-            }),
-            Err(e) => {
-                let span = table.get(&e.field).map_or(first, Spanned::span);
-                report.error(&span, &format!("{place} {}", e.field), e.kind.to_string());
+        let (_, algorithm) = params.remove(algorithm);
+        // Every bad parameter, not just the first: each one reported is
+        // replaced by a stand-in that parses (or dropped, when the algorithm
+        // does not take it) and the rest tried again.
+        let mut reported: Vec<String> = Vec::new();
+        loop {
+            let built = build(&algorithm, &params);
+            let e = match built {
+                Ok(policy) if reported.is_empty() => {
+                    policies.push(PolicyConfig {
+                        name: name.clone(),
+                        policy,
+                        on_store_error,
+                        on_state_loss,
+                        max_keys,
+                        shadow,
+                    });
+                    break;
+                }
+                Ok(_) => break,
+                Err(e) if reported.contains(&e.field) => break,
+                Err(e) => e,
+            };
+            let span = table.get(&e.field).map_or(first.clone(), Spanned::span);
+            report.error(&span, &format!("{place} {}", e.field), e.kind.to_string());
+            params.retain(|(k, _)| *k != e.field);
+            if !matches!(
+                e.kind,
+                weir_core::policy::PolicyErrorKind::NotAParameter { .. }
+            ) {
+                let fits = |stand_in: &&str| {
+                    let mut tried = params.clone();
+                    tried.push((e.field.clone(), (*stand_in).to_owned()));
+                    build(&algorithm, &tried).map_or_else(|again| again.field != e.field, |_| true)
+                };
+                match STAND_INS.into_iter().find(|s| fits(&s)) {
+                    Some(stand_in) => params.push((e.field.clone(), stand_in.to_owned())),
+                    None => break,
+                }
             }
+            reported.push(e.field);
         }
     }
     policies

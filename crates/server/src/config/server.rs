@@ -308,7 +308,7 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
         }
         None => {
             if let Some(Err(e)) = token_env.as_deref().map(check_token) {
-                report.error(&(0..0), "[server] admin_token (from WEIR_ADMIN_TOKEN)", e);
+                report.error_outside("WEIR_ADMIN_TOKEN (the [server] admin_token)", e);
             }
             token_env
         }

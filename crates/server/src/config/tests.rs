@@ -197,3 +197,28 @@ fn a_token_of_one_repeated_character_is_refused() {
     .0;
     assert!(errors[0].message.contains("repeated"), "{errors:?}");
 }
+
+#[test]
+fn every_bad_parameter_of_a_policy_is_reported_with_a_hint() {
+    let text = "[policies.a]\nalgorithm = \"token-bucket\"\ncapacity = \"x\"\nrate = \"fast\"\nnear_limit_ratio = 0.8\n\n[policies.b]\nalgorithm = \"sliding-log\"\nlimt = 5\n";
+    let errors = parse(text, Some("short".into())).unwrap_err().0;
+    let said: Vec<(usize, &str)> = errors.iter().map(|e| (e.line, e.place.as_str())).collect();
+    for expected in [
+        (3, "[policies.a] capacity"),
+        (4, "[policies.a] rate"),
+        (5, "[policies.a] near_limit_ratio"),
+        (8, "[policies.b] limit"),
+        (8, "[policies.b] window"),
+        (9, "[policies.b] limt"),
+        (0, "WEIR_ADMIN_TOKEN (the [server] admin_token)"),
+    ] {
+        assert!(said.contains(&expected), "{expected:?} in {said:?}");
+    }
+    let misplaced = errors
+        .iter()
+        .find(|e| e.place.ends_with("near_limit_ratio"))
+        .unwrap();
+    assert!(misplaced.message.contains("[server]"), "{misplaced}");
+    let env = errors.iter().find(|e| e.line == 0).unwrap();
+    assert!(!env.to_string().contains("line"), "{env}");
+}
