@@ -208,12 +208,12 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
                 e.kind,
                 weir_core::policy::PolicyErrorKind::NotAParameter { .. }
             ) {
-                let fits = |stand_in: &&str| {
+                let fits = |stand_in: &str| {
                     let mut tried = params.clone();
-                    tried.push((e.field.clone(), (*stand_in).to_owned()));
+                    tried.push((e.field.clone(), stand_in.to_owned()));
                     build(&algorithm, &tried).map_or_else(|again| again.field != e.field, |_| true)
                 };
-                match STAND_INS.into_iter().find(|s| fits(&s)) {
+                match STAND_INS.into_iter().find(|s| fits(s)) {
                     Some(stand_in) => params.push((e.field.clone(), stand_in.to_owned())),
                     None => break,
                 }
