@@ -1,5 +1,5 @@
-//! `weir bench`: a closed loop of checks on the in-process store, from
-//! several threads over many keys, for a while; one JSON object out.
+//! `weir bench`: a closed loop of checks on a store (in process, or Redis
+//! with `--store`), from several threads over many keys; one JSON object out.
 
 use std::sync::Arc;
 use std::thread;

@@ -34,8 +34,9 @@ enum Command {
     /// Replay a trace through a policy and print every decision, or compare
     /// several policies on one trace (--compare) and plot them (--plot).
     Simulate(Box<simulate::Args>),
-    /// Run a closed-loop load on the in-process store and print one JSON
-    /// object: decisions per second, latency percentiles, peak memory.
+    /// Run a closed-loop load on a store — in process, or Redis with
+    /// --store — and print one JSON object: decisions per second, latency
+    /// percentiles, peak memory.
     Bench(Box<bench::Args>),
     /// Serve the decision API and the gateway (the embedded example policies
     /// without --config).

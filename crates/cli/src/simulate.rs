@@ -14,7 +14,7 @@ use weir_core::Policy;
 use weir_core::units::parse_duration;
 use weir_sim::compare::{compare, default_burst_window, write_table};
 use weir_sim::scenario::{SCENARIOS, Scenario};
-use weir_sim::{Arrival, Format, TraceError, TraceReader, plot::plot};
+use weir_sim::{Arrival, Format, TraceError, TraceReader, plot::render};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum OutputFormat {
@@ -53,8 +53,8 @@ pub(crate) struct Args {
     /// With --compare: the window the largest burst is measured over (default: the longest policy window, else 1s).
     #[arg(long, value_name = "DURATION", requires = "compare")]
     burst_window: Option<String>,
-    /// With --compare: draw the lanes to this SVG file.
-    #[arg(long, value_name = "FILE.svg", requires = "compare")]
+    /// With --compare: draw the lanes to this file, SVG or PNG by its name.
+    #[arg(long, value_name = "FILE.svg|FILE.png", requires = "compare")]
     plot: Option<PathBuf>,
 }
 
@@ -141,7 +141,18 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             || "weir simulate".to_owned(),
             |s| format!("scenario {}", s.name),
         );
-        plot(path, &title, &lanes, window).map_err(|e| anyhow!("--plot: {e}"))?;
+        let svg = render(&title, &lanes, window).map_err(|e| anyhow!("--plot: {e}"))?;
+        let extension = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        let bytes = match extension.as_deref() {
+            Some("svg") => svg.into_bytes(),
+            Some("png") => png(&svg).map_err(|e| anyhow!("--plot {}: {e}", path.display()))?,
+            _ => bail!("--plot {}: name the file .svg or .png", path.display()),
+        };
+        std::fs::write(path, bytes)
+            .map_err(|e| anyhow!("--plot: cannot write {}: {e}", path.display()))?;
         writeln!(out, "\nplot written to {}", path.display())?;
     }
     out.flush()?;
@@ -191,4 +202,32 @@ fn simulate_on_redis(
     });
     rows.finish()?;
     result
+}
+
+/// An SVG picture as PNG, its text set in the system's sans-serif font
+/// (DejaVu Sans or Liberation Sans where there, else the first family
+/// found; with no fonts at all, the text is left out).
+fn png(svg: &str) -> anyhow::Result<Vec<u8>> {
+    use resvg::{tiny_skia, usvg};
+    let mut options = usvg::Options::default();
+    let fonts = options.fontdb_mut();
+    fonts.load_system_fonts();
+    let families: Vec<String> = fonts
+        .faces()
+        .flat_map(|face| face.families.iter().map(|(name, _)| name.clone()))
+        .collect();
+    let sans = ["DejaVu Sans", "Liberation Sans"]
+        .into_iter()
+        .map(str::to_owned)
+        .find(|f| families.contains(f))
+        .or_else(|| families.first().cloned());
+    if let Some(sans) = sans {
+        fonts.set_sans_serif_family(sans);
+    }
+    let tree = usvg::Tree::from_str(svg, &options)?;
+    let size = tree.size().to_int_size();
+    let mut pixmap = tiny_skia::Pixmap::new(size.width(), size.height())
+        .ok_or_else(|| anyhow!("an empty picture"))?;
+    resvg::render(&tree, tiny_skia::Transform::default(), &mut pixmap.as_mut());
+    Ok(pixmap.encode_png()?)
 }

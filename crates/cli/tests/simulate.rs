@@ -380,13 +380,41 @@ fn compare_prints_a_table_and_draws_a_plot() {
     );
     // Labelled axes, a legend with the window boundaries, a close-up.
     for text in [
-        "admitted, ↓ rejected per ",
+        "requests per ",
         "window boundary",
         "close-up of the busiest",
         "time (s)",
     ] {
         assert!(picture.contains(text), "{text} in the plot");
     }
+    // A `.png` is a PNG of the same picture; another name is refused.
+    let plot = |name: &str| {
+        let file = dir.join(name);
+        let args = [
+            "simulate",
+            "--compare",
+            "--policy",
+            "fixed-window limit=120 window=60s",
+        ];
+        let more = [
+            "--trace",
+            trace.to_str().unwrap(),
+            "--plot",
+            file.to_str().unwrap(),
+        ];
+        (weir(&[&args[..], &more[..]].concat(), ""), file)
+    };
+    let (out, png) = plot("lanes.png");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG");
+    let (out, _) = plot("lanes.jpg");
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains(".svg or .png"),
+        "{}",
+        text(&out.stderr)
+    );
     let bad = dir.join("bad.toml");
     std::fs::write(
         &bad,

@@ -5,8 +5,6 @@
 //! moment of the whole trace (for `boundary-burst`: the 0.2 s around the
 //! window boundary), drawn with bins fine enough to see every admission.
 
-use std::path::Path;
-
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -23,8 +21,8 @@ const MAX_BOUNDARIES: f64 = 60.0;
 const LANE_HEIGHT: u32 = 230;
 const WIDTH: u32 = 1400;
 /// One font size for every caption, one for every label.
-const CAPTION: u32 = 15;
-const LABEL: u32 = 12;
+const CAPTION: u32 = 16;
+const LABEL: u32 = 13;
 
 const GREEN: RGBColor = RGBColor(34, 139, 34);
 const RED: RGBColor = RGBColor(200, 40, 40);
@@ -94,13 +92,7 @@ fn round3(x: f64) -> f64 {
     (x * scale).round() / scale
 }
 
-/// Writes the lanes to `path` as an SVG picture under `title`.
-pub fn plot(path: &Path, title: &str, lanes: &[Lane], burst_window: u64) -> Result<(), String> {
-    let svg = render(title, lanes, burst_window)?;
-    std::fs::write(path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))
-}
-
-/// The lanes as an SVG picture under `title` (what [`plot`] writes).
+/// The lanes as an SVG picture under `title`.
 pub fn render(title: &str, lanes: &[Lane], burst_window: u64) -> Result<String, String> {
     let events = || {
         lanes.iter().flat_map(|l| &l.outcomes).map(|o| {
@@ -125,7 +117,7 @@ pub fn render(title: &str, lanes: &[Lane], burst_window: u64) -> Result<String, 
     };
     let zoom = close_up(whole, lanes);
 
-    let height = LANE_HEIGHT * lanes.len().max(1) as u32 + 60;
+    let height = LANE_HEIGHT * lanes.len().max(1) as u32 + 90;
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
@@ -137,6 +129,8 @@ pub fn render(title: &str, lanes: &[Lane], burst_window: u64) -> Result<String, 
                 ("sans-serif", 18),
             )
             .map_err(draw)?;
+        let (top, root) = root.split_vertically(30);
+        legend(&top).map_err(draw)?;
         for (area, lane) in root.split_evenly((lanes.len().max(1), 1)).iter().zip(lanes) {
             let (left, right) = area.split_horizontally((WIDTH * 7 / 10) as i32);
             let s = lane.summary(burst_window);
@@ -144,9 +138,9 @@ pub fn render(title: &str, lanes: &[Lane], burst_window: u64) -> Result<String, 
                 "{}: admitted {}, rejected {}, largest burst {}",
                 lane.label, s.admitted, s.rejected, s.max_burst
             );
-            panel(&left, lane, whole, &caption, true).map_err(draw)?;
+            panel(&left, lane, whole, &caption).map_err(draw)?;
             let caption = format!("close-up of the busiest {}", human(zoom.to - zoom.from));
-            panel(&right, lane, zoom, &caption, false).map_err(draw)?;
+            panel(&right, lane, zoom, &caption).map_err(draw)?;
         }
         root.present().map_err(draw)?;
     }
@@ -189,56 +183,73 @@ fn tick(span: Span) -> impl Fn(&f64) -> String {
     move |v| format!("{v:.decimals$}")
 }
 
-/// One lane over one span: bars per bin, window boundaries, a labelled
-/// y-axis and a legend.
+/// The one legend, above every lane: what the colours and lines mean.
+fn legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let font = ("sans-serif", LABEL + 2).into_font();
+    let mut x = 80;
+    for (label, color, line) in [
+        ("admitted, counted when released", GREEN, false),
+        ("rejected", RED, false),
+        ("window boundary (aligned windows)", GREY, true),
+    ] {
+        match line {
+            true => area.draw(&PathElement::new(
+                vec![(x + 6, 6), (x + 6, 24)],
+                color.stroke_width(2),
+            ))?,
+            false => area.draw(&Rectangle::new([(x, 9), (x + 14, 21)], color.filled()))?,
+        }
+        area.draw(&Text::new(label, (x + 22, 8), font.clone()))?;
+        x += 40 + 8 * label.len() as i32;
+    }
+    Ok(())
+}
+
+/// One lane over one span: bars per bin (admitted up, rejected down, each
+/// side scaled to its own tallest bar), window boundaries and labelled
+/// axes.
 fn panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     lane: &Lane,
     span: Span,
     caption: &str,
-    legend: bool,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     let bins = span.count(lane);
-    let top = bins
-        .iter()
-        .map(|b| b.admitted.max(b.rejected))
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64
-        * 1.15;
+    let tallest = |side: fn(&Bin) -> u32| bins.iter().map(side).max().unwrap_or(0);
+    let high = f64::from(tallest(|b| b.admitted).max(1)) * 1.15;
+    // No rejection: a sliver below the axis, so that it shows.
+    let low = match tallest(|b| b.rejected) {
+        0 => high * 0.05,
+        n => f64::from(n) * 1.15,
+    };
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", CAPTION))
         .margin(8)
-        .x_label_area_size(34)
-        .y_label_area_size(58)
-        .build_cartesian_2d(span.from..span.to, -top..top * 2.2)?;
+        .x_label_area_size(38)
+        .y_label_area_size(62)
+        .build_cartesian_2d(span.from..span.to, -low..high)?;
     chart
         .configure_mesh()
         .disable_mesh()
         .x_labels(8)
         .y_labels(5)
         .label_style(("sans-serif", LABEL))
-        .axis_desc_style(("sans-serif", LABEL))
+        .axis_desc_style(("sans-serif", LABEL + 1))
         .x_label_formatter(&tick(span))
         .y_label_formatter(&|v| format!("{:.0}", v.abs()))
         .x_desc("time (s)")
-        .y_desc(format!(
-            "↑ admitted, ↓ rejected per {}",
-            human(span.width())
-        ))
+        .y_desc(format!("requests per {}", human(span.width())))
         .draw()?;
     if let Some(w) = lane.policy.aligned_window().map(seconds) {
         // At most MAX_BOUNDARIES lines, counted in floating point: a window
         // of a nanosecond over years is billions of windows, drawn as none.
         let (first, last) = ((span.from / w).ceil(), (span.to / w).floor());
         if last - first < MAX_BOUNDARIES {
-            let lines = (first as i64..=last as i64).map(|k| {
-                PathElement::new(vec![(k as f64 * w, -top), (k as f64 * w, top * 2.2)], GREY)
-            });
-            chart
-                .draw_series(lines)?
-                .label("window boundary")
-                .legend(|(x, y)| PathElement::new(vec![(x, y - 6), (x, y + 6)], GREY));
+            let lines = (first as i64..=last as i64)
+                .map(|k| PathElement::new(vec![(k as f64 * w, -low), (k as f64 * w, high)], GREY));
+            chart.draw_series(lines)?;
         }
     }
     let bar = |i: usize, value: f64, color: RGBColor| {
@@ -246,24 +257,9 @@ fn panel<DB: DrawingBackend>(
         Rectangle::new([(left, 0.0), (left + span.width(), value)], color.filled())
     };
     let admitted = bins.iter().enumerate().filter(|(_, b)| b.admitted > 0);
-    chart
-        .draw_series(admitted.map(|(i, b)| bar(i, f64::from(b.admitted), GREEN)))?
-        .label("admitted")
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], GREEN.filled()));
+    chart.draw_series(admitted.map(|(i, b)| bar(i, f64::from(b.admitted), GREEN)))?;
     let rejected = bins.iter().enumerate().filter(|(_, b)| b.rejected > 0);
-    chart
-        .draw_series(rejected.map(|(i, b)| bar(i, -f64::from(b.rejected), RED)))?
-        .label("rejected")
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], RED.filled()));
-    if legend {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font(("sans-serif", LABEL))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.3))
-            .draw()?;
-    }
+    chart.draw_series(rejected.map(|(i, b)| bar(i, -f64::from(b.rejected), RED)))?;
     Ok(())
 }
 
