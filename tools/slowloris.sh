@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # Holds many slow connections against `weir serve` while timing normal
 # requests: half the connections idle, half sending a request head one byte
-# at a time. Loopback only, bounded in count and time; not run in CI.
+# a second (MODE=head) or, MODE=body, a whole head announcing a 65,000-byte
+# decision API body and then that body one byte a second — inside each
+# piece's `body_timeout`, cut off by the whole body's `body_deadline`.
+# Loopback only, bounded in count and time; not run in CI.
 #
-#   cargo build --release && tools/slowloris.sh [CONNECTIONS=10000] [SECONDS=30]
+#   cargo build --release && tools/slowloris.sh [CONNECTIONS=10000] [SECONDS=30] [MODE=head|body]
+#
+# WEIR=target/debug/weir runs another build.
 #
 # Prints, every 5 s, the slow connections still open, the normal requests'
 # p50/p99 latency and failures, and weir's resident memory.
 set -euo pipefail
 connections=${1:-10000}
 seconds=${2:-30}
+mode=${3:-head}
 root=$(cd "$(dirname "$0")/.." && pwd)
+weir_bin=${WEIR:-$root/target/release/weir}
 dir=$(mktemp -d)
 port=$((20000 + RANDOM % 10000))
 cat > "$dir/weir.toml" <<TOML
@@ -24,13 +31,14 @@ capacity = 1000000
 rate = "1000000/s"
 TOML
 ulimit -n "$(ulimit -Hn)"
-"$root/target/release/weir" serve --config "$dir/weir.toml" 2>"$dir/weir.log" &
+"$weir_bin" serve --config "$dir/weir.toml" 2>"$dir/weir.log" &
 weir=$!
 trap 'kill $weir 2>/dev/null; rm -rf "$dir"' EXIT
 sleep 1
-python3 - "$port" "$connections" "$seconds" "$weir" <<'PY'
+python3 - "$port" "$connections" "$seconds" "$weir" "$mode" <<'PY'
 import resource, socket, sys, threading, time, urllib.request
-port, total, seconds, pid = (int(a) for a in sys.argv[1:])
+port, total, seconds, pid = (int(a) for a in sys.argv[1:5])
+mode = sys.argv[5]
 resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE)[1:] * 2)
 held, lock, stop = [], threading.Lock(), time.time() + seconds
 
@@ -47,14 +55,18 @@ for i in range(total):
 
 def drip():
     head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100000
+    body_head = b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 65000\r\n\r\n"
     i = 0
     while time.time() < stop:
         with lock:
             alive = list(held)
         for s, slow in alive:
             if slow:
+                piece = head[i:i + 1]
+                if mode == "body":
+                    piece = body_head if i == 0 else b"{"
                 try:
-                    s.send(head[i:i + 1])
+                    s.send(piece)
                 except OSError:
                     with lock:
                         if (s, slow) in held:
