@@ -6,72 +6,87 @@ use toml::de::{DeTable, DeValue};
 
 use super::Report;
 
-const TOP: &[&str] = &[
-    "server",
-    "store",
-    "policies",
-    "routes",
-    "descriptors",
-    "overrides",
-    "telemetry",
-];
-const TELEMETRY: &[&str] = &["otlp_endpoint", "include_identity"];
-pub(super) const SERVER: &[&str] = &[
-    "listen",
-    "internal",
-    "grpc",
-    "admin_token",
-    "header_timeout",
-    "idle_timeout",
-    "body_timeout",
-    "body_deadline",
-    "shutdown_timeout",
-    "max_connections",
-    "max_connections_per_ip",
-    "trusted_proxies",
-    "new_keys_per_ip",
-    "shadow",
-    "headers",
-    "near_limit_ratio",
-    "log_format",
-    "log_level",
-    "access_log",
-    "access_log_identity",
-];
-const STORE: &[&str] = &[
-    "url",
-    "timeout",
-    "max_keys",
-    "fallback_share",
-    "replica_acks",
-];
-const ROUTE: &[&str] = &[
-    "match",
-    "identity",
-    "policies",
-    "upstream",
-    "max_wait",
-    "timeout",
-    "max_body",
-    "identity_case",
-    "usage",
-    "cost",
-    "min_cost",
-];
-const DESCRIPTOR: &[&str] = &["domain", "entries", "policy", "report", "key_entries"];
+/// The keys a table takes: the fields of the struct that parses it, as
+/// serde names them — one definition, so that a key the parser reads can
+/// never be refused as unknown.
+fn fields<'de, T: serde::Deserialize<'de>>() -> &'static [&'static str] {
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Fields(&mut fields));
+    fields
+}
+
+/// A deserializer that only records the field names a struct asks for.
+struct Fields<'a>(&'a mut &'static [&'static str]);
+
+/// Why [`Fields`] stops: it never has a value to give.
+#[derive(Debug)]
+struct Recorded;
+
+impl std::fmt::Display for Recorded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("fields recorded")
+    }
+}
+
+impl std::error::Error for Recorded {}
+
+impl serde::de::Error for Recorded {
+    fn custom<M: std::fmt::Display>(_: M) -> Self {
+        Self
+    }
+}
+
+impl<'de> serde::Deserializer<'de> for Fields<'_> {
+    type Error = Recorded;
+
+    fn deserialize_struct<V: serde::de::Visitor<'de>>(
+        self,
+        _: &'static str,
+        fields: &'static [&'static str],
+        _: V,
+    ) -> Result<V::Value, Recorded> {
+        *self.0 = fields;
+        Err(Recorded)
+    }
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Recorded> {
+        Err(Recorded)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+        byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map
+        enum identifier ignored_any
+    }
+}
+
+/// `[server]`'s keys (a policy that names one is pointed there).
+pub(super) fn server() -> &'static [&'static str] {
+    fields::<super::server::Raw>()
+}
+
+/// `[store]`'s keys.
+pub(super) fn store() -> &'static [&'static str] {
+    fields::<super::store::Raw>()
+}
+
+/// `[telemetry]`'s keys.
+pub(super) fn telemetry() -> &'static [&'static str] {
+    fields::<super::server::RawTelemetry>()
+}
 
 /// Reports every key of `table` that is not one of the known ones. A
 /// policy's own parameters are checked by the policy (they depend on its
 /// algorithm).
 pub(super) fn check(table: &Spanned<DeTable<'_>>, report: &mut Report<'_>) {
-    unknown(table.get_ref(), TOP, "top level", report);
+    unknown(table.get_ref(), fields::<super::Raw>(), "top level", report);
     for (key, value) in table.get_ref() {
         let (known, place): (&[&str], &str) = match key.get_ref().as_ref() {
-            "server" => (SERVER, "[server]"),
-            "store" => (STORE, "[store]"),
-            "telemetry" => (TELEMETRY, "[telemetry]"),
-            "routes" => (ROUTE, "[[routes]]"),
-            "descriptors" => (DESCRIPTOR, "[[descriptors]]"),
+            "server" => (server(), "[server]"),
+            "store" => (store(), "[store]"),
+            "telemetry" => (telemetry(), "[telemetry]"),
+            "routes" => (fields::<super::routes::Raw>(), "[[routes]]"),
+            "descriptors" => (fields::<super::descriptors::Raw>(), "[[descriptors]]"),
             _ => continue,
         };
         match value.get_ref() {

@@ -126,7 +126,7 @@ impl Report<'_> {
 }
 
 #[derive(Debug, Deserialize)]
-struct Raw {
+pub(super) struct Raw {
     #[serde(default)]
     server: server::Raw,
     #[serde(default)]

@@ -155,7 +155,7 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
                     Value::Integer(n) if *n > 0 => max_keys = usize::try_from(*n).ok(),
                     _ => report.error(&value.span(), &at, "must be a number of keys, at least 1"),
                 },
-                server if super::keys::SERVER.contains(&server) => report.error(
+                server if super::keys::server().contains(&server) => report.error(
                     &value.span(),
                     &at,
                     format!("belongs in [server], not in a policy: `[server] {server} = …`"),

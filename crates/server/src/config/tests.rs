@@ -222,3 +222,79 @@ fn every_bad_parameter_of_a_policy_is_reported_with_a_hint() {
     let env = errors.iter().find(|e| e.line == 0).unwrap();
     assert!(!env.to_string().contains("line"), "{env}");
 }
+
+/// Every config key the docs show — in TOML blocks, as `[table] key` in
+/// the text, and commented out in the example — is one the parser takes.
+#[test]
+fn every_documented_key_is_accepted() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let mut docs: Vec<(String, String)> = [
+        "README.md",
+        "docs/ARCHITECTURE.md",
+        "docs/RELIABILITY.md",
+        "docs/SECURITY.md",
+        "docs/SEMANTICS.md",
+        "docs/BENCHMARKS.md",
+    ]
+    .iter()
+    .map(|f| {
+        (
+            f.to_string(),
+            std::fs::read_to_string(format!("{root}/{f}")).unwrap(),
+        )
+    })
+    .collect();
+    for entry in std::fs::read_dir(format!("{root}/docs/envoy")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            docs.push((
+                path.display().to_string(),
+                std::fs::read_to_string(&path).unwrap(),
+            ));
+        }
+    }
+    // The example with every commented `# key = value` line set.
+    let example: String = EXAMPLE
+        .lines()
+        .map(|l| match l.strip_prefix("# ") {
+            Some(set) if set.split_once(" = ").is_some_and(|(k, _)| !k.contains(' ')) => set,
+            _ => l,
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut blocks = vec![("example.toml (uncommented)".to_owned(), example)];
+    for (name, text) in &docs {
+        if name.ends_with(".toml") {
+            blocks.push((name.clone(), text.clone()));
+            continue;
+        }
+        for block in text.split("```toml\n").skip(1) {
+            let block = block.split("```").next().unwrap_or_default();
+            blocks.push((name.clone(), block.to_owned()));
+        }
+        // `[server] key` in prose.
+        for (table, known) in [
+            ("[server] ", keys::server()),
+            ("[store] ", keys::store()),
+            ("[telemetry] ", keys::telemetry()),
+        ] {
+            for mention in text.split(&format!("`{table}")).skip(1) {
+                let key: String = mention
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                assert!(
+                    known.contains(&key.as_str()),
+                    "{name}: `{table}{key}` is not a key the parser takes ({known:?})"
+                );
+            }
+        }
+    }
+    for (name, block) in blocks {
+        if let Err(errors) = parse(&block, None) {
+            for e in errors.0 {
+                assert!(!e.message.contains("unknown key"), "{name}: {e}\n{block}");
+            }
+        }
+    }
+}
