@@ -124,3 +124,44 @@ usage = "json:/usage/total_tokens"
     );
     assert_eq!(status, 200);
 }
+
+/// `new_keys_per_ip` on Redis: the script tells which keys a request
+/// created; a client out of its share is refused a new key before
+/// anything is stored, and its known keys go on — checks and reports alike.
+#[test]
+fn new_keys_per_address_are_capped_on_redis() {
+    let redis = weir_testkit::RedisServer::start(&[]);
+    let config = format!(
+        "[server]\nnew_keys_per_ip = 3\n\n[store]\nurl = \"{}\"\n\n[policies.api]\nalgorithm = \"gcra\"\nburst = 5\nrate = \"1/s\"\n",
+        redis.url()
+    );
+    let path = crate::serve::temp("redis-new-keys.toml", &config);
+    let server = crate::serve::Server::start(&["--config", path.to_str().unwrap()]);
+    let check = |key: &str| {
+        let body = format!(r#"{{"policy":"api","key":"{key}"}}"#);
+        server.request("POST", "/v1/check", &body)
+    };
+    for key in ["a", "b", "c"] {
+        assert_eq!(check(key).0, 200, "{key}");
+    }
+    let (status, body) = check("d");
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("NEW_KEYS_LIMITED"), "{body}");
+    let report = r#"{"policy":"api","key":"e","cost":1}"#;
+    let (status, body) = server.request("POST", "/v1/report", report);
+    assert!(
+        status == 429 && body.contains("NEW_KEYS_LIMITED"),
+        "{status} {body}"
+    );
+    assert_eq!(check("a").0, 200, "known keys go on");
+    let stored = redis.cli(&["--scan"]);
+    assert!(
+        stored.contains("a") && !stored.contains(":d") && !stored.contains(":e"),
+        "{stored}"
+    );
+    assert_eq!(
+        stored.lines().filter(|l| l.contains("api")).count(),
+        3,
+        "{stored}"
+    );
+}

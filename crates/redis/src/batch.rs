@@ -252,7 +252,7 @@ async fn decide(group: Vec<Request>, connection: &Connection, script: &redis::Sc
         let answer = match &reply {
             Err(e) => Err(e.clone()),
             Ok(_) => {
-                let len = 2 + 6 * request.keys.len();
+                let len = 2 + crate::PER_CHECK * request.keys.len();
                 match rest.split_at_checked(len) {
                     Some((mine, others)) => {
                         rest = others;

@@ -89,6 +89,11 @@ pub struct Checked {
     /// Per check, how far its key's latest time moved its time forward
     /// (SPEC.md's clamp): its durations are measured from then.
     late: Vec<Nanos>,
+    /// Keys this call stored that did not exist before.
+    pub created: usize,
+    /// A check marked [`Check::no_new_key`] found its key missing: the
+    /// request was refused and nothing stored.
+    pub new_key_refused: bool,
 }
 
 /// What a key lost with the store's state counts as.
@@ -115,6 +120,10 @@ pub struct Check<'a> {
     /// Usage after the fact (SPEC.md's report): always charged, possibly
     /// into debt; answered allowed with the wait of a check of cost 1.
     pub report: bool,
+    /// The key must not be created: when it does not exist, the request
+    /// is refused, storing nothing ([`Checked::new_key_refused`]) — for a
+    /// client that has created its share of new keys.
+    pub no_new_key: bool,
 }
 
 impl<'a> From<weir_core::Check<'a>> for Check<'a> {
@@ -124,6 +133,7 @@ impl<'a> From<weir_core::Check<'a>> for Check<'a> {
             on_loss: OnLoss::Full,
             shadow: false,
             report: false,
+            no_new_key: false,
         }
     }
 }
@@ -535,6 +545,8 @@ impl RedisStore {
                     },
                     state_lost: false,
                     late: vec![0],
+                    created: 0,
+                    new_key_refused: false,
                 });
             }
             sent = keys.iter().fold(now, |t, k| refusals.take(k, clock, t));
@@ -555,6 +567,7 @@ impl RedisStore {
             on_loss,
             shadow,
             report,
+            no_new_key,
         } in checks
         {
             let mut spec = check.policy.script_spec();
@@ -567,6 +580,9 @@ impl RedisStore {
             if *report {
                 // The largest report is also the ceiling on debt.
                 let _ = write!(spec, " r={}", check.policy.max_report());
+            }
+            if *no_new_key {
+                spec.push_str(" n");
             }
             let _ = write!(spec, " c={}", check.cost);
             specs.push(spec);
@@ -646,14 +662,21 @@ impl RedisStore {
     }
 }
 
+/// The script's reply per check: allowed, remaining, retry_after, reset,
+/// delay, late, created (after the request's all_allowed and state_lost).
+pub(crate) const PER_CHECK: usize = 7;
+
 fn parse(reply: &[i64], count: usize) -> Result<Checked, StoreError> {
-    if reply.len() != 2 + 6 * count {
+    if reply.len() != 2 + PER_CHECK * count {
         return Err(StoreError::Reply);
     }
     let n = |x: i64| u64::try_from(x).map_err(|_| StoreError::Reply);
     let mut decisions = Vec::with_capacity(count);
     let mut late = Vec::with_capacity(count);
-    for d in reply[2..].chunks(6) {
+    let (mut created, mut new_key_refused) = (0, false);
+    for d in reply[2..].chunks(PER_CHECK) {
+        created += usize::from(d[6] == 1);
+        new_key_refused |= d[6] == 2;
         decisions.push(Decision {
             allowed: d[0] == 1,
             remaining: n(d[1])?,
@@ -670,6 +693,8 @@ fn parse(reply: &[i64], count: usize) -> Result<Checked, StoreError> {
         },
         state_lost: reply[1] == 1,
         late,
+        created,
+        new_key_refused,
     })
 }
 

@@ -18,15 +18,19 @@
 --          charges nothing), and " r=R" for a report (usage after the fact:
 --          always charged, possibly into debt, but never deeper than a report
 --          of R, the largest, leaves a fresh key; allowed, with the wait of a
---          check of cost 1):
+--          check of cost 1), and " n" when the key must not be created (a
+--          client out of new keys: a missing key refuses the request,
+--          storing nothing):
 --          "tb C n p"  token bucket / GCRA: capacity C, rate reduced to n/p ns
 --          "lb Q n p"  leaky bucket: queue Q, rate n/p
 --          "fw L W"    fixed window      "sc L W" sliding counter
 --          "sl L W"    sliding log       (W in ns)
 -- Returns, request after request, {all_allowed, state_lost, then per check:
--- allowed, remaining, retry_after, reset, delay, late} (durations in ns;
--- `late`: how far the key's latest time moved the check's time forward, the
--- origin of its durations being the given time plus `late`). A check that
+-- allowed, remaining, retry_after, reset, delay, late, created} (durations
+-- in ns; `late`: how far the key's latest time moved the check's time
+-- forward, the origin of its durations being the given time plus `late`;
+-- `created`: 1 when this call stored a key that did not exist, 2 when a
+-- " n" check found its key missing and refused the request, else 0). A check that
 -- would allow but was charged nothing (another refused) reports its
 -- standing as it is.
 --
@@ -122,17 +126,18 @@ local function parse(arg)
   if not p then
     local spec = {}
     for w in string.gmatch(arg, '%S+') do spec[#spec + 1] = w end
-    p = { spec[1], tonumber(spec[2]), tonumber(spec[3]), tonumber(spec[4]), 1, false, false, false }
+    p = { spec[1], tonumber(spec[2]), tonumber(spec[3]), tonumber(spec[4]), 1, false, false, false, false }
     local flags = (spec[1] == 'tb' or spec[1] == 'lb') and 5 or 4
     for k = flags, #spec do
       if spec[k] == 'e' then p[6] = true
       elseif spec[k] == 's' then p[7] = true
+      elseif spec[k] == 'n' then p[9] = true
       elseif string.sub(spec[k], 1, 2) == 'r=' then p[8] = tonumber(string.sub(spec[k], 3))
       elseif string.sub(spec[k], 1, 2) == 'c=' then p[5] = tonumber(string.sub(spec[k], 3)) end
     end
     parsed[arg] = p
   end
-  return p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]
+  return p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]
 end
 
 local function store(key, text, reset, redis_time)
@@ -165,11 +170,12 @@ local function sc_standing(L, W, prev, left, c)
   return r, reset
 end
 
--- The checks of the request being decided, eleven slots each from
--- `checks[11 * (i - 1)]`, reused by the next request: allowed, remaining,
+-- The checks of the request being decided, twelve slots each from
+-- `checks[12 * (i - 1)]`, reused by the next request: allowed, remaining,
 -- retry, reset, delay; the state text if charged and the refreshed one
 -- (false: none); the standing with no request (remaining, reset); shadow;
--- late. One table for the call: tables are most of a check's cost.
+-- late; the key was missing and must not be created (2), or missing (1),
+-- or there (0). One table for the call: tables are most of a check's cost.
 local checks = {}
 
 -- Decides one request: its checks are KEYS[k + i] and ARGV[a + i], i = 1..n;
@@ -203,9 +209,11 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
   end
 
   for i = 1, n do
-    local kind, a, b, c, cost, empty, shadow, report = parse(ARGV[a + i])
+    local kind, a, b, c, cost, empty, shadow, report, no_new = parse(ARGV[a + i])
     local standing = cost == 0 or n > 1
     local raw = redis.call('GET', KEYS[k + i])
+    local missing = 0
+    if not raw then missing = no_new and 2 or 1 end
     local s1, s2, s3, s4, s5, s6
     local blob = ''
     if raw then
@@ -398,35 +406,43 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
       if allowed == 1 then remaining, retry, reset, delay = left0, 0, idle0, 0 end
       new = fresh
     end
-    local c = 11 * (i - 1)
+    local c = 12 * (i - 1)
     checks[c + 1], checks[c + 2], checks[c + 3], checks[c + 4] = allowed, remaining, retry, reset
     checks[c + 5], checks[c + 6], checks[c + 7] = delay, new or false, fresh or false
     checks[c + 8], checks[c + 9], checks[c + 10] = left0, idle0, shadow
-    checks[c + 11] = diff(ts, tn, now_s, now_ns)
+    checks[c + 11], checks[c + 12] = diff(ts, tn, now_s, now_ns), missing
   end
 
-  local all = 1
+  local all, blocked = 1, false
   for i = 1, n do
-    local c = 11 * (i - 1)
+    local c = 12 * (i - 1)
     if not checks[c + 10] and (checks[c + 1] == 0 or checks[c + 5] > max_delay) then all = 0 end
+    if checks[c + 12] == 2 then all, blocked = 0, true end
   end
   if peek then all = -1 end
 
   out[no + 1], out[no + 2] = math.max(all, 0), lost
   no = no + 2
   for i = 1, n do
-    local c = 11 * (i - 1)
+    local c = 12 * (i - 1)
     local allowed, remaining, reset, delay = checks[c + 1], checks[c + 2], checks[c + 4], checks[c + 5]
     local refused = allowed == 0 or delay > max_delay
+    local stored = false
     if all == 1 and checks[c + 6] and not (checks[c + 10] and refused) then
       store(KEYS[k + i], checks[c + 6], reset, redis_time)
-    elseif all == 0 and n == 1 and allowed == 0 then
+      stored = true
+    elseif all == 0 and n == 1 and allowed == 0 and not blocked then
       store(KEYS[k + i], checks[c + 7], reset, redis_time) -- a rejection refreshes accounting
+      stored = true
     end
     if all == 0 and allowed == 1 then remaining, reset = checks[c + 8], checks[c + 9] end
+    local created = 0
+    if checks[c + 12] == 2 then created = 2
+    elseif stored and checks[c + 12] == 1 and reset > 0 then created = 1 end
     out[no + 1], out[no + 2], out[no + 3] = allowed, remaining, checks[c + 3]
     out[no + 4], out[no + 5], out[no + 6] = reset, delay, checks[c + 11]
-    no = no + 6
+    out[no + 7] = created
+    no = no + 7
   end
   return no
 end

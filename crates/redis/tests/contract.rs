@@ -64,7 +64,39 @@ fn one_check<'a>(policy: &'a Policy, key: &'a str) -> [weir_redis::Check<'a>; 1]
         on_loss: weir_redis::OnLoss::Full,
         shadow: false,
         report: false,
+        no_new_key: false,
     }]
+}
+
+/// The script says which keys it created, and a check that must not create
+/// its key refuses the request, storing nothing, when the key is missing.
+#[test]
+fn the_script_tells_created_keys_and_refuses_new_ones_when_asked() {
+    let shared = shared();
+    let policy = Policy::parse("token-bucket capacity=5 rate=1/h").unwrap();
+    let decide = |key: &str, no_new_key: bool| {
+        let mut check = one_check(&policy, key);
+        check[0].no_new_key = no_new_key;
+        shared
+            .runtime
+            .block_on(shared.store.decide(&check, None, CHARGE))
+            .unwrap()
+    };
+    let refused = decide("guarded", true);
+    assert!(refused.new_key_refused && !refused.all.allowed);
+    assert_eq!(refused.created, 0);
+    let first = decide("guarded", false);
+    assert_eq!(
+        (first.created, first.all.decisions[0].remaining),
+        (1, 4),
+        "nothing was stored before"
+    );
+    let again = decide("guarded", true);
+    assert!(
+        !again.new_key_refused && again.all.allowed,
+        "an existing key is decided"
+    );
+    assert_eq!((again.created, again.all.decisions[0].remaining), (0, 3));
 }
 
 /// Replays arrivals `(gap ms, key, cost)` — all checks — through Redis and

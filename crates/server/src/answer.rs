@@ -64,7 +64,10 @@ pub(crate) enum ApiError {
 
 impl From<Refusal> for ApiError {
     fn from(refusal: Refusal) -> Self {
-        Self::Refused(refusal)
+        match refusal {
+            Refusal::NewKeys(wait) => Self::NewKeys(wait),
+            refusal => Self::Refused(refusal),
+        }
     }
 }
 
@@ -187,7 +190,7 @@ impl ApiError {
                 "UNAUTHORIZED",
                 "a valid bearer token is required".into(),
             ),
-            Self::NewKeys(_) => (
+            Self::NewKeys(_) | Self::Refused(Refusal::NewKeys(_)) => (
                 S::TOO_MANY_REQUESTS,
                 "NEW_KEYS_LIMITED",
                 "this address created its share of new identities ([server] new_keys_per_ip)".into(),

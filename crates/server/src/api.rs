@@ -213,10 +213,14 @@ pub(crate) async fn report(
     let asked = asked(&shared, body).await?;
     let checks = asked.checks();
     // A report stores a key as a check does: the same guard.
-    shared
+    let new_keys = shared
         .may_create(&checks, peer)
         .map_err(ApiError::NewKeys)?;
-    let decided = shared.backend.report(&shared.table, &checks).await?;
+    let (decided, created) = shared
+        .backend
+        .report(&shared.table, &checks, new_keys)
+        .await?;
+    shared.created(peer, created);
     let bodies = asked
         .ids
         .iter()
@@ -236,7 +240,7 @@ pub(crate) async fn check(
     let shared = state.current();
     let asked = asked(&shared, body).await?;
     let checks = asked.checks();
-    shared
+    let new_keys = shared
         .may_create(&checks, peer)
         .map_err(ApiError::NewKeys)?;
     let verdict = shared
@@ -247,8 +251,10 @@ pub(crate) async fn check(
             &checks,
             Nanos::MAX,
             Some(OnStoreError::Local),
+            new_keys,
         )
         .await?;
+    shared.created(peer, verdict.created);
     let degraded = verdict.degraded;
     let bodies = asked
         .ids

@@ -53,6 +53,21 @@ pub(crate) enum Refusal {
     /// The store failed and a policy's rule (or the face's default) is to
     /// refuse: fail closed (`denied`), or let the caller decide (Envoy).
     Unavailable { denied: bool },
+    /// The client has created its share of new keys and this request would
+    /// create one (`[server] new_keys_per_ip`): wait this long.
+    NewKeys(Nanos),
+}
+
+/// Whether a request may store keys that do not exist yet: a client that
+/// has created its share of new keys (`[server] new_keys_per_ip`) may only
+/// use the keys it has. On Redis, the script tells a missing key: the
+/// request is then refused, storing nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NewKeys {
+    /// New keys may be stored.
+    Allowed,
+    /// Only existing keys; the client's share comes back after this long.
+    Refused(Nanos),
 }
 
 impl From<weir_limiter::Error> for Refusal {
@@ -77,6 +92,9 @@ pub(crate) struct Verdict {
     max_delay: Nanos,
     /// Per check: its policy is in shadow mode.
     shadow: Few<bool>,
+    /// Keys this decision stored that did not exist before (Redis only: in
+    /// process, [`NewKeys`] is known before the decision).
+    pub(crate) created: usize,
 }
 
 impl Verdict {
@@ -365,6 +383,7 @@ impl Backend {
         checks: &[Check<'_>],
         max_delay: Nanos,
         default: Option<OnStoreError>,
+        new_keys: NewKeys,
     ) -> Result<Verdict, Refusal> {
         let started = Instant::now();
         // Unlimited overrides are admitted without a store call.
@@ -395,15 +414,19 @@ impl Backend {
                 degraded: false,
                 max_delay,
                 shadow: Few::new(),
+                created: 0,
             }),
             Self::Memory(local) => local.decide(table, &counted, max_delay).map(|all| Verdict {
                 all,
                 degraded: false,
                 max_delay,
                 shadow: shadows(table, &counted),
+                created: 0,
             }),
             Self::Redis { remote, fallback } => {
-                let decided = decide_remote(table, remote, fallback, &counted, max_delay, default);
+                let decided = decide_remote(
+                    table, remote, fallback, &counted, max_delay, default, new_keys,
+                );
                 // Boxed: the remote call's future is large, and an
                 // in-process decision should not move it around.
                 Box::pin(traced.around(decided)).await
@@ -460,11 +483,13 @@ impl Backend {
         &self,
         table: &PolicyTable,
         checks: &[Check<'_>],
-    ) -> Result<Vec<Decision>, Refusal> {
+        new_keys: NewKeys,
+    ) -> Result<(Vec<Decision>, usize), Refusal> {
         let reports: Vec<weir_redis::Check<'_>> = checks
             .iter()
             .map(|c| weir_redis::Check {
                 report: true,
+                no_new_key: new_keys != NewKeys::Allowed,
                 ..redis_check(table, c)
             })
             .collect();
@@ -487,13 +512,13 @@ impl Backend {
                 }));
             }
         }
-        let decided = match self {
+        let (decided, created) = match self {
             Self::Memory(local) => {
                 let checks = checks
                     .iter()
                     .map(|c| local.check(table, c))
                     .collect::<Result<Vec<_>, Refusal>>()?;
-                local.limiter.report_all(&checks)?
+                (local.limiter.report_all(&checks)?, 0)
             }
             Self::Redis { remote, .. } => {
                 let store = remote
@@ -502,18 +527,17 @@ impl Backend {
                 let mode = Mode::Charge {
                     max_delay: Nanos::MAX,
                 };
-                store
-                    .decide(&reports, None, mode)
-                    .await
-                    .map_err(refusal)?
-                    .all
-                    .decisions
+                let checked = store.decide(&reports, None, mode).await.map_err(refusal)?;
+                if let (true, NewKeys::Refused(wait)) = (checked.new_key_refused, new_keys) {
+                    return Err(Refusal::NewKeys(wait));
+                }
+                (checked.all.decisions, checked.created)
             }
         };
         for c in checks {
             table.get(c.policy).reported(c.cost);
         }
-        Ok(decided)
+        Ok((decided, created))
     }
 
     /// What a check of cost 1 of `key` would decide now, charging nothing,
@@ -602,6 +626,7 @@ fn redis_check<'a>(table: &'a PolicyTable, check: &Check<'a>) -> weir_redis::Che
         on_loss: entry.on_state_loss.into(),
         shadow: entry.shadow,
         report: false,
+        no_new_key: false,
     }
 }
 
@@ -638,8 +663,14 @@ async fn decide_remote(
     checks: &[Check<'_>],
     max_delay: Nanos,
     default: Option<OnStoreError>,
+    new_keys: NewKeys,
 ) -> Result<Verdict, Refusal> {
-    let redis: Vec<weir_redis::Check<'_>> = checks.iter().map(|c| redis_check(table, c)).collect();
+    let redis: Vec<weir_redis::Check<'_>> = (checks.iter())
+        .map(|c| weir_redis::Check {
+            no_new_key: new_keys != NewKeys::Allowed,
+            ..redis_check(table, c)
+        })
+        .collect();
     // Refuse what the store would refuse before trying it, so that an
     // invalid request is refused alike whether Redis is up or not.
     let core: Vec<weir_core::Check<'_>> = redis.iter().map(|c| c.check).collect();
@@ -668,11 +699,18 @@ async fn decide_remote(
                         "the store lost its state (restarted empty, flushed or evicted): on_state_loss applies"
                     );
                 }
+                if checked.new_key_refused {
+                    return Err(match new_keys {
+                        NewKeys::Refused(wait) => Refusal::NewKeys(wait),
+                        NewKeys::Allowed => Refusal::NewKeys(0),
+                    });
+                }
                 return Ok(Verdict {
                     all: checked.all,
                     degraded: false,
                     max_delay,
                     shadow: shadows(table, checks),
+                    created: checked.created,
                 });
             }
             Err(StoreError::Invalid(e)) => return Err(Refusal::Invalid(e)),
@@ -757,6 +795,7 @@ fn fall_back(
         degraded: true,
         max_delay,
         shadow: shadows(table, checks),
+        created: 0,
     })
 }
 

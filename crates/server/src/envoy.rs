@@ -29,7 +29,7 @@ use weir_core::check::escape;
 use weir_core::{MAX_IDENTITY, NANOS_PER_SEC, Nanos, Policy, Rate};
 use weir_tower::{Limited, Part, fields_in};
 
-use crate::backend::{Check, Refusal};
+use crate::backend::{Check, NewKeys, Refusal};
 use crate::config::{Config, PolicyId};
 use crate::state::{AppState, Shared};
 
@@ -277,6 +277,7 @@ fn status(refusal: Refusal) -> Status {
         Refusal::Unavailable { .. } => Status::unavailable(
             "the store is unavailable and no on_store_error rule decides for it",
         ),
+        Refusal::NewKeys(_) => Status::resource_exhausted("no new keys for this client now"),
     }
 }
 
@@ -308,11 +309,14 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
     let report_checks: Vec<Check<'_>> = reports.iter().map(|(_, c)| *c).collect();
     let reported = match report_checks.is_empty() {
         true => Vec::new(),
-        false => shared
-            .backend
-            .report(&shared.table, &report_checks)
-            .await
-            .map_err(status)?,
+        false => {
+            shared
+                .backend
+                .report(&shared.table, &report_checks, NewKeys::Allowed)
+                .await
+                .map_err(status)?
+                .0
+        }
     };
     // Descriptors that name the same (policy, key) — two rate limit actions
     // producing the same entries — are one check of their summed cost, and
@@ -362,7 +366,14 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
     // release at once.
     let decided = shared
         .backend
-        .decide(&shared.table, &shared.meters, &checks, 0, None)
+        .decide(
+            &shared.table,
+            &shared.meters,
+            &checks,
+            0,
+            None,
+            NewKeys::Allowed,
+        )
         .await;
     let verdict = match decided {
         Ok(verdict) => verdict,

@@ -417,9 +417,10 @@ async fn through(
             cost,
         })
         .collect();
-    if let Err(wait) = shared.may_create(&checks, client) {
-        return ApiError::NewKeys(wait).into_response();
-    }
+    let new_keys = match shared.may_create(&checks, client) {
+        Ok(new_keys) => new_keys,
+        Err(wait) => return ApiError::NewKeys(wait).into_response(),
+    };
     let max_wait = Nanos::try_from(route.max_wait.as_nanos()).unwrap_or(Nanos::MAX);
     let decided = shared
         .backend
@@ -429,12 +430,14 @@ async fn through(
             &checks,
             max_wait,
             Some(OnStoreError::Local),
+            new_keys,
         )
         .await;
     let verdict = match decided {
         Ok(verdict) => verdict,
         Err(refusal) => return ApiError::from(refusal).into_response(),
     };
+    shared.created(client, verdict.created);
     let parts: Few<Part<'_>> = verdict.visible(&shared.table, &ids);
     let server = &shared.config.server;
     let logged = |outcome, policy: Option<&str>| Logged {

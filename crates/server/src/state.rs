@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use weir_core::{Nanos, Policy, Rate};
+use weir_core::{NANOS_PER_SEC, Nanos, Policy, Rate};
 use weir_limiter::Limiter;
 
-use crate::backend::{Backend, Check};
+use crate::backend::{Backend, Check, NewKeys};
 use crate::config::{Config, StoreUrl};
 use crate::metrics::Meters;
 use crate::reload::Source;
@@ -58,8 +58,9 @@ impl Shared {
                     .map_err(|e| weir_limiter::Error::Config(e.to_string()))?;
                 Some(
                     Limiter::builder()
-                        .policy("new-keys", policy)
+                        .policy(NEW_KEYS, policy)
                         .max_keys(NEW_KEY_CLIENTS)
+                        .policy_max_keys(NEW_KEYS, NEW_KEY_CLIENTS)
                         .build()?,
                 )
             }
@@ -74,31 +75,61 @@ impl Shared {
         })
     }
 
-    /// `Err(wait)` when `checks` would store a new key and `client` has
-    /// created its `new_keys_per_ip` this second: refused before anything
-    /// is stored. In process only: on Redis whether a key is new is not
-    /// known without asking it.
+    /// Whether `checks` from `client` may store new keys
+    /// (`[server] new_keys_per_ip`). In process, whether a key is new is
+    /// known here: `Err(wait)` refuses before anything is stored, and an
+    /// admitted new key takes from the client's share at once. On Redis it
+    /// is known only to the script: a client with its share left may
+    /// create keys (counted after, by [`Shared::created`]); one without
+    /// gets [`NewKeys::Refused`], which the script enforces.
     pub(crate) fn may_create(
         &self,
         checks: &[Check<'_>],
         client: Option<IpAddr>,
-    ) -> Result<(), Nanos> {
-        let (Some(new_keys), Some(client), Backend::Memory(local)) =
-            (&self.new_keys, client, &self.backend)
-        else {
-            return Ok(());
+    ) -> Result<NewKeys, Nanos> {
+        let (Some(new_keys), Some(client)) = (&self.new_keys, client) else {
+            return Ok(NewKeys::Allowed);
         };
-        if checks.iter().all(|c| local.contains(c)) {
-            return Ok(());
+        let client = client.to_string();
+        match &self.backend {
+            Backend::Memory(local) if checks.iter().all(|c| local.contains(c)) => {
+                Ok(NewKeys::Allowed)
+            }
+            Backend::Memory(_) => match new_keys.check(&client, 1) {
+                Ok(d) if d.allowed => Ok(NewKeys::Allowed),
+                Ok(d) => Err(d.retry_after),
+                // Too many clients tracked at once: refuse, never wave through.
+                Err(_) => Err(NANOS_PER_SEC),
+            },
+            Backend::Redis { .. } => {
+                let share = (new_keys.policy(NEW_KEYS))
+                    .and_then(|id| new_keys.peek(weir_limiter::Check::new(id, &client)));
+                match share {
+                    Ok((d, _)) if d.allowed => Ok(NewKeys::Allowed),
+                    Ok((d, _)) => Ok(NewKeys::Refused(d.retry_after)),
+                    Err(_) => Ok(NewKeys::Refused(NANOS_PER_SEC)),
+                }
+            }
         }
-        match new_keys.check(&client.to_string(), 1) {
-            Ok(d) if d.allowed => Ok(()),
-            Ok(d) => Err(d.retry_after),
-            // Too many clients tracked at once: refuse, never wave through.
-            Err(_) => Err(1_000_000_000),
+    }
+
+    /// Counts the keys a Redis decision for `client` created against its
+    /// `new_keys_per_ip` share (in process they were counted before).
+    pub(crate) fn created(&self, client: Option<IpAddr>, created: usize) {
+        if let (Some(new_keys), Some(client), Backend::Redis { .. }, 1..) =
+            (&self.new_keys, client, &self.backend, created)
+        {
+            let client = client.to_string();
+            if let Ok(id) = new_keys.policy(NEW_KEYS) {
+                let check = weir_limiter::Check::new(id, &client);
+                let _ = new_keys.report(check.cost(created as u64));
+            }
         }
     }
 }
+
+/// The policy of `new_keys_per_ip`: new keys per client address.
+const NEW_KEYS: &str = "new-keys";
 
 /// Client addresses tracked by `new_keys_per_ip` at once.
 const NEW_KEY_CLIENTS: usize = 100_000;

@@ -17,7 +17,7 @@ use http::HeaderMap;
 use http::header::CONTENT_TYPE;
 use hyper::body::{Body, Bytes, Frame, SizeHint};
 
-use crate::backend::Check;
+use crate::backend::{Check, NewKeys};
 use crate::config::{PolicyId, Usage};
 use crate::state::Shared;
 use crate::upstream::Answer;
@@ -63,7 +63,9 @@ impl Charge {
         if checks.is_empty() {
             return;
         }
-        if let Err(e) = self.shared.backend.report(table, &checks).await {
+        // The keys were admitted a moment ago: no new-key guard.
+        let reported = self.shared.backend.report(table, &checks, NewKeys::Allowed);
+        if let Err(e) = reported.await {
             metrics::counter!("weir_usage_unreported_total", "route" => self.route.to_string())
                 .increment(1);
             let error = crate::answer::ApiError::from(e).detail();
