@@ -170,6 +170,207 @@ local function sc_standing(L, W, prev, left, c)
   return r, reset
 end
 
+-- The algorithms, each as weir-core has it (`algo/level.rs`,
+-- `algo/window.rs`, `algo/log.rs`): from a key's state at time (ts, tn) and
+-- a request's cost to allowed, remaining, retry, reset, delay, the state
+-- text if charged (`new`) and the refreshed one if not (`fresh`), and the
+-- standing with no request (remaining, reset). `report`: the ceiling on
+-- debt (a report is always charged, up to it), or false for a check;
+-- `standing`: the standing is wanted (a cost of 0, or several checks).
+
+-- A level (token bucket, GCRA, leaky bucket) at (ts, tn), drained at n per
+-- ns since the state's time (s1, s2) from its level s3.
+local function drained(raw, s1, s2, s3, n, ts, tn)
+  if not raw then return 0 end
+  local el = diff(ts, tn, s1, s2)
+  if el > idiv(s3, n) + 1 then return 0 end
+  return math.max(s3 - el * n, 0)
+end
+
+-- Token bucket and GCRA (`tb`): capacity `size`, rate n per p ns.
+local function token_bucket(size, n, p, cost, report, standing, level, ts, tn)
+  local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
+  local full, need = size * p, level + cost * p
+  if report then need = math.min(need, report * p) end
+  -- The standing: for a cost of 0, or a request others may refuse.
+  if standing then left0, idle0 = idiv(math.max(full - level, 0), p), cdiv(level, n) end
+  if report then
+    -- Always charged, possibly into debt; retry: to a check of cost 1.
+    allowed, remaining, reset = 1, idiv(math.max(full - need, 0), p), cdiv(need, n)
+    if need + p > full then retry = cdiv(need + p - full, n) end
+    new = fmt3(ts, tn, need)
+  elseif need <= full then
+    allowed, remaining, reset = 1, idiv(full - need, p), cdiv(need, n)
+    new = fmt3(ts, tn, need)
+  else
+    remaining, retry, reset = idiv(math.max(full - level, 0), p), cdiv(need - full, n), cdiv(level, n)
+  end
+  -- The refreshed state, written only by a rejection or a standing.
+  if allowed == 0 or cost == 0 then fresh = fmt3(ts, tn, level) end
+  return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
+end
+
+-- Leaky bucket (`lb`): a queue of `size`, one slot each p/n ns.
+local function leaky_bucket(size, n, p, cost, report, level, ts, tn)
+  local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
+  local bound, slots = size * p, (size + 1) * p
+  -- Always: a wait over max_delay refuses an allowed check too.
+  left0, idle0 = idiv(math.max(slots - level, 0), p), cdiv(level, n)
+  if report then
+    local after = math.min(level + cost * p, report * p)
+    allowed, reset = 1, cdiv(after, n)
+    remaining = idiv(math.max(slots - after, 0), p)
+    if after > bound then retry = cdiv(after - bound, n) end
+    new = fmt3(ts, tn, after)
+  elseif level <= bound then
+    local after = level + cost * p
+    allowed, delay, reset = 1, cdiv(level, n), cdiv(after, n)
+    remaining = idiv(math.max(slots - after, 0), p)
+    new = fmt3(ts, tn, after)
+  else
+    remaining, retry, reset = idiv(math.max(slots - level, 0), p), cdiv(level - bound, n), cdiv(level, n)
+  end
+  -- The refreshed state, written only by a rejection or a standing.
+  if allowed == 0 or cost == 0 then fresh = fmt3(ts, tn, level) end
+  return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
+end
+
+-- A window policy's counts at (ts, tn): the window's start, the time left
+-- in it, the current count and (a sliding counter's) the previous one.
+local function window_counts(sliding, W, raw, s3, s4, s5, s6, ts, tn)
+  local ss, sn = window_start(ts, tn, W)
+  local left = W - diff(ts, tn, ss, sn)
+  local cur, prev = 0, 0
+  if raw then
+    if s3 == ss and s4 == sn then cur, prev = s5, s6 or 0
+    else
+      local ps, pn = add(s3, s4, W)
+      if sliding and ps == ss and pn == sn then cur, prev = 0, s5 end
+    end
+  end
+  return ss, sn, left, cur, prev
+end
+
+-- Fixed window (`fw`): at most L per aligned window.
+local function fixed_window(L, cost, report, ss, sn, left, cur, ts, tn)
+  local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
+  left0, idle0 = math.max(L - cur, 0), (cur > 0) and left or 0
+  if report then
+    local after = math.min(cur + cost, report)
+    allowed, remaining, reset = 1, math.max(L - after, 0), (after > 0) and left or 0
+    if after + 1 > L then retry = left end
+    new = string.format('%d %d %d %d %d', ts, tn, ss, sn, after)
+  elseif cur + cost <= L then
+    allowed, remaining, reset = 1, L - cur - cost, left
+    new = string.format('%d %d %d %d %d', ts, tn, ss, sn, cur + cost)
+  else
+    remaining, retry, reset = math.max(L - cur, 0), left, (cur > 0) and left or 0
+  end
+  -- The refreshed state, written only by a rejection or a standing.
+  if allowed == 0 or cost == 0 then fresh = string.format('%d %d %d %d %d', ts, tn, ss, sn, cur) end
+  return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
+end
+
+-- Sliding counter (`sc`): the current window's count plus the previous
+-- one's, weighted by the part of it still in the sliding window.
+local function sliding_counter(L, W, cost, report, ss, sn, left, cur, prev, ts, tn)
+  local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
+  left0, idle0 = sc_standing(L, W, prev, left, cur)
+  if report then
+    local after = math.min(cur + cost, report)
+    allowed = 1
+    remaining, reset = sc_standing(L, W, prev, left, after)
+    -- The wait of a check of cost 1 on the new counts.
+    if not (L - after - 1 >= 0 and prev * left <= (L - after - 1) * W) then
+      if after + 1 <= L then retry = left - idiv((L - after - 1) * W, prev)
+      else retry = left + (W - idiv((L - 1) * W, after)) end
+    end
+    new = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, after, prev)
+  elseif L - cur - cost >= 0 and prev * left <= (L - cur - cost) * W then
+    allowed = 1
+    remaining, reset = sc_standing(L, W, prev, left, cur + cost)
+    new = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, cur + cost, prev)
+  else
+    remaining, reset = left0, idle0
+    if cur + cost <= L then retry = left - idiv((L - cur - cost) * W, prev)
+    else retry = left + (W - idiv((L - cost) * W, cur)) end
+  end
+  if allowed == 0 or cost == 0 then fresh = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, cur, prev) end
+  return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
+end
+
+-- Sliding log (`sl`): every admission's time and cost, at most L in any
+-- window of W ns.
+local function sliding_log(L, W, cost, report, raw, s3, s4, blob, ts, tn)
+  local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
+  local times, costs = {}, {}
+  local count = 0
+  if raw and #blob > 0 then
+    local es, en = s3, s4
+    local pos = 1
+    while pos <= #blob do
+      local gap, c2
+      gap, pos = read_varint(blob, pos)
+      c2, pos = read_varint(blob, pos)
+      es, en = add(es, en, gap)
+      if diff(ts, tn, es, en) < W then -- live: a > t - W
+        times[#times + 1] = { es, en }
+        costs[#costs + 1] = c2
+        count = count + c2
+      end
+    end
+  end
+  local function encode(extra)
+    local list = {}
+    for k = 1, #times do list[#list + 1] = { times[k], costs[k] } end
+    if extra then list[#list + 1] = extra end
+    if #list == 0 then return fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ts) .. ' ' .. fmt(tn) .. '|' end
+    local first = list[1][1]
+    local parts = { fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(first[1]) .. ' ' .. fmt(first[2]) .. '|' }
+    local ps, pn = first[1], first[2]
+    for k = 1, #list do
+      local e = list[k]
+      parts[#parts + 1] = varint(diff(e[1][1], e[1][2], ps, pn)) .. varint(e[2])
+      ps, pn = e[1][1], e[1][2]
+    end
+    return table.concat(parts)
+  end
+  fresh = encode(nil)
+  left0 = math.max(L - count, 0)
+  if #times > 0 then idle0 = W - diff(ts, tn, times[#times][1], times[#times][2]) end
+  if report then
+    -- Cut so that the live cost stays at most the ceiling.
+    local added = math.max(math.min(cost, report - count), 0)
+    local after = count + added
+    allowed, remaining, reset = 1, math.max(L - after, 0), W
+    if added == 0 then reset = idle0 end
+    if after + 1 > L then
+      -- The oldest entry (this report last) whose expiry leaves room for 1.
+      local excess, sum = after + 1 - L, 0
+      local found = false
+      for k = 1, #times do
+        sum = sum + costs[k]
+        if sum >= excess then retry = W - diff(ts, tn, times[k][1], times[k][2]); found = true; break end
+      end
+      if not found then retry = W end
+    end
+    if added > 0 then new = encode({ { ts, tn }, added }) else new = fresh end
+  elseif count + cost <= L then
+    allowed, remaining, reset = 1, L - count - cost, W
+    new = encode({ { ts, tn }, cost })
+  else
+    remaining = left0
+    local excess, sum = count + cost - L, 0
+    for k = 1, #times do
+      sum = sum + costs[k]
+      if sum >= excess then retry = W - diff(ts, tn, times[k][1], times[k][2]); break end
+    end
+    local last = times[#times]
+    reset = W - diff(ts, tn, last[1], last[2])
+  end
+  return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
+end
+
 -- The checks of the request being decided, twelve slots each from
 -- `checks[12 * (i - 1)]`, reused by the next request: allowed, remaining,
 -- retry, reset, delay; the state text if charged and the refreshed one
@@ -226,179 +427,35 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
       if kind == 'tb' then s1, s2, s3 = gs, gn, a * c
       elseif kind == 'lb' then s1, s2, s3 = gs, gn, (a + 1) * c
       elseif kind == 'sl' then s1, s2, s3, s4, blob = gs, gn, gs, gn, varint(0) .. varint(a)
-      else
+      elseif kind == 'fw' or kind == 'sc' then
         local ws, wn = window_start(gs, gn, b)
         s1, s2, s3, s4, s5, s6 = gs, gn, ws, wn, a, 0
       end
     end
     local ts, tn = now_s, now_ns
     if raw then ts, tn = later(now_s, now_ns, s1, s2) end
-    local allowed, remaining, retry, reset, delay = 0, 0, 0, 0, 0
-    local new -- the state text if charged; `fresh` the refreshed one if not
-    local fresh
-    local left0, idle0 = 0, 0 -- the standing with no request: remaining, reset
-
-    if kind == 'tb' or kind == 'lb' then
-      local size, n, p = a, b, c
-      local level = 0
-      if raw then
-        local el = diff(ts, tn, s1, s2)
-        if el > idiv(s3, n) + 1 then level = 0 else level = math.max(s3 - el * n, 0) end
-      end
-      if kind == 'tb' then
-        local full, need = size * p, level + cost * p
-        if report then need = math.min(need, report * p) end
-        -- The standing: for a cost of 0, or a request others may refuse.
-        if standing then left0, idle0 = idiv(math.max(full - level, 0), p), cdiv(level, n) end
-        if report then
-          -- Always charged, possibly into debt; retry: to a check of cost 1.
-          allowed, remaining, reset = 1, idiv(math.max(full - need, 0), p), cdiv(need, n)
-          if need + p > full then retry = cdiv(need + p - full, n) end
-          new = fmt3(ts, tn, need)
-        elseif need <= full then
-          allowed, remaining, reset = 1, idiv(full - need, p), cdiv(need, n)
-          new = fmt3(ts, tn, need)
-        else
-          remaining, retry, reset = idiv(math.max(full - level, 0), p), cdiv(need - full, n), cdiv(level, n)
-        end
-      else
-        local bound, slots = size * p, (size + 1) * p
-        -- Always: a wait over max_delay refuses an allowed check too.
-        left0, idle0 = idiv(math.max(slots - level, 0), p), cdiv(level, n)
-        if report then
-          local after = math.min(level + cost * p, report * p)
-          allowed, reset = 1, cdiv(after, n)
-          remaining = idiv(math.max(slots - after, 0), p)
-          if after > bound then retry = cdiv(after - bound, n) end
-          new = fmt3(ts, tn, after)
-        elseif level <= bound then
-          local after = level + cost * p
-          allowed, delay, reset = 1, cdiv(level, n), cdiv(after, n)
-          remaining = idiv(math.max(slots - after, 0), p)
-          new = fmt3(ts, tn, after)
-        else
-          remaining, retry, reset = idiv(math.max(slots - level, 0), p), cdiv(level - bound, n), cdiv(level, n)
-        end
-      end
-      -- The refreshed state, written only by a rejection or a standing.
-      if allowed == 0 or cost == 0 then fresh = fmt3(ts, tn, level) end
-    elseif kind == 'fw' or kind == 'sc' then
-      local L, W = a, b
-      local ss, sn = window_start(ts, tn, W)
-      local left = W - diff(ts, tn, ss, sn)
-      local cur, prev = 0, 0
-      if raw then
-        if s3 == ss and s4 == sn then cur, prev = s5, s6 or 0
-        else
-          local ps, pn = add(s3, s4, W)
-          if kind == 'sc' and ps == ss and pn == sn then cur, prev = 0, s5 end
-        end
-      end
-      if kind == 'fw' then
-        left0, idle0 = math.max(L - cur, 0), (cur > 0) and left or 0
-        if report then
-          local after = math.min(cur + cost, report)
-          allowed, remaining, reset = 1, math.max(L - after, 0), (after > 0) and left or 0
-          if after + 1 > L then retry = left end
-          new = string.format('%d %d %d %d %d', ts, tn, ss, sn, after)
-        elseif cur + cost <= L then
-          allowed, remaining, reset = 1, L - cur - cost, left
-          new = string.format('%d %d %d %d %d', ts, tn, ss, sn, cur + cost)
-        else
-          remaining, retry, reset = math.max(L - cur, 0), left, (cur > 0) and left or 0
-        end
-        -- The refreshed state, written only by a rejection or a standing.
-        if allowed == 0 or cost == 0 then fresh = string.format('%d %d %d %d %d', ts, tn, ss, sn, cur) end
-      else
-        left0, idle0 = sc_standing(L, W, prev, left, cur)
-        if report then
-          local after = math.min(cur + cost, report)
-          allowed = 1
-          remaining, reset = sc_standing(L, W, prev, left, after)
-          -- The wait of a check of cost 1 on the new counts.
-          if not (L - after - 1 >= 0 and prev * left <= (L - after - 1) * W) then
-            if after + 1 <= L then retry = left - idiv((L - after - 1) * W, prev)
-            else retry = left + (W - idiv((L - 1) * W, after)) end
-          end
-          new = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, after, prev)
-        elseif L - cur - cost >= 0 and prev * left <= (L - cur - cost) * W then
-          allowed = 1
-          remaining, reset = sc_standing(L, W, prev, left, cur + cost)
-          new = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, cur + cost, prev)
-        else
-          remaining, reset = left0, idle0
-          if cur + cost <= L then retry = left - idiv((L - cur - cost) * W, prev)
-          else retry = left + (W - idiv((L - cost) * W, cur)) end
-        end
-        if allowed == 0 or cost == 0 then fresh = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, cur, prev) end
-      end
-    else -- 'sl'
-      local L, W = a, b
-      local times, costs = {}, {}
-      local count = 0
-      if raw and #blob > 0 then
-        local es, en = s3, s4
-        local pos = 1
-        while pos <= #blob do
-          local gap, c2
-          gap, pos = read_varint(blob, pos)
-          c2, pos = read_varint(blob, pos)
-          es, en = add(es, en, gap)
-          if diff(ts, tn, es, en) < W then -- live: a > t - W
-            times[#times + 1] = { es, en }
-            costs[#costs + 1] = c2
-            count = count + c2
-          end
-        end
-      end
-      local function encode(extra)
-        local list = {}
-        for k = 1, #times do list[#list + 1] = { times[k], costs[k] } end
-        if extra then list[#list + 1] = extra end
-        if #list == 0 then return fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ts) .. ' ' .. fmt(tn) .. '|' end
-        local first = list[1][1]
-        local parts = { fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(first[1]) .. ' ' .. fmt(first[2]) .. '|' }
-        local ps, pn = first[1], first[2]
-        for k = 1, #list do
-          local e = list[k]
-          parts[#parts + 1] = varint(diff(e[1][1], e[1][2], ps, pn)) .. varint(e[2])
-          ps, pn = e[1][1], e[1][2]
-        end
-        return table.concat(parts)
-      end
-      fresh = encode(nil)
-      left0 = math.max(L - count, 0)
-      if #times > 0 then idle0 = W - diff(ts, tn, times[#times][1], times[#times][2]) end
-      if report then
-        -- Cut so that the live cost stays at most the ceiling.
-        local added = math.max(math.min(cost, report - count), 0)
-        local after = count + added
-        allowed, remaining, reset = 1, math.max(L - after, 0), W
-        if added == 0 then reset = idle0 end
-        if after + 1 > L then
-          -- The oldest entry (this report last) whose expiry leaves room for 1.
-          local excess, sum = after + 1 - L, 0
-          local found = false
-          for k = 1, #times do
-            sum = sum + costs[k]
-            if sum >= excess then retry = W - diff(ts, tn, times[k][1], times[k][2]); found = true; break end
-          end
-          if not found then retry = W end
-        end
-        if added > 0 then new = encode({ { ts, tn }, added }) else new = fresh end
-      elseif count + cost <= L then
-        allowed, remaining, reset = 1, L - count - cost, W
-        new = encode({ { ts, tn }, cost })
-      else
-        remaining = left0
-        local excess, sum = count + cost - L, 0
-        for k = 1, #times do
-          sum = sum + costs[k]
-          if sum >= excess then retry = W - diff(ts, tn, times[k][1], times[k][2]); break end
-        end
-        local last = times[#times]
-        reset = W - diff(ts, tn, last[1], last[2])
-      end
+    -- The decision, the state text if charged (`new`) and the refreshed
+    -- one if not (`fresh`), and the standing with no request.
+    local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
+    if kind == 'tb' then
+      allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
+        token_bucket(a, b, c, cost, report, standing, drained(raw, s1, s2, s3, b, ts, tn), ts, tn)
+    elseif kind == 'lb' then
+      allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
+        leaky_bucket(a, b, c, cost, report, drained(raw, s1, s2, s3, b, ts, tn), ts, tn)
+    elseif kind == 'fw' then
+      local ss, sn, left, cur = window_counts(false, b, raw, s3, s4, s5, s6, ts, tn)
+      allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
+        fixed_window(a, cost, report, ss, sn, left, cur, ts, tn)
+    elseif kind == 'sc' then
+      local ss, sn, left, cur, prev = window_counts(true, b, raw, s3, s4, s5, s6, ts, tn)
+      allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
+        sliding_counter(a, b, cost, report, ss, sn, left, cur, prev, ts, tn)
+    elseif kind == 'sl' then
+      allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
+        sliding_log(a, b, cost, report, raw, s3, s4, blob, ts, tn)
+    else
+      error('weir: unknown policy kind ' .. tostring(kind))
     end
     if cost == 0 and not report then
       -- Charges nothing: the standing, or a refusal while in debt. It moves

@@ -90,18 +90,18 @@ impl Shared {
         let (Some(new_keys), Some(client)) = (&self.new_keys, client) else {
             return Ok(NewKeys::Allowed);
         };
-        let client = client.to_string();
         match &self.backend {
             Backend::Memory(local) if checks.iter().all(|c| local.contains(c)) => {
                 Ok(NewKeys::Allowed)
             }
-            Backend::Memory(_) => match new_keys.check(&client, 1) {
+            Backend::Memory(_) => match new_keys.check(&client.to_string(), 1) {
                 Ok(d) if d.allowed => Ok(NewKeys::Allowed),
                 Ok(d) => Err(d.retry_after),
                 // Too many clients tracked at once: refuse, never wave through.
                 Err(_) => Err(NANOS_PER_SEC),
             },
             Backend::Redis { .. } => {
+                let client = client.to_string();
                 let share = (new_keys.policy(NEW_KEYS))
                     .and_then(|id| new_keys.peek(weir_limiter::Check::new(id, &client)));
                 match share {
