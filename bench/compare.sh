@@ -12,7 +12,7 @@
 # `redis` and `rls`; nginx and wrk for `gateway`, `hyper` (the bare hyper
 # proxy weir's gateway is built on) and `pingora` (Pingora and that proxy;
 # cmake, to build Pingora); a built limitador-server for
-# `rls` (LIMITADOR=/path/to/limitador-server: see ../shared/NOTES.md or
+# `rls` (LIMITADOR=/path/to/limitador-server: see
 # docs/BENCHMARKS.md for how to build it; without it the RLS rows show weir
 # alone). Missing tools are installed from Debian's packages when apt-get is
 # there. Raw outputs go to $OUT (default: target/compare).
@@ -83,7 +83,7 @@ if want library; then
     done
   done
   # What bounds one hot key on one thread on this machine: the skeleton of
-  # weir's lookup (examples/floor.rs), with and without the write SPEC.md's
+  # weir's lookup (examples/floor.rs), with and without the write docs/SPEC.md's
   # clamp makes on a refusal, beside governor in the same run.
   : >"$OUT/floor-peer.txt"; : >"$OUT/floor-clamp.txt"; : >"$OUT/floor-free.txt"
   for _ in $(seq "${REPEAT:-3}"); do
@@ -94,7 +94,7 @@ if want library; then
   read -r peer clamp free < <(echo "$(best <"$OUT/floor-peer.txt") $(best <"$OUT/floor-clamp.txt") $(best <"$OUT/floor-free.txt")")
   bound="so no exact check with this lookup passes governor here"
   [ "$clamp" -ge "$peer" ] && bound="so what weir adds to it, not the clamp, keeps weir from governor here"
-  notes+=("- library, one hot key, one thread: the floor under weir's check (\`examples/floor\`: its lookup and one compare) runs $clamp checks/s with SPEC.md's clamp, a refusal moving the key's latest time ($(over "$clamp" "$peer") governor's $peer), and $free without that write ($(over "$free" "$peer")): $bound.")
+  notes+=("- library, one hot key, one thread: the floor under weir's check (\`examples/floor\`: its lookup and one compare) runs $clamp checks/s with docs/SPEC.md's clamp, a refusal moving the key's latest time ($(over "$clamp" "$peer") governor's $peer), and $free without that write ($(over "$free" "$peer")): $bound.")
 fi
 
 # --- Redis: batching, and the refusal cache ------------------------------

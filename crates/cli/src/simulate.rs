@@ -35,7 +35,7 @@ pub(crate) struct Args {
     scenario: Option<String>,
     /// Decide with this store instead of the pure core: `memory`, or a
     /// `redis://host:port` / `redis-cluster://h:p,h:p` URL (explicit times;
-    /// each run uses fresh keys), to check a deployment against SPEC.md.
+    /// each run uses fresh keys), to check a deployment against docs/SPEC.md.
     #[arg(long, value_name = "URL", default_value = "memory")]
     store: String,
     /// Output format for decisions.

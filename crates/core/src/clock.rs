@@ -27,7 +27,7 @@ pub trait Clock: Send + Sync {
 /// before the loads that precede it, so two threads' readings can disagree
 /// by up to about a microsecond: the stores never depend on readings from
 /// different threads being in order (each key keeps the latest time it was
-/// decided at, SPEC.md's clamp).
+/// decided at, docs/SPEC.md's clamp).
 #[derive(Debug, Clone)]
 pub struct SystemClock {
     source: Source,

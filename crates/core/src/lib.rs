@@ -1,6 +1,6 @@
 //! weir's core: rate-limiting policies and their exact decisions.
 //!
-//! Every algorithm of weir's SPEC.md — token bucket, GCRA, fixed window,
+//! Every algorithm of weir's docs/SPEC.md — token bucket, GCRA, fixed window,
 //! sliding-window log, sliding-window counter and the leaky-bucket shaper —
 //! is a pure transition over `(state, now, cost)`: integer nanoseconds, no
 //! floating point, no clock reads, no I/O. Stores (in-process, Redis) and

@@ -39,7 +39,7 @@ pub const EXACT_MAX: u128 = 1 << 53;
 /// The largest sliding-log limit: the log keeps one entry per admission.
 pub const MAX_LOG_LIMIT: u64 = 1_000_000;
 
-/// The algorithms of SPEC.md, by their names in configs and flags.
+/// The algorithms of docs/SPEC.md, by their names in configs and flags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// `token-bucket`: `capacity`, `rate`.
@@ -57,7 +57,7 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    /// Every algorithm, in SPEC.md's order.
+    /// Every algorithm, in docs/SPEC.md's order.
     pub const ALL: [Self; 6] = [
         Self::TokenBucket,
         Self::Gcra,
@@ -176,7 +176,7 @@ pub enum PolicyErrorKind {
 }
 
 /// A request that can never be decided under a policy: an error, not a
-/// rejection (SPEC.md: a cost larger than the capacity can never succeed).
+/// rejection (docs/SPEC.md: a cost larger than the capacity can never succeed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum CostError {
@@ -598,12 +598,12 @@ impl Policy {
     }
 
     /// The most one report may charge: 1,000 times the capacity (or burst,
-    /// limit, queue), as SPEC.md bounds it.
+    /// limit, queue), as docs/SPEC.md bounds it.
     pub fn max_report(&self) -> u64 {
         self.max_cost().0.saturating_mul(1_000)
     }
 
-    /// Charges `cost` after the fact (SPEC.md, "Usage reported after the
+    /// Charges `cost` after the fact (docs/SPEC.md, "Usage reported after the
     /// fact"): always charged, possibly into debt; answered `allowed` with
     /// `remaining` and `reset` of the new state, and `retry_after` the wait
     /// until a check of cost 1 would be allowed.
@@ -673,7 +673,7 @@ impl Policy {
 
     /// Whether the key is back to its idle, fully available state at `now`
     /// (evaluated at `max(now, seen)`): deleting it then grants nothing
-    /// (SPEC.md's idle rule), so a store may drop it.
+    /// (docs/SPEC.md's idle rule), so a store may drop it.
     pub fn is_idle(&self, state: &State, now: Nanos) -> bool {
         let t = now.max(state.seen());
         match (self, state) {

@@ -1,4 +1,4 @@
-//! Durations and rates as SPEC.md writes them (`1500ms`, `60s`, `2/s`, `10/1500ms`).
+//! Durations and rates as docs/SPEC.md writes them (`1500ms`, `60s`, `2/s`, `10/1500ms`).
 //!
 //! Everything is an integer number of nanoseconds. A rate is kept as the
 //! reduced fraction `n / p` (tokens per nanosecond), so that a balance counted

@@ -1,4 +1,4 @@
-//! A naive, exact model of SPEC.md, written independently of the crate:
+//! A naive, exact model of docs/SPEC.md, written independently of the crate:
 //! rational numbers (`Ratio<i128>`) exactly as the formulas read, the rate as
 //! written (not reduced), and the sliding counter's `retry_after` found by
 //! search instead of by formula.
@@ -127,7 +127,7 @@ impl Model {
     }
 }
 
-/// SPEC.md's M: the largest report is M times the capacity (limit,
+/// docs/SPEC.md's M: the largest report is M times the capacity (limit,
 /// queue), and no sum of reports leaves a key deeper in debt than one.
 const M: i128 = 1_000;
 

@@ -1,7 +1,7 @@
 //! Property tests: every algorithm against the model over random traces
 //! (bursts at one instant, arrivals exactly on refill and window boundaries
 //! and one nanosecond either side, long idle gaps, clocks going backwards,
-//! costs above 1, several keys), and the invariants SPEC.md promises.
+//! costs above 1, several keys), and the invariants docs/SPEC.md promises.
 
 use std::collections::HashMap;
 

@@ -1,5 +1,5 @@
 //! Integration tests of weir-core: the algorithms against a naive exact
-//! model written straight from SPEC.md, over random traces.
+//! model written straight from docs/SPEC.md, over random traces.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

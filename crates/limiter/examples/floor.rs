@@ -5,7 +5,7 @@
 //! clock, crossbeam's `ShardedLock` over a hashbrown table with foldhash
 //! and keys inline, the key's two words — and a token bucket's admission
 //! reduced to one compare. `floor clamp` moves a refused key's latest time,
-//! as SPEC.md's clamp requires of every check (one locked instruction);
+//! as docs/SPEC.md's clamp requires of every check (one locked instruction);
 //! `floor no-clamp` moves it on admissions only, as governor, which has no
 //! clamp, does. Run them beside `keyed governor 1 1` (`docs/BENCHMARKS.md`,
 //! fourteenth pass):

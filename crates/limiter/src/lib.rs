@@ -1,5 +1,5 @@
 //! weir's in-process limiter: named policies over a concurrent, sharded,
-//! bounded store, making exactly the decisions of `weir-core` (SPEC.md).
+//! bounded store, making exactly the decisions of `weir-core` (docs/SPEC.md).
 //!
 //! ```
 //! use weir_limiter::{Check, Limiter, Policy};
@@ -372,7 +372,7 @@ impl<C: Clock> Limiter<C> {
         self.charge(named, check, Op::Check)
     }
 
-    /// Charges usage known only after the fact (SPEC.md, a *report*): always
+    /// Charges usage known only after the fact (docs/SPEC.md, a *report*): always
     /// charged — possibly into debt, which later checks are refused for
     /// until it is paid back — and answered `allowed`, with `retry_after`
     /// the wait until a check of cost 1 would be allowed. The cost may be up
@@ -469,7 +469,7 @@ impl<C: Clock> Limiter<C> {
 
     /// Decides several checks as one request, at the clock's time: allowed
     /// only if every policy allows, and then every policy is charged;
-    /// otherwise none is (SPEC.md, several policies). A check of cost 0
+    /// otherwise none is (docs/SPEC.md, several policies). A check of cost 0
     /// reports its key's standing without refusing the request.
     pub fn check_all(&self, checks: &[Check<'_>]) -> Result<AllDecision, Error> {
         self.check_all_within(checks, Nanos::MAX)

@@ -9,7 +9,7 @@
 //!   state as GCRA's theoretical arrival time `tat = seen·n + level` (in
 //!   `1/n` ns) in one `AtomicU64`, updated by compare-and-swap, beside the
 //!   latest time any check of the key has read. A check's time is the
-//!   later of its own reading and that one — SPEC.md's clamp, exact whatever
+//!   later of its own reading and that one — docs/SPEC.md's clamp, exact whatever
 //!   the clock (a fake one set back, or time-stamp counters read on two
 //!   cores, which can disagree by a microsecond). A map entry is then 40
 //!   bytes: the key inline and the two words. Used when the rate's reduced
@@ -30,7 +30,7 @@
 //!   key of a window policy decide 1.4–1.7× faster than with std's).
 //!
 //! Keys up to 24 bytes are stored inline (no pointer to chase on lookup). A
-//! new key takes the shard's write lock once. Idle keys (SPEC.md's idle rule:
+//! new key takes the shard's write lock once. Idle keys (docs/SPEC.md's idle rule:
 //! back to fully available) are swept from a shard when it grows past twice
 //! its size after the last sweep and past its largest size so far (taking
 //! keys idle for a second or more, so a working set that is checked every
@@ -126,7 +126,7 @@ impl Budget {
 }
 
 /// What a call does to a key: decide a request, or charge usage after the
-/// fact (SPEC.md's report: always charged, possibly into debt).
+/// fact (docs/SPEC.md's report: always charged, possibly into debt).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
     Check,
@@ -197,7 +197,7 @@ macro_rules! commit {
             let seen = slot.seen.load(Ordering::Acquire);
             let $t = $now.max(seen);
             let (decision, new) = $transition;
-            // Every check moves the key's latest time (SPEC.md), before an
+            // Every check moves the key's latest time (docs/SPEC.md), before an
             // admission commits its state: whoever loads that state then
             // loads a time at least as late.
             if $t > seen {
@@ -439,7 +439,7 @@ impl Atom for AtomicU128 {
 }
 
 /// The packed state (as [`Packing`] or [`Wide`] says), and the latest time a
-/// check of the key read (a check's time is never earlier: SPEC.md's clamp).
+/// check of the key read (a check's time is never earlier: docs/SPEC.md's clamp).
 #[derive(Debug, Default)]
 pub(crate) struct Word<A = AtomicU64> {
     word: A,

@@ -197,7 +197,7 @@ fn bad_input_is_an_error_not_a_decision() {
         Err(Error::Invalid(e)) => e,
         other => panic!("{other:?}"),
     };
-    // Cost 0 is not bad input (SPEC.md): the standing, refused only in debt.
+    // Cost 0 is not bad input (docs/SPEC.md): the standing, refused only in debt.
     let standing = limiter.check("k", 0).unwrap();
     assert!(standing.allowed && standing.remaining == 2, "{standing:?}");
     limiter
@@ -508,7 +508,7 @@ proptest! {
     /// charges as the same check within a larger request does (decided under
     /// its shard's write lock), shadow or not. Time only goes forward: a
     /// refused request of several checks moves no key's latest time (on
-    /// Redis neither), a refused single check does (SPEC.md).
+    /// Redis neither), a refused single check does (docs/SPEC.md).
     #[test]
     fn one_check_requests_decide_as_within_larger_ones(policy in policies(), trace in trace(false, 3), shadow: bool) {
         let standing = Policy::parse("fixed-window limit=1 window=1s").unwrap();

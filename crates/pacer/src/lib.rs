@@ -1,6 +1,6 @@
 //! weir for callers: the other side of a rate limit.
 //!
-//! - [`Pacer`]: waits until a request may go to its destination, on SPEC.md's
+//! - [`Pacer`]: waits until a request may go to its destination, on docs/SPEC.md's
 //!   leaky-bucket shaper per destination and, at the same time, across all
 //!   destinations (a slot on every policy or on none).
 //! - [`retry`]: when to try again after a `429` or `503` — never before the

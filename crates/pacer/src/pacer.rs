@@ -1,7 +1,7 @@
-//! Pacing: wait until a request may go to its destination, on SPEC.md's
+//! Pacing: wait until a request may go to its destination, on docs/SPEC.md's
 //! leaky-bucket shaper, per destination and across all of them.
 //!
-//! A request takes a slot on **every** policy or on none (SPEC.md, several
+//! A request takes a slot on **every** policy or on none (docs/SPEC.md, several
 //! policies), all at one common start, the time it is released. Reserving
 //! every policy at that common start is what keeps both promises on the wire:
 //! a destination never sees two requests closer than its pace, and no two
@@ -9,7 +9,7 @@
 //! own slot instead would let a request held back by the global cap go out
 //! right next to its destination's following one.)
 //!
-//! - **Per destination**, each shaper is SPEC.md's leaky bucket exactly: with
+//! - **Per destination**, each shaper is docs/SPEC.md's leaky bucket exactly: with
 //!   only per-destination policies, a release is `now + delay` to the
 //!   nanosecond. The shaper that sets the common start keeps its exact
 //!   (fractional) `next`; the others are reserved from the release time.
@@ -20,7 +20,7 @@
 //!   releases; the global queue bounds the slots reserved ahead
 //!   (`queue` slots, as the shaper's `wait <= queue · T`). Global slots start
 //!   on whole nanoseconds, so with a rate such as `3/s` a global shaper may
-//!   run up to a nanosecond per request behind SPEC.md's fractional `next`.
+//!   run up to a nanosecond per request behind docs/SPEC.md's fractional `next`.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -311,7 +311,7 @@ impl Pacer {
 
     /// Waits until a request of `cost` may go to `destination` (see
     /// [`Pacer::reserve`] for the errors). Dropping the future while it waits
-    /// is safe: the slot stays taken (SPEC.md: not refunded), nothing leaks.
+    /// is safe: the slot stays taken (docs/SPEC.md: not refunded), nothing leaks.
     ///
     /// Timers fire at or a little after their time (tokio's, by up to a
     /// millisecond), so on waking the request also waits, if need be, until
@@ -370,7 +370,7 @@ impl Pacer {
             .len()
     }
 
-    /// Drops destinations whose every shaper is idle (SPEC.md's idle rule).
+    /// Drops destinations whose every shaper is idle (docs/SPEC.md's idle rule).
     fn sweep(&self, state: &mut State, now: Nanos) {
         let policies = &self.per_destination;
         state.destinations.retain(|_, levels| {

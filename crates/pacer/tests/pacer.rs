@@ -27,8 +27,8 @@ fn arrivals(seed: u64, count: usize, mean_gap: u64, max_cost: u64) -> Vec<(u64, 
         .collect()
 }
 
-/// With one policy, every release is SPEC.md's `delay` for the same
-/// arrivals, to the nanosecond, and every refusal is SPEC.md's rejection.
+/// With one policy, every release is docs/SPEC.md's `delay` for the same
+/// arrivals, to the nanosecond, and every refusal is docs/SPEC.md's rejection.
 #[tokio::test(start_paused = true)]
 async fn release_times_are_the_spec_delay() {
     for (spec, mean_gap) in [
@@ -161,7 +161,7 @@ async fn deadline_and_full_queue_charge_nothing() {
 }
 
 /// A waiter dropped before its time is never released, and its slot stays
-/// taken (SPEC.md: not refunded).
+/// taken (docs/SPEC.md: not refunded).
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_waiter_is_never_released() {
     let pacer = Arc::new(

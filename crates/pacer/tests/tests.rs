@@ -1,5 +1,5 @@
 //! Integration tests of weir-pacer: the pacer on tokio's paused clock against
-//! SPEC.md's leaky bucket, and the example crawler over real sockets.
+//! docs/SPEC.md's leaky bucket, and the example crawler over real sockets.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

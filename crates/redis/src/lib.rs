@@ -87,7 +87,7 @@ pub struct Checked {
     /// or it was never set (a new store).
     pub state_lost: bool,
     /// Per check, how far its key's latest time moved its time forward
-    /// (SPEC.md's clamp): its durations are measured from then.
+    /// (docs/SPEC.md's clamp): its durations are measured from then.
     late: Vec<Nanos>,
     /// Keys this call stored that did not exist before.
     pub created: usize,
@@ -117,7 +117,7 @@ pub struct Check<'a> {
     /// Decided and charged as if enforced, but never refusing the request
     /// (a shadow check that would refuse charges nothing).
     pub shadow: bool,
-    /// Usage after the fact (SPEC.md's report): always charged, possibly
+    /// Usage after the fact (docs/SPEC.md's report): always charged, possibly
     /// into debt; answered allowed with the wait of a check of cost 1.
     pub report: bool,
     /// The key must not be created: when it does not exist, the request
@@ -622,7 +622,7 @@ impl RedisStore {
     }
 
     /// Reports usage of `cost` for one policy and identity after the fact
-    /// (SPEC.md): always charged, possibly into debt.
+    /// (docs/SPEC.md): always charged, possibly into debt.
     pub async fn report(
         &self,
         name: &str,

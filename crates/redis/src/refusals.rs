@@ -45,7 +45,7 @@ pub(crate) enum Clock {
 struct Refusal {
     policy: Policy,
     clock: Clock,
-    /// The latest time the key was checked at (SPEC.md's clamp).
+    /// The latest time the key was checked at (docs/SPEC.md's clamp).
     seen: Nanos,
     /// When one unit is available again.
     until: Nanos,

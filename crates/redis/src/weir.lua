@@ -1,4 +1,4 @@
--- weir: atomic decisions, SPEC.md exactly. One call decides a batch of
+-- weir: atomic decisions, docs/SPEC.md exactly. One call decides a batch of
 -- requests in order, each over N keys (all-or-nothing), exactly as the same
 -- requests made one call each, one after another, would be decided.
 --

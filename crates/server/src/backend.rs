@@ -475,7 +475,7 @@ impl Backend {
         decided
     }
 
-    /// Charges usage after the fact (SPEC.md's reports): every check is
+    /// Charges usage after the fact (docs/SPEC.md's reports): every check is
     /// charged, possibly into debt, after all are validated. On Redis, one
     /// script call charges them together; a store failure is
     /// [`Refusal::Unavailable`] (usage is never charged to a fallback).

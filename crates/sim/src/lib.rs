@@ -1,7 +1,7 @@
 //! `weir simulate`: replay a trace through a policy and print every
 //! decision, or through several policies to compare and plot them.
 //!
-//! The simulator is the reference face of weir's contract (SPEC.md): it
+//! The simulator is the reference face of weir's contract (docs/SPEC.md): it
 //! passes each row's time to the pure algorithms of `weir-core` and prints
 //! their decisions unchanged, so its output is the expected output of every
 //! store and every other face for the same trace.

@@ -1,5 +1,5 @@
 //! Replaying arrivals through one policy, and writing the decisions as
-//! SPEC.md's simulator contract says: CSV with the header
+//! docs/SPEC.md's simulator contract says: CSV with the header
 //! `time,key,cost,allowed,remaining,retry_after,reset,delay` (durations in
 //! seconds with nine decimals), or the same fields as JSON lines.
 

@@ -31,7 +31,7 @@ pub struct Arrival {
     pub line: u64,
 }
 
-/// What a row does (SPEC.md, "Usage reported after the fact").
+/// What a row does (docs/SPEC.md, "Usage reported after the fact").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     /// A request that may be refused.

@@ -14,7 +14,7 @@ use crate::{Decision, Nanos, Rate};
 /// value is a new key: full bucket, empty queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct LevelState {
-    /// The latest time this key has seen (SPEC.md's `last_seen`).
+    /// The latest time this key has seen (docs/SPEC.md's `last_seen`).
     pub seen: Nanos,
     /// Deficit (token bucket) or backlog (shaper) at `seen`, in `1/p` token.
     pub level: u64,
@@ -31,7 +31,7 @@ impl LevelState {
 
     /// Charges `cost` tokens (or slots) at `t`, whatever the level: a
     /// report, which may put a bucket into debt, but never deeper than a
-    /// charge of `ceiling` would leave an empty level (SPEC.md's ceiling on
+    /// charge of `ceiling` would leave an empty level (docs/SPEC.md's ceiling on
     /// debt: `ceiling` is the largest report).
     pub(crate) fn charge(&mut self, t: Nanos, rate: Rate, cost: u64, ceiling: u64) {
         let (t, level) = self.at(t, rate);

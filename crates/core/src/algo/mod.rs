@@ -1,4 +1,4 @@
-//! The algorithms of SPEC.md, each a pure transition over
+//! The algorithms of docs/SPEC.md, each a pure transition over
 //! `(state, now, cost)`: no clock reads, no I/O, no allocation except the
 //! sliding log's own entries.
 
