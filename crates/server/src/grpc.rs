@@ -13,19 +13,19 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tower_service::Service;
 
 use crate::envoy::RateLimiter;
-use crate::serve::{accept, drain};
+use crate::serve::{Accepted, Activity, InFlight, Open, Protocol, listen};
 use crate::state::AppState;
 
 type Answer = Pin<Box<dyn Future<Output = Result<Response<tonic::body::Body>, Infallible>> + Send>>;
@@ -100,43 +100,79 @@ fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
     })
 }
 
+/// A service that counts its calls in flight for the connection's
+/// watchdog, as the HTTP/1.1 listeners' does.
+#[derive(Clone)]
+struct Counted<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S> hyper::service::Service<Request<Incoming>> for Counted<S>
+where
+    S: hyper::service::Service<
+            Request<Incoming>,
+            Response = Response<tonic::body::Body>,
+            Error = Infallible,
+            Future = Answer,
+        >,
+{
+    type Response = Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Answer;
+
+    fn call(&self, request: Request<Incoming>) -> Answer {
+        let guard = InFlight::start(&self.activity);
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let answered = answer.await;
+            drop(guard);
+            answered
+        })
+    }
+}
+
 /// Serves the Envoy rate limit service and the standard gRPC health service
-/// on `listener` until `shutdown` completes; then stops accepting and gives
-/// the calls in flight up to `[server] shutdown_timeout` to finish (as the
-/// HTTP faces do), so a peer that keeps its connection open cannot hold the
-/// process up.
+/// on `listener` until `shutdown` completes, through the listeners' one
+/// accept loop ([`listen`]): `[server]`'s connection caps, header and idle
+/// timeouts, and a drain within `shutdown_timeout`, so a peer that keeps
+/// its connection open cannot hold the process up.
 pub async fn run_grpc(
     listener: TcpListener,
     state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_grpc(listener, state, Arc::default(), shutdown).await
+}
+
+/// [`run_grpc`], its connections counted in `open` (shared by the
+/// listener's threads).
+pub(crate) async fn serve_grpc(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    open: Arc<Mutex<Open>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<RateLimitServiceServer<RateLimiter>>()
         .await;
-    let deadline = state.current().config.server.limits.shutdown_timeout;
+    let limits = state.current().config.server.limits;
     let service = Grpc {
         rls: RateLimiter::service(state),
         health: health_service,
     };
-    let graceful = GracefulShutdown::new();
-    let mut last_error = None;
-    tokio::pin!(shutdown);
-    while let Some((stream, peer)) = accept(&listener, shutdown.as_mut(), &mut last_error).await {
-        let _ = stream.set_nodelay(true);
+    let http2 = move |accepted: Accepted, graceful: &GracefulShutdown| {
+        let counted = Counted {
+            inner: service.clone(),
+            activity: accepted.activity,
+        };
         let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
-            .serve_connection(TokioIo::new(stream), service.clone());
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(%peer, error = %e, "gRPC connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    drain(graceful, deadline).await;
-    Ok(())
+            .serve_connection(accepted.io, counted);
+        graceful.watch(connection)
+    };
+    listen(listener, limits, open, shutdown, Protocol::Http2, http2).await
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ pub mod config;
 pub mod envoy;
 mod gateway;
 mod grpc;
+pub use grpc::run_grpc;
 mod live;
 mod metrics;
 pub mod reload;
@@ -40,7 +41,6 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{get, post};
 
-pub use grpc::run_grpc;
 pub use state::{AppState, Shared};
 
 use crate::answer::ApiError;
@@ -324,9 +324,11 @@ pub async fn run_grpc_per_core(
     state: Arc<AppState>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
+    // One set of connection caps for the listener, across its threads.
+    let open = Arc::default();
     let threads = serve::per_core(listener, threads, "weir-grpc", move |listener| {
-        let (state, stop) = (state.clone(), stop.clone());
-        async move { run_grpc(listener, state, serve::stopped(stop)).await }
+        let (state, open, stop) = (state.clone(), Arc::clone(&open), stop.clone());
+        async move { grpc::serve_grpc(listener, state, open, serve::stopped(stop)).await }
     })?;
     joined(threads).await
 }

@@ -1,7 +1,8 @@
-//! The HTTP listener: an accept loop that holds what a server on the
-//! internet must hold — a header timeout, an idle timeout, a cap on
+//! The listeners' one accept loop ([`listen`]), which holds what a server on
+//! the internet must hold — a header timeout, an idle timeout, a cap on
 //! connections in all and per client address, counted accept errors, and a
-//! graceful shutdown with a deadline. HTTP/1.1 only: h2c is not offered.
+//! graceful shutdown with a deadline — for HTTP/1.1 (the public and
+//! internal listeners; h2c is not offered) and HTTP/2 (gRPC) alike.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -39,7 +40,7 @@ pub fn raise_fd_limit() {
 
 /// Open connections, in all and per client address.
 #[derive(Debug, Default)]
-struct Open {
+pub(crate) struct Open {
     total: usize,
     per_ip: HashMap<IpAddr, usize>,
 }
@@ -82,7 +83,7 @@ fn admit(open: &Arc<Mutex<Open>>, ip: IpAddr, limits: &ConnectionLimits) -> Opti
 /// about 1,000 instructions per request); the watchdog reads the time on
 /// its ticks.
 #[derive(Debug, Default)]
-struct Activity {
+pub(crate) struct Activity {
     /// Bytes moved, or a request ended, since the watchdog last looked.
     moved: AtomicBool,
     /// A request head's first bytes have arrived; its request has not
@@ -91,6 +92,10 @@ struct Activity {
     /// Request heads completed (each reached the service).
     heads: AtomicU64,
     in_flight: AtomicU64,
+    /// HTTP/2: only the first request's head is timed (the preface and the
+    /// first call); bytes on a connection with calls behind it (pings,
+    /// window updates) are not a head.
+    first_head_only: bool,
 }
 
 /// The watchdog's own view of a connection: when it last saw bytes move,
@@ -141,7 +146,7 @@ impl Watch {
 }
 
 /// The socket, noting every read and write for the watchdog.
-struct Tracked {
+pub(crate) struct Tracked {
     stream: TcpStream,
     activity: Arc<Activity>,
 }
@@ -157,7 +162,8 @@ impl AsyncRead for Tracked {
         if buf.filled().len() > before {
             let a = &self.activity;
             a.moved.store(true, Ordering::Release);
-            if a.in_flight.load(Ordering::Acquire) == 0 {
+            let first = a.heads.load(Ordering::Acquire) == 0;
+            if a.in_flight.load(Ordering::Acquire) == 0 && (first || !a.first_head_only) {
                 a.head.store(true, Ordering::Release);
             }
         }
@@ -197,7 +203,17 @@ struct Conn {
 
 /// Decrements the in-flight count when the response (head) is ready or the
 /// request is dropped.
-struct InFlight(Arc<Activity>);
+pub(crate) struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    /// A request's head has reached the service: counted in flight.
+    pub(crate) fn start(activity: &Arc<Activity>) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        activity.head.store(false, Ordering::Release);
+        activity.heads.fetch_add(1, Ordering::AcqRel);
+        Self(activity.clone())
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -214,10 +230,7 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Conn {
     type Future = Answer;
 
     fn call(&self, request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
-        self.activity.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.activity.head.store(false, Ordering::Release);
-        self.activity.heads.fetch_add(1, Ordering::AcqRel);
-        let guard = InFlight(self.activity.clone());
+        let guard = InFlight::start(&self.activity);
         // A request without a body (most) gets the empty one, which is not
         // boxed: nothing to allocate, nothing to poll through a pointer.
         let mut request = request.map(|body| match hyper::body::Body::is_end_stream(&body) {
@@ -326,37 +339,92 @@ async fn serve_counted(
     open: Arc<Mutex<Open>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let http1 = move |accepted: Accepted, graceful: &GracefulShutdown| {
+        let service = Conn {
+            app: app.clone(),
+            peer: accepted.peer,
+            activity: accepted.activity,
+        };
+        // No timer: hyper's own header timeout (30 s once a timer is set)
+        // would cut a configured `header_timeout` above it; the watchdog
+        // enforces the configured one.
+        let connection = hyper::server::conn::http1::Builder::new()
+            .header_read_timeout(None)
+            .max_buf_size(MAX_BUF)
+            .serve_connection(accepted.io, service);
+        graceful.watch(connection)
+    };
+    let refusal = b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\nretry-after: 1\r\n\r\n";
+    listen(
+        listener,
+        limits,
+        open,
+        shutdown,
+        Protocol::Http1 { refusal },
+        http1,
+    )
+    .await
+}
+
+/// A connection as the accept loop hands it to its protocol: the socket
+/// (noting its traffic for the watchdog), the peer, and that activity.
+pub(crate) struct Accepted {
+    pub(crate) io: TokioIo<Tracked>,
+    pub(crate) peer: SocketAddr,
+    pub(crate) activity: Arc<Activity>,
+}
+
+/// What a listener speaks, as far as its accept loop must know.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Protocol {
+    /// HTTP/1.1: every request's head is timed; a connection over a cap is
+    /// answered `refusal` before it is closed.
+    Http1 { refusal: &'static [u8] },
+    /// HTTP/2 (gRPC): the preface and first call are timed as a head, then
+    /// only idleness; a connection over a cap is closed.
+    Http2,
+}
+
+/// The one accept loop of every listener — public, internal and gRPC:
+/// connection caps in all and per address (`open`, shared by the threads
+/// of one listener), the watchdog's header and idle timeouts, counted and
+/// rate-limited accept errors, and a drain within `shutdown_timeout` once
+/// `shutdown` completes. `serve` makes each admitted connection's future.
+pub(crate) async fn listen<S, F>(
+    listener: TcpListener,
+    limits: ConnectionLimits,
+    open: Arc<Mutex<Open>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    protocol: Protocol,
+    serve: S,
+) -> std::io::Result<()>
+where
+    S: Fn(Accepted, &GracefulShutdown) -> F,
+    F: Future<Output = Result<(), hyper::Error>> + Send + 'static,
+{
     let graceful = GracefulShutdown::new();
     let mut last_error = None;
     tokio::pin!(shutdown);
     while let Some((stream, peer)) = accept(&listener, shutdown.as_mut(), &mut last_error).await {
         let Some(slot) = admit(&open, peer.ip(), &limits) else {
             metrics::counter!("weir_connections_refused_total").increment(1);
-            // Over a cap: a 503 if the socket takes it at once, then close.
-            let _ = stream.try_write(
-                b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\nretry-after: 1\r\n\r\n",
-            );
+            // Over a cap: the refusal if the socket takes it at once, then close.
+            if let Protocol::Http1 { refusal } = protocol {
+                let _ = stream.try_write(refusal);
+            }
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let activity = Arc::new(Activity::default());
+        let activity = Arc::new(Activity {
+            first_head_only: matches!(protocol, Protocol::Http2),
+            ..Activity::default()
+        });
         let io = TokioIo::new(Tracked {
             stream,
             activity: activity.clone(),
         });
-        let service = Conn {
-            app: app.clone(),
-            peer,
-            activity: activity.clone(),
-        };
-        // No timer: hyper's own header timeout (30 s once a timer is set)
-        // would cut a configured `header_timeout` above it; the watchdog
-        // below enforces the configured one.
-        let connection = hyper::server::conn::http1::Builder::new()
-            .header_read_timeout(None)
-            .max_buf_size(MAX_BUF)
-            .serve_connection(io, service);
-        let connection = graceful.watch(connection);
+        let watched = activity.clone();
+        let connection = serve(Accepted { io, peer, activity }, &graceful);
         tokio::spawn(async move {
             let _slot = slot;
             let watchdog = async {
@@ -364,7 +432,7 @@ async fn serve_counted(
                 let mut watch = Watch::new(Instant::now());
                 loop {
                     let now = tick.tick().await.into_std();
-                    if let Some(why) = watch.expired(&activity, &limits, now) {
+                    if let Some(why) = watch.expired(&watched, &limits, now) {
                         return why;
                     }
                 }

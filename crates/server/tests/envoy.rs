@@ -544,3 +544,56 @@ fn key_entries_must_be_entries_of_the_rule() {
         "{errors:?}"
     );
 }
+
+/// The gRPC listener goes through the listeners' one accept loop: its
+/// connections are capped per address, a connection that never finishes
+/// its first call is closed at `header_timeout`, an idle one at
+/// `idle_timeout` — while calls on an open connection go on.
+#[tokio::test]
+async fn the_grpc_listener_holds_the_connection_bounds() {
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let bounded = CONFIG.replacen(
+        "[policies.",
+        "[server]\nmax_connections_per_ip = 3\nheader_timeout = \"300ms\"\nidle_timeout = \"700ms\"\n\n[policies.",
+        1,
+    );
+    let (_client, addr, _) = start(&bounded).await;
+    let closed_within = |mut stream: tokio::net::TcpStream, within: Duration| async move {
+        let started = std::time::Instant::now();
+        let mut sink = Vec::new();
+        let read = tokio::time::timeout(within, stream.read_to_end(&mut sink)).await;
+        assert!(read.is_ok(), "still open after {within:?}");
+        started.elapsed()
+    };
+    // The client holds one connection; a half preface and a silent one.
+    let mut half = tokio::net::TcpStream::connect(addr).await.unwrap();
+    half.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    let silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let silent_since = std::time::Instant::now();
+    // A fourth from the same address is over the cap: closed at once.
+    let over = tokio::net::TcpStream::connect(addr).await.unwrap();
+    assert!(closed_within(over, Duration::from_millis(500)).await < Duration::from_millis(500));
+    let took = closed_within(half, Duration::from_secs(3)).await;
+    assert!(
+        took >= Duration::from_millis(250),
+        "header timeout: {took:?}"
+    );
+    closed_within(silent, Duration::from_secs(3)).await;
+    let took = silent_since.elapsed();
+    assert!(took >= Duration::from_millis(650), "idle timeout: {took:?}");
+    // Calls on a connection in use go on, each within the idle bound.
+    let mut client = RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        ask(
+            &mut client,
+            vec![descriptor(&[("seller", "gRPC")], None)],
+            0,
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
