@@ -603,16 +603,27 @@ impl Policy {
         self.max_cost().0.saturating_mul(1_000)
     }
 
+    /// Whether a report of `cost` is valid: at most [`Policy::max_report`]
+    /// (a report's own bound, where a check's is [`Policy::max_cost`]).
+    pub fn validate_report(&self, cost: u64) -> Result<(), CostError> {
+        let max = self.max_report();
+        match cost > max {
+            true => Err(CostError::TooLarge {
+                cost,
+                max,
+                field: self.max_cost().1,
+            }),
+            false => Ok(()),
+        }
+    }
+
     /// Charges `cost` after the fact (docs/SPEC.md, "Usage reported after the
     /// fact"): always charged, possibly into debt; answered `allowed` with
     /// `remaining` and `reset` of the new state, and `retry_after` the wait
     /// until a check of cost 1 would be allowed.
     pub fn report(&self, state: &mut State, now: Nanos, cost: u64) -> Result<Decision, CostError> {
+        self.validate_report(cost)?;
         let max = self.max_report();
-        if cost > max {
-            let field = self.max_cost().1;
-            return Err(CostError::TooLarge { cost, max, field });
-        }
         let t = now.max(state.seen());
         match (self, &mut *state) {
             (Self::TokenBucket(b) | Self::Gcra(b), State::Level(s)) => {

@@ -417,19 +417,7 @@ impl<C: Clock> Limiter<C> {
     fn validate_report(&self, check: Check<'_>) -> Result<&Named, Error> {
         let named = self.named(check.policy)?;
         weir_core::check::check_key(check.key, self.max_key_len)?;
-        let policy = named.store.policy();
-        let max = policy.max_report();
-        if check.cost > max {
-            let (_, field) = policy.max_cost();
-            return Err(Error::from(CheckError::Cost {
-                policy: named.name.clone(),
-                error: CostError::TooLarge {
-                    cost: check.cost,
-                    max,
-                    field,
-                },
-            }));
-        }
+        (named.store.policy().validate_report(check.cost)).map_err(|e| cost_error(named, e))?;
         Ok(named)
     }
 

@@ -495,17 +495,15 @@ impl RedisStore {
             .collect();
         weir_core::check::validate(&core, self.max_key_len)?;
         for c in checks.iter().filter(|c| c.report) {
-            let max = c.check.policy.max_report();
-            if c.check.cost > max {
-                return Err(StoreError::Invalid(CheckError::Cost {
-                    policy: c.check.name.to_owned(),
-                    error: weir_core::CostError::TooLarge {
-                        cost: c.check.cost,
-                        max,
-                        field: c.check.policy.max_cost().1,
-                    },
-                }));
-            }
+            c.check
+                .policy
+                .validate_report(c.check.cost)
+                .map_err(|error| {
+                    StoreError::Invalid(CheckError::Cost {
+                        policy: c.check.name.to_owned(),
+                        error,
+                    })
+                })?;
         }
         if matches!(self.connection, Connection::Cluster(_))
             && core.iter().any(|c| c.key != core[0].key)

@@ -500,17 +500,15 @@ impl Backend {
             .collect();
         weir_core::check::validate(&core, MAX_KEY).map_err(Refusal::Invalid)?;
         for c in &reports {
-            let max = c.check.policy.max_report();
-            if c.check.cost > max {
-                return Err(Refusal::Invalid(CheckError::Cost {
-                    policy: c.check.name.to_owned(),
-                    error: weir_core::CostError::TooLarge {
-                        cost: c.check.cost,
-                        max,
-                        field: c.check.policy.max_cost().1,
-                    },
-                }));
-            }
+            c.check
+                .policy
+                .validate_report(c.check.cost)
+                .map_err(|error| {
+                    Refusal::Invalid(CheckError::Cost {
+                        policy: c.check.name.to_owned(),
+                        error,
+                    })
+                })?;
         }
         let (decided, created) = match self {
             Self::Memory(local) => {
