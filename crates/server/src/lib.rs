@@ -39,7 +39,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 
 pub use state::{AppState, Shared};
 
@@ -59,30 +59,39 @@ pub enum Face {
     Internal,
 }
 
+/// Every route but `/healthz` that the public face of a split listener
+/// does not serve: the decision API, admin, metrics and the dashboard. One
+/// list, from which [`app`] builds the router and [`App::gateway`] tells the
+/// API's paths from the gateway routes'.
+fn api_routes() -> [(&'static str, MethodRouter<Arc<AppState>>); 13] {
+    [
+        ("/v1/check", post(api::check)),
+        ("/v1/report", post(api::report)),
+        ("/v1/policies", get(api::policies)),
+        (
+            "/v1/keys/{policy}/{key}",
+            get(api::inspect_key).delete(api::reset_key),
+        ),
+        ("/v1/admin/reload", post(api::reload)),
+        ("/readyz", get(api::readyz)),
+        ("/metrics", get(api::metrics)),
+        ("/v1/stats", get(ui::stats)),
+        ("/v1/top", get(ui::top)),
+        ("/v1/simulate", post(ui::simulate)),
+        ("/ui", get(ui::page)),
+        ("/ui/app.js", get(ui::script)),
+        ("/ui/style.css", get(ui::style)),
+    ]
+}
+
 /// The router of one listener. Every path no API route takes goes to the
 /// gateway routes (on the public side).
 pub fn app(state: Arc<AppState>, face: Face) -> Router {
-    // A path added here outside `/v1/` must be added to `App::gateway` too,
-    // or the listener sends it to the gateway routes first.
     let mut router = Router::new().route("/healthz", get(api::healthz));
     if face != Face::Public {
-        router = router
-            .route("/v1/check", post(api::check))
-            .route("/v1/report", post(api::report))
-            .route("/v1/policies", get(api::policies))
-            .route(
-                "/v1/keys/{policy}/{key}",
-                get(api::inspect_key).delete(api::reset_key),
-            )
-            .route("/v1/admin/reload", post(api::reload))
-            .route("/readyz", get(api::readyz))
-            .route("/metrics", get(api::metrics))
-            .route("/v1/stats", get(ui::stats))
-            .route("/v1/top", get(ui::top))
-            .route("/v1/simulate", post(ui::simulate))
-            .route("/ui", get(ui::page))
-            .route("/ui/app.js", get(ui::script))
-            .route("/ui/style.css", get(ui::style));
+        for (path, handler) in api_routes() {
+            router = router.route(path, handler);
+        }
     }
     if face != Face::Internal {
         router = router.fallback(gateway::fallback);
@@ -100,15 +109,20 @@ pub struct App {
     router: Router,
     gateway: Option<Arc<AppState>>,
     face: Face,
+    /// The API's paths outside `/v1/` ([`api_routes`]), and `/healthz`.
+    api_paths: Arc<[&'static str]>,
 }
 
 impl App {
     /// The service of a listener with `face`.
     pub fn new(state: Arc<AppState>, face: Face) -> Self {
+        let api = api_routes().map(|(path, _)| path);
+        let outside = api.into_iter().filter(|p| !p.starts_with("/v1/"));
         Self {
             router: app(state.clone(), face),
             gateway: (face != Face::Internal).then_some(state),
             face,
+            api_paths: std::iter::once("/healthz").chain(outside).collect(),
         }
     }
 
@@ -119,16 +133,7 @@ impl App {
         let api = match self.face {
             Face::Public => path == "/healthz",
             Face::All | Face::Internal => {
-                path.starts_with("/v1/")
-                    || matches!(
-                        path,
-                        "/healthz"
-                            | "/readyz"
-                            | "/metrics"
-                            | "/ui"
-                            | "/ui/app.js"
-                            | "/ui/style.css"
-                    )
+                path.starts_with("/v1/") || self.api_paths.contains(&path)
             }
         };
         self.gateway.as_ref().filter(|_| !api)
