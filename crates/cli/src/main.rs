@@ -11,13 +11,14 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 /// mimalloc rather than the system allocator: a proxied request allocates
-/// and frees many small buffers across two connections, and glibc's
-/// malloc was a sixth of the gateway's user time (docs/BENCHMARKS.md).
+/// and frees many small buffers across two connections, where glibc's
+/// malloc took a large share of the gateway's user time
+/// (docs/BENCHMARKS.md).
 /// Its v2 line (the crate's `v2` feature): v3's aligned entry point, which
 /// every Rust allocation goes through, over-allocates any block above
 /// 1 KiB that is not a power of two (hyper's and h2's buffers), where v2
-/// takes the plain path — about 1 % of the instructions of a gateway
-/// request (`bench/instructions.sh`) or an Envoy call (docs/BENCHMARKS.md).
+/// takes the plain path: fewer instructions per gateway request
+/// (`bench/instructions.sh`) and Envoy call (docs/BENCHMARKS.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

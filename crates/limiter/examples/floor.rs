@@ -7,8 +7,7 @@
 //! reduced to one compare. `floor clamp` moves a refused key's latest time,
 //! as docs/SPEC.md's clamp requires of every check (one locked instruction);
 //! `floor no-clamp` moves it on admissions only, as governor, which has no
-//! clamp, does. Run them beside `keyed governor 1 1` (`docs/BENCHMARKS.md`,
-//! fourteenth pass):
+//! clamp, does. Run them beside `keyed governor 1 1` (`docs/BENCHMARKS.md`):
 //!
 //! ```sh
 //! cargo run --release -p weir-limiter --example floor -- clamp

@@ -364,8 +364,8 @@ impl<C: Clock> Limiter<C> {
     ///
     /// Always inlined into its caller, as the store's path beneath it is:
     /// called, it returns the decision through memory, and the caller
-    /// reads back what it just wrote (5–10 % of a hot key's check,
-    /// `docs/BENCHMARKS.md`).
+    /// reads back what it just wrote, measurably on a hot key's check
+    /// (`docs/BENCHMARKS.md`).
     #[inline(always)]
     pub fn check_one(&self, check: Check<'_>) -> Result<Decision, Error> {
         let named = self.validate(check)?;

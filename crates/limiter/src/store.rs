@@ -185,9 +185,10 @@ fn index_bits(window: Nanos) -> u32 {
 /// compare-and-swap, trying again if another check changed the word first.
 ///
 /// A macro, so that each algorithm's transition is compiled into a loop of
-/// its own, with nothing of the other algorithms live in it: a hot key's
-/// check is 3–4 % faster than with one loop around a dispatch on the
-/// algorithm (`docs/BENCHMARKS.md`, fourteenth pass).
+/// its own, with nothing of the other algorithms live in it: one loop
+/// around a dispatch on the algorithm kept every algorithm's constants
+/// live across the compare-and-swap, and a hot key's check measured slower
+/// (`docs/BENCHMARKS.md`).
 macro_rules! commit {
     ($slot:expr, $now:expr, |$word:ident, $t:ident| $transition:expr) => {{
         let slot = $slot;

@@ -4,8 +4,8 @@
 //!
 //! tonic's transport server wraps every call in its own layers — a router
 //! (axum's), a `grpc-timeout` service, error recovery, a future mapped and
-//! boxed at each step — about 8 % of an in-memory call's instructions
-//! (docs/BENCHMARKS.md). What those layers did that a caller can see is
+//! boxed at each step — a measurable share of an in-memory call's
+//! instructions (docs/BENCHMARKS.md). What those layers did that a caller can see is
 //! kept: a `grpc-timeout` header is honoured (a call still running at its
 //! deadline is answered `DEADLINE_EXCEEDED`), and a method served by
 //! neither service is answered `UNIMPLEMENTED`.

@@ -79,9 +79,9 @@ fn admit(open: &Arc<Mutex<Open>>, ip: IpAddr, limits: &ConnectionLimits) -> Opti
 }
 
 /// What the socket and the service note for a connection's watchdog:
-/// flags and counts only, no clock (a reading on every read and write cost
-/// about 1,000 instructions per request); the watchdog reads the time on
-/// its ticks.
+/// flags and counts only, no clock (a reading on every read and write was
+/// a measurable cost per request); the watchdog reads the time on its
+/// ticks.
 #[derive(Debug, Default)]
 pub(crate) struct Activity {
     /// Bytes moved, or a request ended, since the watchdog last looked.

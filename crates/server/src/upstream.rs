@@ -18,8 +18,8 @@
 //!
 //! In place of hyper-util's general-purpose client, whose pool sits behind
 //! a mutex and hashes its `(scheme, authority)` key with SipHash on each
-//! checkout and return: about a tenth of the instructions of a forwarded
-//! request (docs/BENCHMARKS.md).
+//! checkout and return, a measurable share of a forwarded request's
+//! instructions (docs/BENCHMARKS.md).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
