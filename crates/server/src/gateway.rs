@@ -323,7 +323,7 @@ pub(crate) async fn forward(
         i64::from(response.status().as_u16()),
     );
     if let Some((started, method)) = logged {
-        access_log(&shared, route, &method, &response, started);
+        access_log(route, &method, &response, started);
     }
     (response, Some(route.label.clone()))
 }
@@ -346,13 +346,7 @@ struct Logged {
 /// outcome, refusing policy, latency — and the identity only when
 /// `access_log_identity` asks for it. A request refused before it was
 /// decided is `invalid` (4xx) or `error` (5xx).
-fn access_log(
-    shared: &Shared,
-    route: &Route,
-    method: &Method,
-    response: &Response,
-    started: std::time::Instant,
-) {
+fn access_log(route: &Route, method: &Method, response: &Response, started: std::time::Instant) {
     let status = response.status().as_u16();
     let logged = response.extensions().get::<Logged>();
     let outcome = match (logged, status) {
@@ -364,8 +358,9 @@ fn access_log(
     let degraded = logged.is_some_and(|l| l.degraded);
     let latency_ms = started.elapsed().as_secs_f64() * 1e3;
     let route = route.text.as_str();
+    // Set only with `access_log_identity`.
     match logged.and_then(|l| l.identity.as_deref()) {
-        Some(identity) if shared.config.server.access_log_identity => {
+        Some(identity) => {
             tracing::info!(target: "weir::access", route, %method, status, outcome, policy, degraded, latency_ms, identity, "access")
         }
         _ => {
