@@ -73,7 +73,7 @@ impl TokenBucket {
     /// Always inlined, as are the other transitions and the stores' paths
     /// down to them: a decision returned through memory is written field by
     /// field and read back in wider words, and the failed store-to-load
-    /// forwarding cost ~15 ns of a 70 ns check (`docs/BENCHMARKS.md`).
+    /// forwarding was a measurable part of a check (`docs/BENCHMARKS.md`).
     #[inline(always)]
     pub fn check(&self, state: LevelState, now: Nanos, cost: u64) -> (Decision, LevelState) {
         let (n, p) = (
