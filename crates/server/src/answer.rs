@@ -9,14 +9,14 @@ use http::{HeaderValue, StatusCode, header};
 use serde::Serialize;
 use weir_core::{CheckError, CostError, Decision, Nanos};
 
-use crate::backend::Refusal;
+use crate::backend::Undecided;
 use crate::table::Entry;
 
 /// Why an HTTP request got no decision.
 #[derive(Debug)]
 pub(crate) enum ApiError {
     /// The backend could not decide it.
-    Refused(Refusal),
+    Refused(Undecided),
     /// No policy of that name.
     UnknownPolicy(String),
     /// A body over the limit.
@@ -62,10 +62,10 @@ pub(crate) enum ApiError {
     Internal,
 }
 
-impl From<Refusal> for ApiError {
-    fn from(refusal: Refusal) -> Self {
+impl From<Undecided> for ApiError {
+    fn from(refusal: Undecided) -> Self {
         match refusal {
-            Refusal::NewKeys(wait) => Self::NewKeys(wait),
+            Undecided::NewKeys(wait) => Self::NewKeys(wait),
             refusal => Self::Refused(refusal),
         }
     }
@@ -73,7 +73,7 @@ impl From<Refusal> for ApiError {
 
 impl From<CheckError> for ApiError {
     fn from(e: CheckError) -> Self {
-        Self::Refused(Refusal::Invalid(e))
+        Self::Refused(Undecided::Invalid(e))
     }
 }
 
@@ -122,7 +122,7 @@ impl ApiError {
     fn parts(&self) -> (StatusCode, &'static str, String) {
         use StatusCode as S;
         match self {
-            Self::Refused(Refusal::Invalid(e)) => {
+            Self::Refused(Undecided::Invalid(e)) => {
                 let (status, code) = match e {
                     CheckError::UnknownPolicy(_) => (S::NOT_FOUND, "UNKNOWN_POLICY"),
                     CheckError::Cost {
@@ -138,15 +138,15 @@ impl ApiError {
                 };
                 (status, code, e.to_string())
             }
-            Self::Refused(Refusal::Full { max }) => (
+            Self::Refused(Undecided::Full { max }) => (
                 S::SERVICE_UNAVAILABLE,
                 "LIMITER_FULL",
                 format!("the limiter holds its maximum of {max} keys and none is idle; new keys are refused until some are"),
             ),
-            Self::Refused(Refusal::Unsupported(m)) => {
+            Self::Refused(Undecided::Unsupported(m)) => {
                 (S::UNPROCESSABLE_ENTITY, "UNSUPPORTED", (*m).to_owned())
             }
-            Self::Refused(Refusal::Unavailable { .. }) => (
+            Self::Refused(Undecided::Unavailable { .. }) => (
                 S::SERVICE_UNAVAILABLE,
                 "STORE_UNAVAILABLE",
                 "the store is unavailable: a policy's on_store_error is \"deny\", or the operation needs the store".into(),
@@ -190,7 +190,7 @@ impl ApiError {
                 "UNAUTHORIZED",
                 "a valid bearer token is required".into(),
             ),
-            Self::NewKeys(_) | Self::Refused(Refusal::NewKeys(_)) => (
+            Self::NewKeys(_) | Self::Refused(Undecided::NewKeys(_)) => (
                 S::TOO_MANY_REQUESTS,
                 "NEW_KEYS_LIMITED",
                 "this address created its share of new identities ([server] new_keys_per_ip)".into(),
@@ -236,7 +236,7 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, error, detail) = self.parts();
-        let unavailable = matches!(self, Self::Refused(Refusal::Unavailable { .. }));
+        let unavailable = matches!(self, Self::Refused(Undecided::Unavailable { .. }));
         let body = ErrorBody {
             error,
             detail,

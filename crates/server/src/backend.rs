@@ -39,9 +39,10 @@ pub struct Check<'a> {
     pub cost: u64,
 }
 
-/// Why a request could not be decided.
+/// Why a request could not be decided — never a rate limit's refusal,
+/// which is a decision (`allowed: false`).
 #[derive(Debug)]
-pub(crate) enum Refusal {
+pub(crate) enum Undecided {
     /// The request is invalid (cost, key, a pair named twice): nothing
     /// charged.
     Invalid(CheckError),
@@ -70,7 +71,7 @@ pub(crate) enum NewKeys {
     Refused(Nanos),
 }
 
-impl From<weir_limiter::Error> for Refusal {
+impl From<weir_limiter::Error> for Undecided {
     fn from(e: weir_limiter::Error) -> Self {
         match e {
             weir_limiter::Error::Invalid(e) => Self::Invalid(e),
@@ -275,7 +276,7 @@ impl Local {
         &self,
         table: &PolicyTable,
         check: &Check<'a>,
-    ) -> Result<weir_limiter::Check<'a>, Refusal> {
+    ) -> Result<weir_limiter::Check<'a>, Undecided> {
         let entry = table.get(check.policy);
         let policy = match self.ids.get(check.policy.0) {
             Some(&id) => id,
@@ -294,7 +295,7 @@ impl Local {
         table: &PolicyTable,
         checks: &[Check<'_>],
         max_delay: Nanos,
-    ) -> Result<AllDecision, Refusal> {
+    ) -> Result<AllDecision, Undecided> {
         let checks = checks
             .iter()
             .map(|c| self.check(table, c))
@@ -375,7 +376,7 @@ impl Backend {
     /// Decides `checks` all-or-nothing, refusing shaper waits over
     /// `max_delay`. A policy without an `on_store_error` rule follows
     /// `default`; with none, a store failure makes the request
-    /// [`Refusal::Unavailable`]. Counts every policy's outcome.
+    /// [`Undecided::Unavailable`]. Counts every policy's outcome.
     pub(crate) async fn decide(
         &self,
         table: &PolicyTable,
@@ -384,7 +385,7 @@ impl Backend {
         max_delay: Nanos,
         default: Option<OnStoreError>,
         new_keys: NewKeys,
-    ) -> Result<Verdict, Refusal> {
+    ) -> Result<Verdict, Undecided> {
         let started = Instant::now();
         // Unlimited overrides are admitted without a store call.
         let unlimited = |c: &Check<'_>| table.get(c.policy).unlimited;
@@ -478,13 +479,13 @@ impl Backend {
     /// Charges usage after the fact (docs/SPEC.md's reports): every check is
     /// charged, possibly into debt, after all are validated. On Redis, one
     /// script call charges them together; a store failure is
-    /// [`Refusal::Unavailable`] (usage is never charged to a fallback).
+    /// [`Undecided::Unavailable`] (usage is never charged to a fallback).
     pub(crate) async fn report(
         &self,
         table: &PolicyTable,
         checks: &[Check<'_>],
         new_keys: NewKeys,
-    ) -> Result<(Vec<Decision>, usize), Refusal> {
+    ) -> Result<(Vec<Decision>, usize), Undecided> {
         let reports: Vec<weir_redis::Check<'_>> = checks
             .iter()
             .map(|c| weir_redis::Check {
@@ -498,13 +499,13 @@ impl Backend {
             .iter()
             .map(|c| weir_core::Check { cost: 0, ..c.check })
             .collect();
-        weir_core::check::validate(&core, MAX_KEY).map_err(Refusal::Invalid)?;
+        weir_core::check::validate(&core, MAX_KEY).map_err(Undecided::Invalid)?;
         for c in &reports {
             c.check
                 .policy
                 .validate_report(c.check.cost)
                 .map_err(|error| {
-                    Refusal::Invalid(CheckError::Cost {
+                    Undecided::Invalid(CheckError::Cost {
                         policy: c.check.name.to_owned(),
                         error,
                     })
@@ -515,19 +516,19 @@ impl Backend {
                 let checks = checks
                     .iter()
                     .map(|c| local.check(table, c))
-                    .collect::<Result<Vec<_>, Refusal>>()?;
+                    .collect::<Result<Vec<_>, Undecided>>()?;
                 (local.limiter.report_all(&checks)?, 0)
             }
             Self::Redis { remote, .. } => {
                 let store = remote
                     .available()
-                    .ok_or(Refusal::Unavailable { denied: true })?;
+                    .ok_or(Undecided::Unavailable { denied: true })?;
                 let mode = Mode::Charge {
                     max_delay: Nanos::MAX,
                 };
                 let checked = store.decide(&reports, None, mode).await.map_err(refusal)?;
                 if let (true, NewKeys::Refused(wait)) = (checked.new_key_refused, new_keys) {
-                    return Err(Refusal::NewKeys(wait));
+                    return Err(Undecided::NewKeys(wait));
                 }
                 (checked.all.decisions, checked.created)
             }
@@ -546,7 +547,7 @@ impl Backend {
         table: &PolicyTable,
         policy: PolicyId,
         key: &str,
-    ) -> Result<(Decision, bool), Refusal> {
+    ) -> Result<(Decision, bool), Undecided> {
         let check = Check {
             policy,
             key,
@@ -557,7 +558,7 @@ impl Backend {
             Self::Redis { remote, .. } => {
                 let store = remote
                     .available()
-                    .ok_or(Refusal::Unavailable { denied: true })?;
+                    .ok_or(Undecided::Unavailable { denied: true })?;
                 let checks = [redis_check(table, &check)];
                 let exists = store.exists(&table.get(policy).stored_as, key);
                 let (checked, exists) =
@@ -568,7 +569,7 @@ impl Backend {
                     .decisions
                     .first()
                     .copied()
-                    .ok_or(Refusal::Unavailable { denied: true })?;
+                    .ok_or(Undecided::Unavailable { denied: true })?;
                 Ok((decision, exists.map_err(refusal)?))
             }
         }
@@ -581,7 +582,7 @@ impl Backend {
         table: &PolicyTable,
         policy: PolicyId,
         key: &str,
-    ) -> Result<bool, Refusal> {
+    ) -> Result<bool, Undecided> {
         let local = self.local();
         let here = local.limiter.reset(local.ids[policy.0], key)?;
         let Some(remote) = self.remote() else {
@@ -589,22 +590,22 @@ impl Backend {
         };
         let store = remote
             .available()
-            .ok_or(Refusal::Unavailable { denied: true })?;
+            .ok_or(Undecided::Unavailable { denied: true })?;
         store
             .reset(&table.get(policy).stored_as, key)
             .await
             .map_err(|e| {
                 tracing::warn!(error = %e, "admin reset failed");
-                Refusal::Unavailable { denied: true }
+                Undecided::Unavailable { denied: true }
             })
     }
 }
 
-fn refusal(e: StoreError) -> Refusal {
+fn refusal(e: StoreError) -> Undecided {
     match e {
-        StoreError::Invalid(e) => Refusal::Invalid(e),
-        StoreError::Unsupported(m) => Refusal::Unsupported(m),
-        _ => Refusal::Unavailable { denied: true },
+        StoreError::Invalid(e) => Undecided::Invalid(e),
+        StoreError::Unsupported(m) => Undecided::Unsupported(m),
+        _ => Undecided::Unavailable { denied: true },
     }
 }
 
@@ -662,7 +663,7 @@ async fn decide_remote(
     max_delay: Nanos,
     default: Option<OnStoreError>,
     new_keys: NewKeys,
-) -> Result<Verdict, Refusal> {
+) -> Result<Verdict, Undecided> {
     let redis: Vec<weir_redis::Check<'_>> = (checks.iter())
         .map(|c| weir_redis::Check {
             no_new_key: new_keys != NewKeys::Allowed,
@@ -672,7 +673,7 @@ async fn decide_remote(
     // Refuse what the store would refuse before trying it, so that an
     // invalid request is refused alike whether Redis is up or not.
     let core: Vec<weir_core::Check<'_>> = redis.iter().map(|c| c.check).collect();
-    weir_core::check::validate(&core, MAX_KEY).map_err(Refusal::Invalid)?;
+    weir_core::check::validate(&core, MAX_KEY).map_err(Undecided::Invalid)?;
     let traced = Traced::start("weir.store");
     traced.set("db.system.name", "redis");
     // On a cluster, the breaker of the master serving this identity.
@@ -699,8 +700,8 @@ async fn decide_remote(
                 }
                 if checked.new_key_refused {
                     return Err(match new_keys {
-                        NewKeys::Refused(wait) => Refusal::NewKeys(wait),
-                        NewKeys::Allowed => Refusal::NewKeys(0),
+                        NewKeys::Refused(wait) => Undecided::NewKeys(wait),
+                        NewKeys::Allowed => Undecided::NewKeys(0),
                     });
                 }
                 return Ok(Verdict {
@@ -711,8 +712,8 @@ async fn decide_remote(
                     created: checked.created,
                 });
             }
-            Err(StoreError::Invalid(e)) => return Err(Refusal::Invalid(e)),
-            Err(StoreError::Unsupported(m)) => return Err(Refusal::Unsupported(m)),
+            Err(StoreError::Invalid(e)) => return Err(Undecided::Invalid(e)),
+            Err(StoreError::Unsupported(m)) => return Err(Undecided::Unsupported(m)),
             Err(e) => {
                 remote.failed(node);
                 Meters::store_error(match e {
@@ -744,7 +745,7 @@ fn fall_back(
     checks: &[Check<'_>],
     max_delay: Nanos,
     default: Option<OnStoreError>,
-) -> Result<Verdict, Refusal> {
+) -> Result<Verdict, Undecided> {
     let rules: Vec<Option<OnStoreError>> = checks
         .iter()
         .map(|c| {
@@ -754,10 +755,10 @@ fn fall_back(
         })
         .collect();
     if rules.contains(&Some(OnStoreError::Deny)) {
-        return Err(Refusal::Unavailable { denied: true });
+        return Err(Undecided::Unavailable { denied: true });
     }
     if rules.contains(&None) {
-        return Err(Refusal::Unavailable { denied: false });
+        return Err(Undecided::Unavailable { denied: false });
     }
     let local: Vec<Check<'_>> = checks
         .iter()

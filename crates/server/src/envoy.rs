@@ -29,7 +29,7 @@ use weir_core::check::escape;
 use weir_core::{MAX_IDENTITY, NANOS_PER_SEC, Nanos, Policy, Rate};
 use weir_tower::{Limited, Part, fields_in};
 
-use crate::backend::{Check, NewKeys, Refusal};
+use crate::backend::{Check, NewKeys, Undecided};
 use crate::config::{Config, PolicyId};
 use crate::state::{AppState, Shared};
 
@@ -267,17 +267,17 @@ fn resolve(shared: &Shared, target: Target) -> Result<PolicyId, Status> {
 /// The gRPC status of a request the backend could not decide. A store
 /// failure with no rule is `UNAVAILABLE`, so that Envoy's
 /// `failure_mode_deny` decides.
-fn status(refusal: Refusal) -> Status {
+fn status(refusal: Undecided) -> Status {
     match refusal {
-        Refusal::Invalid(e) => Status::invalid_argument(e.to_string()),
-        Refusal::Unsupported(m) => Status::invalid_argument(m),
-        Refusal::Full { max } => Status::resource_exhausted(format!(
+        Undecided::Invalid(e) => Status::invalid_argument(e.to_string()),
+        Undecided::Unsupported(m) => Status::invalid_argument(m),
+        Undecided::Full { max } => Status::resource_exhausted(format!(
             "the limiter holds its maximum of {max} keys; new keys are refused"
         )),
-        Refusal::Unavailable { .. } => Status::unavailable(
+        Undecided::Unavailable { .. } => Status::unavailable(
             "the store is unavailable and no on_store_error rule decides for it",
         ),
-        Refusal::NewKeys(_) => Status::resource_exhausted("no new keys for this client now"),
+        Undecided::NewKeys(_) => Status::resource_exhausted("no new keys for this client now"),
     }
 }
 
@@ -377,7 +377,7 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
         .await;
     let verdict = match decided {
         Ok(verdict) => verdict,
-        Err(Refusal::Unavailable { denied: true }) => {
+        Err(Undecided::Unavailable { denied: true }) => {
             response.overall_code = Code::OverLimit.into();
             for (status, t) in response.statuses.iter_mut().zip(&translated) {
                 if t.is_some() {
