@@ -134,7 +134,7 @@ where
 
 /// Serves the Envoy rate limit service and the standard gRPC health service
 /// on `listener` until `shutdown` completes, through the listeners' one
-/// accept loop ([`listen`]): `[server]`'s connection caps, header and idle
+/// accept loop (`serve::listen`): `[server]`'s connection caps, header and idle
 /// timeouts, and a drain within `shutdown_timeout`, so a peer that keeps
 /// its connection open cannot hold the process up.
 pub async fn run_grpc(

@@ -1,4 +1,4 @@
-//! The listeners' one accept loop ([`listen`]), which holds what a server on
+//! The listeners' one accept loop (`listen`), which holds what a server on
 //! the internet must hold — a header timeout, an idle timeout, a cap on
 //! connections in all and per client address, counted accept errors, and a
 //! graceful shutdown with a deadline — for HTTP/1.1 (the public and

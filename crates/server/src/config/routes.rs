@@ -173,6 +173,9 @@ fn source(text: &str, segments: &[Segment]) -> Result<Identity, String> {
 /// The methods a route may name.
 const METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
 
+/// Where an error is: `[[routes]] #N key`.
+type Place<'a> = &'a dyn Fn(&str) -> String;
+
 pub(super) fn parse(
     raw: &[Raw],
     resolve: &dyn Fn(&str) -> Option<PolicyId>,
@@ -183,106 +186,12 @@ pub(super) fn parse(
     for (i, raw) in raw.iter().enumerate() {
         let place = |key: &str| format!("[[routes]] #{} {key}", i + 1);
         let pattern = raw.pattern.get_ref().trim();
-        let at = raw.pattern.span();
-        let (method, path) = match pattern.split_once(' ') {
-            Some((m, p)) if METHODS.contains(&m) => {
-                (Method::from_bytes(m.as_bytes()).ok(), p.trim())
-            }
-            Some((m, p)) => {
-                report.error(
-                    &at,
-                    &place("match"),
-                    format!(
-                        "`{m}` is not an HTTP method (valid: {})",
-                        METHODS.join(", ")
-                    ),
-                );
-                (None, p.trim())
-            }
-            None => (None, pattern),
-        };
-        let mut segments = Vec::new();
-        if !path.starts_with('/') {
-            report.error(
-                &at,
-                &place("match"),
-                "the path must start with `/`, e.g. \"GET /sellers/{seller}/stock\"",
-            );
-        }
-        for part in path.split('/').skip(1) {
-            match part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
-                Some(name) if super::valid_name(name) => {
-                    segments.push(Segment::Param(name.to_owned()));
-                }
-                Some(name) => report.error(
-                    &at,
-                    &place("match"),
-                    format!("`{{{name}}}` is not a parameter name"),
-                ),
-                None => segments.push(Segment::Literal(part.to_owned())),
-            }
-        }
-        let at = raw.identity.span();
-        let texts: Option<Vec<&str>> = match raw.identity.get_ref() {
-            toml::Value::String(text) => Some(vec![text.as_str()]),
-            toml::Value::Array(list) if !list.is_empty() => {
-                list.iter().map(|v| v.as_str()).collect()
-            }
-            _ => None,
-        };
-        let sources: Vec<Identity> = match texts {
-            Some(texts) => texts
-                .into_iter()
-                .filter_map(|text| {
-                    source(text, &segments)
-                        .map_err(|e| report.error(&at, &place("identity"), e))
-                        .ok()
-                })
-                .collect(),
-            None => {
-                report.error(
-                    &at,
-                    &place("identity"),
-                    "is not an identity: a source such as \"header:x-api-key\", or a list of them tried in order, such as [\"header:x-api-key\", \"peer\"]",
-                );
-                Vec::new()
-            }
-        };
-        let mut sources = sources.into_iter();
+        let (method, segments) = matched(raw, &place, report);
+        let mut sources = identities(raw, &segments, &place, report).into_iter();
         let identity = sources.next();
-        let fallbacks: Vec<(Identity, String)> = sources.map(|s| (s.clone(), s.scope())).collect();
-        let at = raw.policies.span();
-        if raw.policies.get_ref().is_empty() {
-            report.error(&at, &place("policies"), "name at least one policy");
-        }
-        let mut policies = Vec::new();
-        for name in raw.policies.get_ref() {
-            match resolve(name) {
-                Some(id) if policies.contains(&id) => {
-                    report.error(&at, &place("policies"), format!("`{name}` is named twice"))
-                }
-                Some(id) => policies.push(id),
-                None => report.error(
-                    &at,
-                    &place("policies"),
-                    format!("no policy `{name}` (defined: {})", known()),
-                ),
-            }
-        }
-        let upstream = match raw.upstream.get_ref().parse::<Uri>() {
-            Ok(uri) if uri.scheme_str() == Some("http") && uri.authority().is_some() => Some(uri),
-            _ => {
-                report.error(
-                    &raw.upstream.span(),
-                    &place("upstream"),
-                    format!(
-                        "`{}` is not an upstream such as \"http://127.0.0.1:9000\"",
-                        raw.upstream.get_ref()
-                    ),
-                );
-                None
-            }
-        };
+        let fallbacks = sources.map(|s| (s.clone(), s.scope())).collect();
+        let policies = policies(raw, resolve, known, &place, report);
+        let upstream = upstream(raw, &place, report);
         let max_wait = super::duration(
             raw.max_wait.as_ref(),
             Duration::from_secs(10),
@@ -290,91 +199,10 @@ pub(super) fn parse(
             report,
         );
         let timeout = super::duration(raw.timeout.as_ref(), TIMEOUT, &place("timeout"), report);
-        let max_body = match &raw.max_body {
-            None => MAX_BODY,
-            Some(v) => {
-                let parsed = match v.get_ref() {
-                    toml::Value::Integer(n) => u64::try_from(*n).ok(),
-                    toml::Value::String(s) => size(s),
-                    _ => None,
-                };
-                parsed.unwrap_or_else(|| {
-                    report.error(
-                        &v.span(),
-                        &place("max_body"),
-                        "is not a size such as 1048576, \"64KiB\" or \"10MiB\"",
-                    );
-                    MAX_BODY
-                })
-            }
-        };
-        let fold_case = match raw
-            .identity_case
-            .as_ref()
-            .map(|c| (c, c.get_ref().as_str()))
-        {
-            None | Some((_, "exact")) => false,
-            Some((_, "lower")) => true,
-            Some((c, other)) => {
-                report.error(
-                    &c.span(),
-                    &place("identity_case"),
-                    format!("`{other}` is not valid (valid: \"exact\", \"lower\")"),
-                );
-                false
-            }
-        };
-        let usage = raw.usage.as_ref().and_then(|u| {
-            let parsed = match u.get_ref().split_once(':') {
-                Some(("header", name)) => HeaderName::try_from(name).ok().map(Usage::Header),
-                Some(("json", pointer)) if pointer.starts_with('/') => {
-                    Some(Usage::Json(pointer.to_owned()))
-                }
-                _ => None,
-            };
-            if parsed.is_none() {
-                report.error(
-                    &u.span(),
-                    &place("usage"),
-                    format!(
-                        "`{}` is not a usage source (valid: \"header:NAME\", \"json:/pointer\" such as \"json:/usage/total_tokens\")",
-                        u.get_ref()
-                    ),
-                );
-            }
-            parsed
-        });
-        let cost = match &raw.cost {
-            None => Cost::Fixed(1),
-            Some(v) => {
-                let parsed = match v.get_ref() {
-                    toml::Value::Integer(n) => u64::try_from(*n).ok().map(Cost::Fixed),
-                    toml::Value::String(s) => s
-                        .strip_prefix("header:")
-                        .and_then(|name| HeaderName::try_from(name).ok())
-                        .map(|name| Cost::Header {
-                            name,
-                            min: raw.min_cost.as_ref().map(|m| *m.get_ref()),
-                        }),
-                    _ => None,
-                };
-                parsed.unwrap_or_else(|| {
-                    report.error(
-                        &v.span(),
-                        &place("cost"),
-                        "is not an admission charge (valid: a whole number such as 1, or \"header:NAME\")",
-                    );
-                    Cost::Fixed(1)
-                })
-            }
-        };
-        if let (Some(min), Cost::Fixed(_)) = (&raw.min_cost, &cost) {
-            report.error(
-                &min.span(),
-                &place("min_cost"),
-                "applies to a cost a client declares: set cost = \"header:NAME\" too, or drop min_cost",
-            );
-        }
+        let max_body = max_body(raw, &place, report);
+        let fold_case = fold_case(raw, &place, report);
+        let usage = usage(raw, &place, report);
+        let cost = cost(raw, &place, report);
         if let (Some(identity), Some(upstream)) = (identity, upstream) {
             routes.push(Route {
                 text: pattern.to_owned(),
@@ -399,4 +227,224 @@ pub(super) fn parse(
         }
     }
     routes
+}
+
+/// `match`: the method, if one is named, and the path's segments.
+fn matched(raw: &Raw, place: Place<'_>, report: &mut Report<'_>) -> (Option<Method>, Vec<Segment>) {
+    let pattern = raw.pattern.get_ref().trim();
+    let at = raw.pattern.span();
+    let (method, path) = match pattern.split_once(' ') {
+        Some((m, p)) if METHODS.contains(&m) => (Method::from_bytes(m.as_bytes()).ok(), p.trim()),
+        Some((m, p)) => {
+            report.error(
+                &at,
+                &place("match"),
+                format!(
+                    "`{m}` is not an HTTP method (valid: {})",
+                    METHODS.join(", ")
+                ),
+            );
+            (None, p.trim())
+        }
+        None => (None, pattern),
+    };
+    let mut segments = Vec::new();
+    if !path.starts_with('/') {
+        report.error(
+            &at,
+            &place("match"),
+            "the path must start with `/`, e.g. \"GET /sellers/{seller}/stock\"",
+        );
+    }
+    for part in path.split('/').skip(1) {
+        match part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
+            Some(name) if super::valid_name(name) => {
+                segments.push(Segment::Param(name.to_owned()));
+            }
+            Some(name) => report.error(
+                &at,
+                &place("match"),
+                format!("`{{{name}}}` is not a parameter name"),
+            ),
+            None => segments.push(Segment::Literal(part.to_owned())),
+        }
+    }
+    (method, segments)
+}
+
+/// `identity`: one source, or a list tried in order.
+fn identities(
+    raw: &Raw,
+    segments: &[Segment],
+    place: Place<'_>,
+    report: &mut Report<'_>,
+) -> Vec<Identity> {
+    let at = raw.identity.span();
+    let texts: Option<Vec<&str>> = match raw.identity.get_ref() {
+        toml::Value::String(text) => Some(vec![text.as_str()]),
+        toml::Value::Array(list) if !list.is_empty() => list.iter().map(|v| v.as_str()).collect(),
+        _ => None,
+    };
+    let Some(texts) = texts else {
+        report.error(
+            &at,
+            &place("identity"),
+            "is not an identity: a source such as \"header:x-api-key\", or a list of them tried in order, such as [\"header:x-api-key\", \"peer\"]",
+        );
+        return Vec::new();
+    };
+    texts
+        .into_iter()
+        .filter_map(|text| {
+            source(text, segments)
+                .map_err(|e| report.error(&at, &place("identity"), e))
+                .ok()
+        })
+        .collect()
+}
+
+/// `policies`: each named once, each defined.
+fn policies(
+    raw: &Raw,
+    resolve: &dyn Fn(&str) -> Option<PolicyId>,
+    known: &dyn Fn() -> String,
+    place: Place<'_>,
+    report: &mut Report<'_>,
+) -> Vec<PolicyId> {
+    let at = raw.policies.span();
+    if raw.policies.get_ref().is_empty() {
+        report.error(&at, &place("policies"), "name at least one policy");
+    }
+    let mut policies = Vec::new();
+    for name in raw.policies.get_ref() {
+        match resolve(name) {
+            Some(id) if policies.contains(&id) => {
+                report.error(&at, &place("policies"), format!("`{name}` is named twice"))
+            }
+            Some(id) => policies.push(id),
+            None => report.error(
+                &at,
+                &place("policies"),
+                format!("no policy `{name}` (defined: {})", known()),
+            ),
+        }
+    }
+    policies
+}
+
+/// `upstream`: `http://authority`.
+fn upstream(raw: &Raw, place: Place<'_>, report: &mut Report<'_>) -> Option<Uri> {
+    match raw.upstream.get_ref().parse::<Uri>() {
+        Ok(uri) if uri.scheme_str() == Some("http") && uri.authority().is_some() => Some(uri),
+        _ => {
+            report.error(
+                &raw.upstream.span(),
+                &place("upstream"),
+                format!(
+                    "`{}` is not an upstream such as \"http://127.0.0.1:9000\"",
+                    raw.upstream.get_ref()
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// `max_body`: bytes, or a size with its unit.
+fn max_body(raw: &Raw, place: Place<'_>, report: &mut Report<'_>) -> u64 {
+    let Some(v) = &raw.max_body else {
+        return MAX_BODY;
+    };
+    let parsed = match v.get_ref() {
+        toml::Value::Integer(n) => u64::try_from(*n).ok(),
+        toml::Value::String(s) => size(s),
+        _ => None,
+    };
+    parsed.unwrap_or_else(|| {
+        report.error(
+            &v.span(),
+            &place("max_body"),
+            "is not a size such as 1048576, \"64KiB\" or \"10MiB\"",
+        );
+        MAX_BODY
+    })
+}
+
+/// `identity_case`: `"lower"` folds identities to lower case.
+fn fold_case(raw: &Raw, place: Place<'_>, report: &mut Report<'_>) -> bool {
+    match raw
+        .identity_case
+        .as_ref()
+        .map(|c| (c, c.get_ref().as_str()))
+    {
+        None | Some((_, "exact")) => false,
+        Some((_, "lower")) => true,
+        Some((c, other)) => {
+            report.error(
+                &c.span(),
+                &place("identity_case"),
+                format!("`{other}` is not valid (valid: \"exact\", \"lower\")"),
+            );
+            false
+        }
+    }
+}
+
+/// `usage`: where the answer says what it cost.
+fn usage(raw: &Raw, place: Place<'_>, report: &mut Report<'_>) -> Option<Usage> {
+    let u = raw.usage.as_ref()?;
+    let parsed = match u.get_ref().split_once(':') {
+        Some(("header", name)) => HeaderName::try_from(name).ok().map(Usage::Header),
+        Some(("json", pointer)) if pointer.starts_with('/') => {
+            Some(Usage::Json(pointer.to_owned()))
+        }
+        _ => None,
+    };
+    if parsed.is_none() {
+        report.error(
+            &u.span(),
+            &place("usage"),
+            format!(
+                "`{}` is not a usage source (valid: \"header:NAME\", \"json:/pointer\" such as \"json:/usage/total_tokens\")",
+                u.get_ref()
+            ),
+        );
+    }
+    parsed
+}
+
+/// `cost` and `min_cost`: the admission charge.
+fn cost(raw: &Raw, place: Place<'_>, report: &mut Report<'_>) -> Cost {
+    let cost = match &raw.cost {
+        None => Cost::Fixed(1),
+        Some(v) => {
+            let parsed = match v.get_ref() {
+                toml::Value::Integer(n) => u64::try_from(*n).ok().map(Cost::Fixed),
+                toml::Value::String(s) => s
+                    .strip_prefix("header:")
+                    .and_then(|name| HeaderName::try_from(name).ok())
+                    .map(|name| Cost::Header {
+                        name,
+                        min: raw.min_cost.as_ref().map(|m| *m.get_ref()),
+                    }),
+                _ => None,
+            };
+            parsed.unwrap_or_else(|| {
+                report.error(
+                    &v.span(),
+                    &place("cost"),
+                    "is not an admission charge (valid: a whole number such as 1, or \"header:NAME\")",
+                );
+                Cost::Fixed(1)
+            })
+        }
+    };
+    if let (Some(min), Cost::Fixed(_)) = (&raw.min_cost, &cost) {
+        report.error(
+            &min.span(),
+            &place("min_cost"),
+            "applies to a cost a client declares: set cost = \"header:NAME\" too, or drop min_cost",
+        );
+    }
+    cost
 }
