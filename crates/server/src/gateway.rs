@@ -586,7 +586,82 @@ async fn send(
     };
     parts.uri = Uri::from(target);
     parts.version = Version::HTTP_11;
-    let headers = &mut parts.headers;
+    upstream_headers(shared, route, &mut parts.headers, peer);
+    // A body without a length is cut at the bound as it streams.
+    let limit = usize::try_from(route.max_body).unwrap_or(usize::MAX);
+    let body = match hyper::body::Body::is_end_stream(&body) {
+        true => body,
+        false => Body::new(http_body_util::Limited::new(body, limit)),
+    };
+    let started = std::time::Instant::now();
+    let traced = Traced::start("weir.upstream");
+    if traced.on() {
+        traced.set("server.address", authority.to_string());
+    }
+    let request = Request::from_parts(parts, body);
+    // As in `forward`.
+    let answered = match (charge, &route.usage, traced.on()) {
+        (Some(charge), Some(usage), _) => {
+            let metered = metered(route, authority, request, charge, usage.clone());
+            traced.boxed(metered).await
+        }
+        (_, _, false) => timed(route, authority, request).await.map(plain),
+        (_, _, true) => traced
+            .boxed(timed(route, authority, request))
+            .await
+            .map(plain),
+    };
+    match &answered {
+        Ok(Ok(response)) => {
+            traced.set(
+                "http.response.status_code",
+                i64::from(response.status().as_u16()),
+            );
+        }
+        Ok(Err(e)) => traced.error(e.to_string()),
+        Err(_) => traced.error("timed out".to_owned()),
+    }
+    drop(traced);
+    let failure = match answered {
+        Ok(Ok(response)) => {
+            Meters::upstream(&route.text, started, true);
+            let (mut parts, body) = response.into_parts();
+            // Clients are answered in HTTP/1.1, whatever the upstream spoke.
+            parts.version = Version::HTTP_11;
+            strip_hop_by_hop(&mut parts.headers);
+            return Response::from_parts(parts, body);
+        }
+        Ok(Err(e)) => e,
+        Err(_) => {
+            Meters::upstream(&route.text, started, false);
+            tracing::warn!(route = %route.text, timeout = ?route.timeout, "upstream timed out");
+            return ApiError::UpstreamTimeout(route.timeout).into_response();
+        }
+    };
+    // The client's side: its body was too large, too slow or cut short.
+    match client_fault(&*failure) {
+        Some(ClientFault::TooLarge) => return ApiError::BodyTooLarge(limit).into_response(),
+        Some(ClientFault::Body) => {
+            tracing::debug!(route = %route.text, error = %failure, "client body failed");
+            return ApiError::BadBody(failure.to_string()).into_response();
+        }
+        None => {}
+    }
+    Meters::upstream(&route.text, started, false);
+    tracing::warn!(route = %route.text, error = %failure, "upstream unavailable");
+    ApiError::Upstream(route.text.clone()).into_response()
+}
+
+/// The headers the upstream gets: hop-by-hop ones stripped, `Host` the
+/// upstream's (the client's goes on as `X-Forwarded-Host`), the forwarding
+/// headers weir's own (a trusted proxy's chain extended with the peer), and
+/// what a metered route needs to read its usage.
+fn upstream_headers(
+    shared: &Shared,
+    route: &Route,
+    headers: &mut HeaderMap,
+    peer: Option<SocketAddr>,
+) {
     strip_hop_by_hop(headers);
     // The client's host goes on as X-Forwarded-Host; the upstream's is Host.
     if let Some(host) = headers.remove(header::HOST) {
@@ -654,69 +729,6 @@ async fn send(
         }
         None => {}
     }
-    // A body without a length is cut at the bound as it streams.
-    let limit = usize::try_from(route.max_body).unwrap_or(usize::MAX);
-    let body = match hyper::body::Body::is_end_stream(&body) {
-        true => body,
-        false => Body::new(http_body_util::Limited::new(body, limit)),
-    };
-    let started = std::time::Instant::now();
-    let traced = Traced::start("weir.upstream");
-    if traced.on() {
-        traced.set("server.address", authority.to_string());
-    }
-    let request = Request::from_parts(parts, body);
-    // As in `forward`.
-    let answered = match (charge, &route.usage, traced.on()) {
-        (Some(charge), Some(usage), _) => {
-            let metered = metered(route, authority, request, charge, usage.clone());
-            traced.boxed(metered).await
-        }
-        (_, _, false) => timed(route, authority, request).await.map(plain),
-        (_, _, true) => traced
-            .boxed(timed(route, authority, request))
-            .await
-            .map(plain),
-    };
-    match &answered {
-        Ok(Ok(response)) => {
-            traced.set(
-                "http.response.status_code",
-                i64::from(response.status().as_u16()),
-            );
-        }
-        Ok(Err(e)) => traced.error(e.to_string()),
-        Err(_) => traced.error("timed out".to_owned()),
-    }
-    drop(traced);
-    let failure = match answered {
-        Ok(Ok(response)) => {
-            Meters::upstream(&route.text, started, true);
-            let (mut parts, body) = response.into_parts();
-            // Clients are answered in HTTP/1.1, whatever the upstream spoke.
-            parts.version = Version::HTTP_11;
-            strip_hop_by_hop(&mut parts.headers);
-            return Response::from_parts(parts, body);
-        }
-        Ok(Err(e)) => e,
-        Err(_) => {
-            Meters::upstream(&route.text, started, false);
-            tracing::warn!(route = %route.text, timeout = ?route.timeout, "upstream timed out");
-            return ApiError::UpstreamTimeout(route.timeout).into_response();
-        }
-    };
-    // The client's side: its body was too large, too slow or cut short.
-    match client_fault(&*failure) {
-        Some(ClientFault::TooLarge) => return ApiError::BodyTooLarge(limit).into_response(),
-        Some(ClientFault::Body) => {
-            tracing::debug!(route = %route.text, error = %failure, "client body failed");
-            return ApiError::BadBody(failure.to_string()).into_response();
-        }
-        None => {}
-    }
-    Meters::upstream(&route.text, started, false);
-    tracing::warn!(route = %route.text, error = %failure, "upstream unavailable");
-    ApiError::Upstream(route.text.clone()).into_response()
 }
 
 /// What an upstream call answered: the response (its body as the client
