@@ -79,6 +79,11 @@ impl Algorithm {
         }
     }
 
+    /// Every algorithm's name, as an error lists the valid ones.
+    pub fn names() -> String {
+        Self::ALL.map(Self::name).join(", ")
+    }
+
     /// The parameters this algorithm takes, all required.
     pub fn params(self) -> &'static [&'static str] {
         match self {
@@ -137,7 +142,7 @@ impl PolicyError {
 pub enum PolicyErrorKind {
     /// No such algorithm.
     #[error(
-        "unknown algorithm `{0}` (valid: token-bucket, gcra, fixed-window, sliding-log, sliding-counter, leaky-bucket)"
+        "unknown algorithm `{0}` (valid: {valid})", valid = Algorithm::names()
     )]
     UnknownAlgorithm(String),
     /// A required parameter is absent.

@@ -175,7 +175,8 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
             }
         }
         let Some(algorithm) = params.iter().position(|(k, _)| k == "algorithm") else {
-            report.error(&first, &place, "has no `algorithm` (token-bucket, gcra, fixed-window, sliding-log, sliding-counter, leaky-bucket)");
+            let names = weir_core::Algorithm::names();
+            report.error(&first, &place, format!("has no `algorithm` ({names})"));
             continue;
         };
         let (_, algorithm) = params.remove(algorithm);
