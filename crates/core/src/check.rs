@@ -75,6 +75,19 @@ pub fn check_key(key: &str, max: usize) -> Result<(), CheckError> {
     Ok(())
 }
 
+/// A report's cost within the report's own bound
+/// ([`Policy::validate_report`](crate::Policy::validate_report)), as the
+/// request error that names the policy.
+pub fn validate_report(check: &Check<'_>) -> Result<(), CheckError> {
+    check
+        .policy
+        .validate_report(check.cost)
+        .map_err(|error| CheckError::Cost {
+            policy: check.name.to_owned(),
+            error,
+        })
+}
+
 /// Validates one request's checks: each cost could ever fit its policy
 /// (0 is a standing report and always valid), each key is at most
 /// `max_key_len` bytes, and no (policy, key) pair appears twice.

@@ -495,15 +495,7 @@ impl RedisStore {
             .collect();
         weir_core::check::validate(&core, self.max_key_len)?;
         for c in checks.iter().filter(|c| c.report) {
-            c.check
-                .policy
-                .validate_report(c.check.cost)
-                .map_err(|error| {
-                    StoreError::Invalid(CheckError::Cost {
-                        policy: c.check.name.to_owned(),
-                        error,
-                    })
-                })?;
+            weir_core::check::validate_report(&c.check).map_err(StoreError::Invalid)?;
         }
         if matches!(self.connection, Connection::Cluster(_))
             && core.iter().any(|c| c.key != core[0].key)

@@ -501,15 +501,7 @@ impl Backend {
             .collect();
         weir_core::check::validate(&core, MAX_KEY).map_err(Undecided::Invalid)?;
         for c in &reports {
-            c.check
-                .policy
-                .validate_report(c.check.cost)
-                .map_err(|error| {
-                    Undecided::Invalid(CheckError::Cost {
-                        policy: c.check.name.to_owned(),
-                        error,
-                    })
-                })?;
+            weir_core::check::validate_report(&c.check).map_err(Undecided::Invalid)?;
         }
         let (decided, created) = match self {
             Self::Memory(local) => {

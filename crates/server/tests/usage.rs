@@ -204,20 +204,26 @@ async fn a_client_that_leaves_mid_answer_is_charged_all_the_same() {
     }
     drop(client);
     // The rest of the answer is read without the client, then charged.
+    charged_after_leaving(&llm, addr, "gone").await;
+}
+
+/// Once the upstream has finished the answer of `tenant`, who left, its
+/// usage is charged: `tenant` is refused within a few seconds.
+async fn charged_after_leaving(llm: &Llm, addr: SocketAddr, tenant: &str) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while llm.finished() == 0 {
         assert!(Instant::now() < deadline, "the answer never finished");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let url = format!("http://{addr}/v1/chat/completions");
-    loop {
-        let next = send("POST", &url, &[("x-tenant", "gone")], &ask(1, false)).await;
-        if next.status == 429 {
-            break;
-        }
+    while send("POST", &url, &[("x-tenant", tenant)], &ask(1, false))
+        .await
+        .status
+        != 429
+    {
         assert!(
             Instant::now() < deadline,
-            "the tenant that left was never charged"
+            "{tenant}, who left, was never charged"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -261,23 +267,7 @@ async fn a_client_that_leaves_before_the_head_is_charged_all_the_same() {
     client.write_all(request.as_bytes()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     drop(client);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while llm.finished() == 0 {
-        assert!(Instant::now() < deadline, "the answer never finished");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let url = format!("http://{addr}/v1/chat/completions");
-    loop {
-        let next = send("POST", &url, &[("x-tenant", "early")], &ask(1, false)).await;
-        if next.status == 429 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the tenant that left before the head was never charged"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    charged_after_leaving(&llm, addr, "early").await;
 }
 
 /// `min_cost`: an absent or lower declared cost is charged the floor.
