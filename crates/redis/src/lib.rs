@@ -106,6 +106,28 @@ pub enum OnLoss {
     Empty,
 }
 
+impl std::str::FromStr for OnLoss {
+    type Err = String;
+
+    /// The words of a configuration's `on_state_loss`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "full" => Ok(Self::Full),
+            "empty" => Ok(Self::Empty),
+            _ => Err(format!("`{s}` is not valid (valid: \"full\" \"empty\")")),
+        }
+    }
+}
+
+impl std::fmt::Display for OnLoss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Full => "full",
+            Self::Empty => "empty",
+        })
+    }
+}
+
 /// One check of a request: `weir-core`'s check (policy, key, cost; a cost
 /// of 0 reports the key's standing) and what its key counts as when lost.
 #[derive(Debug, Clone, Copy)]

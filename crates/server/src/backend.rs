@@ -614,7 +614,7 @@ fn redis_check<'a>(table: &'a PolicyTable, check: &Check<'a>) -> weir_redis::Che
             key: check.key,
             cost: check.cost,
         },
-        on_loss: entry.on_state_loss.into(),
+        on_loss: entry.on_state_loss,
         shadow: entry.shadow,
         report: false,
         no_new_key: false,

@@ -48,15 +48,9 @@ pub enum OnStoreError {
     Deny,
 }
 
-/// `on_state_loss`: what a key lost with the store's state counts as.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum OnStateLoss {
-    /// A new key: its full allowance.
-    #[default]
-    Full,
-    /// Used up at the moment the loss was found; it refills from there.
-    Empty,
-}
+/// `on_state_loss`: what a key lost with the store's state counts as —
+/// the Redis store's own rule, named as the configuration names it.
+pub use weir_redis::OnLoss as OnStateLoss;
 
 /// Names and their values, for `FromStr` and `Display` alike.
 macro_rules! words {
@@ -82,16 +76,6 @@ macro_rules! words {
     };
 }
 words!(OnStoreError { Local = "local", Allow = "allow", Deny = "deny" });
-words!(OnStateLoss { Full = "full", Empty = "empty" });
-
-impl From<OnStateLoss> for weir_redis::OnLoss {
-    fn from(rule: OnStateLoss) -> Self {
-        match rule {
-            OnStateLoss::Full => Self::Full,
-            OnStateLoss::Empty => Self::Empty,
-        }
-    }
-}
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(transparent)]
