@@ -187,6 +187,43 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
         .internal
         .as_ref()
         .and_then(|g| address(g, "[server] internal", "127.0.0.1:9090", report));
+    let limits = limits(&raw, report);
+    let trusted_proxies = trusted_proxies(&raw, report);
+    let headers = match &raw.headers {
+        None => weir_tower::HeaderStyle::default(),
+        Some(h) => h.get_ref().parse().unwrap_or_else(|e: String| {
+            report.error(&h.span(), "[server] headers", e);
+            weir_tower::HeaderStyle::default()
+        }),
+    };
+    let near_limit_ratio = near_limit_ratio(&raw, report);
+    let new_keys_per_ip = raw
+        .new_keys_per_ip
+        .as_ref()
+        .map(|v| u32::try_from(*v.get_ref()).unwrap_or(u32::MAX).max(1));
+    let admin_token = admin_token(raw.admin_token.clone(), token_env, report);
+    let (json_logs, log_level) = logs(&raw, report);
+    ServerConfig {
+        json_logs,
+        log_level,
+        access_log: raw.access_log.is_some_and(|a| *a.get_ref()),
+        access_log_identity: raw.access_log_identity.is_some_and(|a| *a.get_ref()),
+        telemetry: None,
+        listen,
+        internal,
+        grpc,
+        admin_token,
+        limits,
+        trusted_proxies,
+        new_keys_per_ip,
+        shadow: raw.shadow.is_some_and(|s| *s.get_ref()),
+        headers,
+        near_limit_ratio,
+    }
+}
+
+/// The bounds of every connection: timeouts above 0, counts at least 1.
+fn limits(raw: &Raw, report: &mut Report<'_>) -> ConnectionLimits {
     let defaults = ConnectionLimits::default();
     let duration =
         |value: &Option<Spanned<String>>, default, key: &str, report: &mut Report<'_>| {
@@ -209,7 +246,7 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
                 Some(v) => usize::try_from(*v.get_ref()).unwrap_or(usize::MAX),
             }
         };
-    let limits = ConnectionLimits {
+    ConnectionLimits {
         header_timeout: duration(
             &raw.header_timeout,
             defaults.header_timeout,
@@ -252,7 +289,11 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
             "max_connections_per_ip",
             report,
         ),
-    };
+    }
+}
+
+/// `trusted_proxies`: addresses or networks.
+fn trusted_proxies(raw: &Raw, report: &mut Report<'_>) -> Vec<IpNet> {
     let mut trusted_proxies = Vec::new();
     if let Some(list) = &raw.trusted_proxies {
         for text in list.get_ref() {
@@ -269,14 +310,12 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
             }
         }
     }
-    let headers = match &raw.headers {
-        None => weir_tower::HeaderStyle::default(),
-        Some(h) => h.get_ref().parse().unwrap_or_else(|e: String| {
-            report.error(&h.span(), "[server] headers", e);
-            weir_tower::HeaderStyle::default()
-        }),
-    };
-    let near_limit_ratio = raw.near_limit_ratio.as_ref().and_then(|v| {
+    trusted_proxies
+}
+
+/// `near_limit_ratio`, in parts per million.
+fn near_limit_ratio(raw: &Raw, report: &mut Report<'_>) -> Option<u64> {
+    raw.near_limit_ratio.as_ref().and_then(|v| {
         let ratio = match v.get_ref() {
             toml::Value::Float(f) => Some(*f),
             toml::Value::Integer(i) => Some(*i as f64),
@@ -294,12 +333,16 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
                 None
             }
         }
-    });
-    let new_keys_per_ip = raw
-        .new_keys_per_ip
-        .as_ref()
-        .map(|v| u32::try_from(*v.get_ref()).unwrap_or(u32::MAX).max(1));
-    let admin_token = match raw.admin_token {
+    })
+}
+
+/// `admin_token`, else `WEIR_ADMIN_TOKEN`: checked either way.
+fn admin_token(
+    token: Option<Spanned<String>>,
+    token_env: Option<String>,
+    report: &mut Report<'_>,
+) -> Option<String> {
+    match token {
         Some(token) => {
             if let Err(e) = check_token(token.get_ref()) {
                 report.error(&token.span(), "[server] admin_token", e);
@@ -312,7 +355,11 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
             }
             token_env
         }
-    };
+    }
+}
+
+/// `log_format` (JSON or text) and `log_level`.
+fn logs(raw: &Raw, report: &mut Report<'_>) -> (bool, String) {
     let json_logs = match raw.log_format.as_ref().map(|f| (f, f.get_ref().as_str())) {
         None | Some((_, "text")) => false,
         Some((_, "json")) => true,
@@ -325,9 +372,9 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
             false
         }
     };
-    let log_level = match raw.log_level {
+    let log_level = match &raw.log_level {
         None => "info".to_owned(),
-        Some(level) if LOG_LEVELS.contains(&level.get_ref().as_str()) => level.into_inner(),
+        Some(level) if LOG_LEVELS.contains(&level.get_ref().as_str()) => level.get_ref().clone(),
         Some(level) => {
             report.error(
                 &level.span(),
@@ -341,23 +388,7 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
             "info".to_owned()
         }
     };
-    ServerConfig {
-        json_logs,
-        log_level,
-        access_log: raw.access_log.is_some_and(|a| *a.get_ref()),
-        access_log_identity: raw.access_log_identity.is_some_and(|a| *a.get_ref()),
-        telemetry: None,
-        listen,
-        internal,
-        grpc,
-        admin_token,
-        limits,
-        trusted_proxies,
-        new_keys_per_ip,
-        shadow: raw.shadow.is_some_and(|s| *s.get_ref()),
-        headers,
-        near_limit_ratio,
-    }
+    (json_logs, log_level)
 }
 
 /// The levels `log_level` takes, most severe first.
