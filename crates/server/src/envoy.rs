@@ -26,7 +26,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use tonic::{Request, Response, Status};
 use weir_core::check::escape;
-use weir_core::{MAX_IDENTITY, NANOS_PER_SEC, Nanos, Policy, Rate};
+use weir_core::{Decision, MAX_IDENTITY, NANOS_PER_SEC, Nanos, Policy, Rate};
 use weir_tower::{Limited, Part, fields_in};
 
 use crate::backend::{Check, NewKeys, Undecided};
@@ -281,6 +281,67 @@ fn status(refusal: Undecided) -> Status {
     }
 }
 
+/// Descriptors that name the same (policy, key) — two rate limit actions
+/// producing the same entries — are one check of their summed cost, and
+/// report the same status: the checks, and each descriptor's check.
+fn merged<'a>(
+    translated: &[Option<(PolicyId, &'a str, u64)>],
+) -> (Vec<Check<'a>>, Vec<Option<usize>>) {
+    let mut checks: Vec<Check<'a>> = Vec::with_capacity(translated.len());
+    let mut index: HashMap<(PolicyId, &str), usize> = HashMap::with_capacity(translated.len());
+    let slot = translated
+        .iter()
+        .map(|t| {
+            t.map(|(policy, key, cost)| {
+                *index
+                    .entry((policy, key))
+                    .and_modify(|&mut i| checks[i].cost = checks[i].cost.saturating_add(cost))
+                    .or_insert_with(|| {
+                        checks.push(Check { policy, key, cost });
+                        checks.len() - 1
+                    })
+            })
+        })
+        .collect();
+    (checks, slot)
+}
+
+/// One descriptor's status: its code, and the policy's limit and standing.
+fn descriptor_status(code: Code, name: &str, policy: &Policy, d: &Decision) -> DescriptorStatus {
+    let (requests_per_unit, unit) = per_unit(policy);
+    DescriptorStatus {
+        code: code.into(),
+        current_limit: Some(RateLimit {
+            name: name.to_owned(),
+            requests_per_unit,
+            unit: unit.into(),
+        }),
+        limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
+        duration_until_reset: Some(duration(d.reset)),
+        ..DescriptorStatus::default()
+    }
+}
+
+/// The store failed and a policy fails closed: every limited descriptor is
+/// over its limit, with a body that says why.
+fn store_unavailable(
+    mut response: RateLimitResponse,
+    translated: &[Option<(PolicyId, &str, u64)>],
+) -> RateLimitResponse {
+    response.overall_code = Code::OverLimit.into();
+    for (status, t) in response.statuses.iter_mut().zip(translated) {
+        if t.is_some() {
+            status.code = Code::OverLimit.into();
+        }
+    }
+    response.response_headers_to_add = vec![
+        header("retry-after", "1".into()),
+        header("content-type", "application/json".into()),
+    ];
+    response.raw_body = r#"{"error":"STORE_UNAVAILABLE"}"#.as_bytes().to_vec();
+    response
+}
+
 /// Decides `request` (errors as gRPC statuses).
 async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
     let translated = translate(&shared.config, request).map_err(Status::invalid_argument)?;
@@ -318,23 +379,7 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
                 .0
         }
     };
-    // Descriptors that name the same (policy, key) — two rate limit actions
-    // producing the same entries — are one check of their summed cost, and
-    // report the same status.
-    let mut checks: Vec<Check<'_>> = Vec::with_capacity(translated.len());
-    let mut index: HashMap<(PolicyId, &str), usize> = HashMap::with_capacity(translated.len());
-    let mut slot = Vec::with_capacity(translated.len());
-    for t in &translated {
-        slot.push(t.map(|(policy, key, cost)| {
-            *index
-                .entry((policy, key))
-                .and_modify(|&mut i| checks[i].cost = checks[i].cost.saturating_add(cost))
-                .or_insert_with(|| {
-                    checks.push(Check { policy, key, cost });
-                    checks.len() - 1
-                })
-        }));
-    }
+    let (checks, slot) = merged(&translated);
     let ok = DescriptorStatus {
         code: Code::Ok.into(),
         ..DescriptorStatus::default()
@@ -346,18 +391,7 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
     };
     for ((i, check), d) in reports.iter().zip(&reported) {
         let entry = shared.table.get(check.policy);
-        let (requests_per_unit, unit) = per_unit(&entry.policy);
-        response.statuses[*i] = DescriptorStatus {
-            code: Code::Ok.into(),
-            current_limit: Some(RateLimit {
-                name: entry.name.clone(),
-                requests_per_unit,
-                unit: unit.into(),
-            }),
-            limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
-            duration_until_reset: Some(duration(d.reset)),
-            ..DescriptorStatus::default()
-        };
+        response.statuses[*i] = descriptor_status(Code::Ok, &entry.name, &entry.policy, d);
     }
     if checks.is_empty() {
         return Ok(response);
@@ -378,18 +412,7 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
     let verdict = match decided {
         Ok(verdict) => verdict,
         Err(Undecided::Unavailable { denied: true }) => {
-            response.overall_code = Code::OverLimit.into();
-            for (status, t) in response.statuses.iter_mut().zip(&translated) {
-                if t.is_some() {
-                    status.code = Code::OverLimit.into();
-                }
-            }
-            response.response_headers_to_add = vec![
-                header("retry-after", "1".into()),
-                header("content-type", "application/json".into()),
-            ];
-            response.raw_body = r#"{"error":"STORE_UNAVAILABLE"}"#.as_bytes().to_vec();
-            return Ok(response);
+            return Ok(store_unavailable(response, &translated));
         }
         Err(refusal) => return Err(status(refusal)),
     };
@@ -403,23 +426,13 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
     for (status, s) in response.statuses.iter_mut().zip(&slot) {
         let Some(i) = *s else { continue };
         let (part, check) = (&decided[i], &checks[i]);
-        let (requests_per_unit, unit) = per_unit(&shared.table.get(check.policy).policy);
-        *status = DescriptorStatus {
-            // A shadow policy that would refuse answers OK.
-            code: match verdict.refuses(i) {
-                true => Code::OverLimit,
-                false => Code::Ok,
-            }
-            .into(),
-            current_limit: Some(RateLimit {
-                name: part.name.to_owned(),
-                requests_per_unit,
-                unit: unit.into(),
-            }),
-            limit_remaining: u32::try_from(part.decision.remaining).unwrap_or(u32::MAX),
-            duration_until_reset: Some(duration(part.decision.reset)),
-            ..DescriptorStatus::default()
+        // A shadow policy that would refuse answers OK.
+        let code = match verdict.refuses(i) {
+            true => Code::OverLimit,
+            false => Code::Ok,
         };
+        let policy = &shared.table.get(check.policy).policy;
+        *status = descriptor_status(code, part.name, policy, &part.decision);
     }
     let to_envoy = |(name, value): (http::HeaderName, http::HeaderValue)| {
         header(name.as_str(), value.to_str().unwrap_or_default().to_owned())
