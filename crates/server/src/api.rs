@@ -15,7 +15,7 @@ use weir_tower::{Part, append_fields};
 
 use crate::answer::{ApiError, DecisionBody, ms, read_body};
 use crate::backend::{Check, Few, scoped_key};
-use crate::config::{OnStoreError, PolicyId};
+use crate::config::{Identity, OnStoreError, PolicyId};
 use crate::state::{AppState, Shared};
 
 /// The client's address, when the listener knows it.
@@ -507,18 +507,13 @@ fn addressed(
     source: Option<&str>,
 ) -> Result<(PolicyId, String), ApiError> {
     let stored = match source {
+        Some(API_SCOPE) => scoped_key(API_SCOPE, key)?,
+        // A gateway source, scoped as a route scopes it.
         Some(source) => {
-            let valid = source == "api"
-                || source == "peer"
-                || ["header:", "path:"]
-                    .iter()
-                    .any(|s| source.len() > s.len() && source.starts_with(s));
-            if !valid {
-                return Err(ApiError::InvalidRequest(format!(
-                    "`source={source}` is not an identity source (valid: api, header:NAME, path:PARAM, peer)"
-                )));
-            }
-            scoped_key(source, key)?
+            let scope = Identity::parse(source).map(|s| s.scope()).map_err(|e| {
+                ApiError::InvalidRequest(format!("`source`: {e}; or `api`, the decision API's"))
+            })?;
+            scoped_key(&scope, key)?
         }
         None if SCOPES.iter().any(|s| key.starts_with(s)) => key.to_owned(),
         None => scoped_key(API_SCOPE, key)?,

@@ -263,6 +263,10 @@ async fn policies_health_metrics_and_admin() {
     let header = format!("{base}/v1/keys/api/m?source=header:x-seller");
     let other = send("DELETE", &header, &auth, "").await.json();
     assert_eq!(other["stored_key"], "header:x-seller:m", "{other}");
+    // Header names as a route takes them: case-insensitive.
+    let upper = format!("{base}/v1/keys/api/m?source=header:X-Seller");
+    let upper = send("GET", &upper, &auth, "").await.json();
+    assert_eq!(upper["stored_key"], "header:x-seller:m", "{upper}");
     let bad = send(
         "GET",
         &format!("{base}/v1/keys/api/m?source=cookie"),

@@ -98,6 +98,24 @@ pub enum Identity {
 }
 
 impl Identity {
+    /// An identity source as written: `header:NAME` (a header name of at
+    /// most 64 characters, compared in lower case), `path:PARAM` or `peer`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text.split_once(':') {
+            _ if text == "peer" => Ok(Self::Peer),
+            Some(("header", name)) => match HeaderName::try_from(name) {
+                Ok(name) if name.as_str().len() <= 64 => Ok(Self::Header(name)),
+                _ => Err(format!(
+                    "`{name}` is not a header name of at most 64 characters"
+                )),
+            },
+            Some(("path", name)) if super::valid_name(name) => Ok(Self::Path(name.to_owned())),
+            _ => Err(format!(
+                "`{text}` is not an identity (valid: \"header:NAME\", \"path:PARAM\", \"peer\", or a list of them)"
+            )),
+        }
+    }
+
     /// The scope that keeps identities of different sources apart in one
     /// policy's keys (`header:x-id` never equals `peer`).
     pub fn scope(&self) -> String {
@@ -152,21 +170,11 @@ fn size(text: &str) -> Option<u64> {
 /// One identity source as written: `header:NAME`, `path:PARAM` (a
 /// parameter of `segments`) or `peer`.
 fn source(text: &str, segments: &[Segment]) -> Result<Identity, String> {
-    match text.split_once(':') {
-        _ if text == "peer" => Ok(Identity::Peer),
-        Some(("header", name)) => match HeaderName::try_from(name) {
-            Ok(name) if name.as_str().len() <= 64 => Ok(Identity::Header(name)),
-            _ => Err(format!(
-                "`{name}` is not a header name of at most 64 characters"
-            )),
-        },
-        Some(("path", name)) if segments.contains(&Segment::Param(name.to_owned())) => {
-            Ok(Identity::Path(name.to_owned()))
+    match Identity::parse(text)? {
+        Identity::Path(name) if !segments.contains(&Segment::Param(name.clone())) => {
+            Err(format!("the match has no `{{{name}}}` segment"))
         }
-        Some(("path", name)) => Err(format!("the match has no `{{{name}}}` segment")),
-        _ => Err(format!(
-            "`{text}` is not an identity (valid: \"header:NAME\", \"path:PARAM\", \"peer\", or a list of them)"
-        )),
+        identity => Ok(identity),
     }
 }
 
