@@ -119,16 +119,32 @@ where
 {
     type Response = Response<tonic::body::Body>;
     type Error = Infallible;
-    type Future = Answer;
+    type Future = Guarded;
 
-    fn call(&self, request: Request<Incoming>) -> Answer {
+    fn call(&self, request: Request<Incoming>) -> Guarded {
         let guard = InFlight::start(&self.activity);
-        let answer = self.inner.call(request);
-        Box::pin(async move {
-            let answered = answer.await;
-            drop(guard);
-            answered
-        })
+        Guarded {
+            answer: self.inner.call(request),
+            _guard: guard,
+        }
+    }
+}
+
+/// A call's answer, counted in flight until it is ready (no second box:
+/// the answer is boxed already, so it is `Unpin`).
+struct Guarded {
+    answer: Answer,
+    _guard: InFlight,
+}
+
+impl Future for Guarded {
+    type Output = Result<Response<tonic::body::Body>, Infallible>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.answer.as_mut().poll(cx)
     }
 }
 

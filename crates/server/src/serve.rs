@@ -162,8 +162,9 @@ impl AsyncRead for Tracked {
         if buf.filled().len() > before {
             let a = &self.activity;
             a.moved.store(true, Ordering::Release);
-            let first = a.heads.load(Ordering::Acquire) == 0;
-            if a.in_flight.load(Ordering::Acquire) == 0 && (first || !a.first_head_only) {
+            // HTTP/1.1 reads no more than it did: `heads` only for HTTP/2.
+            let head = !a.first_head_only || a.heads.load(Ordering::Acquire) == 0;
+            if a.in_flight.load(Ordering::Acquire) == 0 && head {
                 a.head.store(true, Ordering::Release);
             }
         }
