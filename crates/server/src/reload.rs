@@ -96,16 +96,18 @@ pub(crate) fn record(result: &Result<Reloaded, String>, hash: Option<(u64, u64)>
 /// What a reload changed, for its log line: policies added, removed or
 /// changed, and the number of routes, descriptor rules and overrides.
 fn changes(old: &Config, new: &Config) -> String {
-    let find =
-        |config: &Config, name: &str| config.policies.iter().find(|p| p.name == name).cloned();
-    let names = |config: &Config, pick: &dyn Fn(&str) -> bool| -> Vec<String> {
-        let picked = config.policies.iter().filter(|p| pick(&p.name));
-        picked.map(|p| p.name.clone()).collect()
+    let policy = |c: &'_ Config, name: &str| c.policies.iter().find(|p| p.name == name).cloned();
+    let names = |c: &Config, pick: &dyn Fn(&str) -> bool| -> Vec<String> {
+        c.policies
+            .iter()
+            .map(|p| p.name.clone())
+            .filter(|n| pick(n))
+            .collect()
     };
-    let added = names(new, &|n| find(old, n).is_none());
-    let removed = names(old, &|n| find(new, n).is_none());
+    let added = names(new, &|n| policy(old, n).is_none());
+    let removed = names(old, &|n| policy(new, n).is_none());
     let changed = names(new, &|n| {
-        find(old, n).is_some_and(|o| Some(o) != find(new, n))
+        policy(old, n).is_some_and(|o| Some(o) != policy(new, n))
     });
     let mut parts = Vec::new();
     for (what, list) in [("added", added), ("removed", removed), ("changed", changed)] {
