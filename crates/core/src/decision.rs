@@ -48,16 +48,21 @@ impl Decision {
     }
 }
 
-/// `ceil(a / b)` as nanoseconds; `b > 0`. Saturates instead of wrapping.
+/// The longest wait a decision reports: `i64::MAX` ns (292 years), so that
+/// every store, the Redis script's signed replies included, reports the same
+/// number for a wait beyond it.
+pub const MAX_WAIT: Nanos = i64::MAX as Nanos;
+
+/// `ceil(a / b)` as nanoseconds, at most [`MAX_WAIT`]; `b > 0`.
 ///
-/// Validated policies keep every quantity below 2^54, so the 64-bit
-/// division (several times faster than a 128-bit one) is the path taken.
+/// Most policies keep every quantity below 2^64, so the 64-bit division
+/// (several times faster than a 128-bit one) is the path taken.
 pub(crate) fn ceil_div(a: u128, b: u128) -> Nanos {
     match (u64::try_from(a), u64::try_from(b)) {
         // Most rates reduce to one token per period: no division at all.
-        (Ok(a), Ok(1)) => a,
-        (Ok(a), Ok(b)) => a.div_ceil(b),
-        _ => Nanos::try_from(a.div_ceil(b)).unwrap_or(Nanos::MAX),
+        (Ok(a), Ok(1)) => a.min(MAX_WAIT),
+        (Ok(a), Ok(b)) => a.div_ceil(b).min(MAX_WAIT),
+        _ => Nanos::try_from(a.div_ceil(b)).map_or(MAX_WAIT, |w| w.min(MAX_WAIT)),
     }
 }
 

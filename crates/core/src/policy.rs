@@ -3,21 +3,19 @@
 //!
 //! # Bounds of exactness
 //!
-//! Decisions use integers only. The in-process store computes in `u128`, but
-//! the Redis store runs the same arithmetic in Lua, whose numbers are doubles
-//! and exact only up to 2^53. Every policy is therefore checked so that each
-//! quantity a decision computes stays at or below [`EXACT_MAX`] = 2^53; a
-//! policy beyond that is refused with a message saying what to change. With a
-//! rate reduced to lowest terms `n/p` (`p` in nanoseconds):
+//! Decisions use integers only: the in-process store computes in `u128`, the
+//! Redis store in doubles where every quantity of a check stays below 2^51
+//! and in wider integers where it does not (`crates/redis/src/weir.lua`).
+//! Both are exact for every policy these bounds admit:
 //!
-//! | algorithm | bound | in practice |
-//! |---|---|---|
-//! | token-bucket, gcra | `2 · capacity · p ≤ 2^53` | refilling an empty bucket takes at most ~52 days (× `n`) |
-//! | leaky-bucket | `2 · queue · p ≤ 2^53` | a full queue drains in at most ~52 days (× `n`) |
-//! | fixed-window, sliding-log | `limit ≤ 2^53`, `window ≤ 2^52 ns` (~52 days) | |
-//! | sliding-log | `limit ≤ 1,000,000` | the log keeps up to `limit` entries per key |
-//! | sliding-counter | `limit · window ≤ 2^53` (window in ns) | 150,000 per minute, 2,500 per hour |
-//! | every rate | `n ≤ 2^53` | |
+//! | bound | value |
+//! |---|---|
+//! | every capacity, burst, limit and queue, and a rate's tokens | at most [`MAX_SIZE`] = 2^50 |
+//! | every window, and a rate's period in lowest terms | at most [`MAX_SPAN`] = 366 days |
+//! | a sliding log's limit | at most [`MAX_LOG_LIMIT`] = 1,000,000 (one entry per admission) |
+//!
+//! A wait too long for a signed 64-bit count of nanoseconds (292 years) is
+//! reported as [`MAX_WAIT`].
 
 use std::fmt;
 use std::str::FromStr;
@@ -32,9 +30,15 @@ use crate::decision::{ceil_div, floor_div};
 use crate::units::{DisplayDuration, UnitError, parse_count, parse_duration};
 use crate::{Decision, Nanos, Rate};
 
-/// The largest value any quantity in a decision may reach: 2^53, below which
-/// a Lua (double) number is an exact integer.
-pub const EXACT_MAX: u128 = 1 << 53;
+/// The largest capacity, burst, limit or queue, and the most tokens a rate
+/// may give per its period: 2^50.
+pub const MAX_SIZE: u64 = 1 << 50;
+
+/// The longest window, and the longest period of a rate in lowest terms:
+/// 366 days.
+pub const MAX_SPAN: Nanos = 366 * 86_400 * crate::NANOS_PER_SEC;
+
+pub use crate::decision::MAX_WAIT;
 
 /// The largest sliding-log limit: the log keeps one entry per admission.
 pub const MAX_LOG_LIMIT: u64 = 1_000_000;
@@ -260,28 +264,27 @@ fn positive(field: &str, value: u64) -> Result<u64, PolicyError> {
     Ok(value)
 }
 
+fn check_size(field: &str, size: u64, max: u64) -> Result<u64, PolicyError> {
+    positive(field, size)?;
+    if size > max {
+        return Err(out_of_bounds(field, format!("{size} is more than {max}")));
+    }
+    Ok(size)
+}
+
 fn check_rate(rate: Rate) -> Result<(), PolicyError> {
-    if u128::from(rate.tokens()) > EXACT_MAX {
+    if rate.tokens() > MAX_SIZE {
+        return Err(out_of_bounds(
+            "rate",
+            format!("{rate} is too fine: write it with at most 2^50 tokens per its period"),
+        ));
+    }
+    if rate.period() > MAX_SPAN {
         return Err(out_of_bounds(
             "rate",
             format!(
-                "{rate} is too fine to decide exactly: write it with at most 2^53 tokens per its period"
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// `2 · size · p ≤ 2^53`: a full level plus the largest cost stays exact.
-fn check_level(field: &str, size: u64, rate: Rate) -> Result<(), PolicyError> {
-    if 2 * u128::from(size) * u128::from(rate.period()) > EXACT_MAX {
-        return Err(out_of_bounds(
-            field,
-            format!(
-                "{field} {size} at rate {rate} is beyond exact decisions: \
-                 2 × {field} × {p} (the rate's period in lowest terms, ns) must be at most 2^53; \
-                 lower the {field} or use a faster rate",
-                p = rate.period()
+                "{rate} is slower than a year allows: its period ({}) must be at most 366 days",
+                DisplayDuration(rate.period())
             ),
         ));
     }
@@ -290,25 +293,10 @@ fn check_level(field: &str, size: u64, rate: Rate) -> Result<(), PolicyError> {
 
 fn check_window(window: Nanos) -> Result<(), PolicyError> {
     positive("window", window)?;
-    // Half of 2^53: the Redis store computes `t mod window` by doubling.
-    if u128::from(window) > EXACT_MAX / 2 {
+    if window > MAX_SPAN {
         return Err(out_of_bounds(
             "window",
-            format!(
-                "{} is longer than 2^52 ns (about 52 days)",
-                DisplayDuration(window)
-            ),
-        ));
-    }
-    Ok(())
-}
-
-fn check_limit(limit: u64, max: u128) -> Result<(), PolicyError> {
-    positive("limit", limit)?;
-    if u128::from(limit) > max {
-        return Err(out_of_bounds(
-            "limit",
-            format!("{limit} is more than {max}"),
+            format!("{} is longer than 366 days", DisplayDuration(window)),
         ));
     }
     Ok(())
@@ -326,48 +314,36 @@ impl Policy {
     }
 
     fn bucket(field: &str, capacity: u64, rate: Rate) -> Result<TokenBucket, PolicyError> {
-        positive(field, capacity)?;
+        check_size(field, capacity, MAX_SIZE)?;
         check_rate(rate)?;
-        check_level(field, capacity, rate)?;
         Ok(TokenBucket { capacity, rate })
     }
 
     /// At most `limit` per aligned `window`.
     pub fn fixed_window(limit: u64, window: Nanos) -> Result<Self, PolicyError> {
-        check_limit(limit, EXACT_MAX)?;
+        check_size("limit", limit, MAX_SIZE)?;
         check_window(window)?;
         Ok(Self::FixedWindow(FixedWindow { limit, window }))
     }
 
     /// At most `limit` in any `window`, exactly.
     pub fn sliding_log(limit: u64, window: Nanos) -> Result<Self, PolicyError> {
-        check_limit(limit, u128::from(MAX_LOG_LIMIT))?;
+        check_size("limit", limit, MAX_LOG_LIMIT)?;
         check_window(window)?;
         Ok(Self::SlidingLog(SlidingLog { limit, window }))
     }
 
     /// At most `limit` in the weighted two-window estimate.
     pub fn sliding_counter(limit: u64, window: Nanos) -> Result<Self, PolicyError> {
-        check_limit(limit, EXACT_MAX)?;
+        check_size("limit", limit, MAX_SIZE)?;
         check_window(window)?;
-        if u128::from(limit) * u128::from(window) > EXACT_MAX {
-            return Err(out_of_bounds(
-                "limit",
-                format!(
-                    "{limit} per {} is beyond exact decisions: limit × window (ns) must be at most 2^53; \
-                     use a shorter window with a proportional limit, or sliding-log",
-                    DisplayDuration(window)
-                ),
-            ));
-        }
         Ok(Self::SlidingCounter(SlidingCounter { limit, window }))
     }
 
     /// Releases at `rate`, with up to `queue` slots waiting.
     pub fn leaky_bucket(rate: Rate, queue: u64) -> Result<Self, PolicyError> {
-        positive("queue", queue)?;
+        check_size("queue", queue, MAX_SIZE)?;
         check_rate(rate)?;
-        check_level("queue", queue, rate)?;
         Ok(Self::LeakyBucket(LeakyBucket { rate, queue }))
     }
 
@@ -603,9 +579,10 @@ impl Policy {
     }
 
     /// The most one report may charge: 1,000 times the capacity (or burst,
-    /// limit, queue), as docs/SPEC.md bounds it.
+    /// limit, queue), as docs/SPEC.md bounds it, and at most [`MAX_SIZE`]
+    /// (so that every count stays exact in the Redis store's doubles).
     pub fn max_report(&self) -> u64 {
-        self.max_cost().0.saturating_mul(1_000)
+        self.max_cost().0.saturating_mul(1_000).min(MAX_SIZE)
     }
 
     /// Whether a report of `cost` is valid: at most [`Policy::max_report`]
@@ -910,8 +887,12 @@ mod tests {
                 .contains("`x` is not a unit")
         );
         assert!(err("fixed-window", &[("limit", "10"), ("window", "-5s")]).starts_with("`window`"));
-        assert!(err("sliding-counter", &[("limit", "10000"), ("window", "1d")]).contains("2^53"));
-        assert!(err("token-bucket", &[("capacity", "100000"), ("rate", "1/d")]).contains("2^53"));
+        assert!(err("sliding-counter", &[("limit", "10000"), ("window", "367d")]).contains("366 days"));
+        assert!(err("token-bucket", &[("capacity", "10"), ("rate", "1/367d")]).contains("366 days"));
+        assert!(
+            err("fixed-window", &[("limit", "1125899906842625"), ("window", "1s")])
+                .contains("more than 1125899906842624")
+        );
         assert!(err("nope", &[]).contains("valid: token-bucket"));
         assert!(
             err(
@@ -924,12 +905,27 @@ mod tests {
 
     #[test]
     fn bounds_are_at_the_edge() {
-        // 2 · C · p = 2^53 exactly is allowed; one more token is not.
-        let rate = Rate::new(1, 1 << 20).unwrap();
-        assert!(Policy::token_bucket(1 << 32, rate).is_ok());
-        assert!(Policy::token_bucket((1 << 32) + 1, rate).is_err());
-        assert!(Policy::sliding_counter(1 << 23, 1 << 30).is_ok());
-        assert!(Policy::sliding_counter((1 << 23) + 1, 1 << 30).is_err());
+        // What users write: LLM token budgets and slow refills, at any size
+        // up to 2^50 and any window or period up to 366 days.
+        for spec in [
+            "sliding-counter limit=100000 window=1h",
+            "sliding-counter limit=1125899906842624 window=366d",
+            "token-bucket capacity=5000 rate=1/h",
+            "gcra burst=1125899906842624 rate=1/366d",
+            "leaky-bucket rate=7/h queue=1125899906842624",
+            "sliding-log limit=1000000 window=366d",
+            "fixed-window limit=1125899906842624 window=366d",
+        ] {
+            assert!(Policy::parse(spec).is_ok(), "{spec}");
+        }
+        assert!(Policy::fixed_window(MAX_SIZE + 1, 1).is_err());
+        assert!(Policy::fixed_window(1, MAX_SPAN + 1).is_err());
+        assert!(Policy::sliding_log(MAX_LOG_LIMIT + 1, 1).is_err());
+        assert!(Policy::token_bucket(1, Rate::new(1, MAX_SPAN + 1).unwrap()).is_err());
+        assert!(Policy::token_bucket(1, Rate::new(MAX_SIZE + 1, 1).unwrap()).is_err());
+        // The period is bounded in lowest terms: two tokens per 732 days
+        // are one per 366.
+        assert!(Policy::token_bucket(1, Rate::new(2, 2 * MAX_SPAN).unwrap()).is_ok());
     }
 
     #[test]

@@ -92,7 +92,7 @@ impl Model {
         let t = now.max(last_seen);
         let verdict = decide(self.spec, &mut state, t, cost);
         self.keys.insert(key.to_owned(), (t, state));
-        (t, verdict)
+        (t, saturated(verdict))
     }
 
     /// Usage reported after the fact: charged whatever the standing, then
@@ -123,13 +123,27 @@ impl Model {
             delay: 0,
             ..standing
         };
-        (t, verdict)
+        (t, saturated(verdict))
     }
 }
 
-/// docs/SPEC.md's M: the largest report is M times the capacity (limit,
-/// queue), and no sum of reports leaves a key deeper in debt than one.
-const M: i128 = 1_000;
+/// A wait beyond `i64::MAX` ns (292 years) is reported as that.
+fn saturated(v: Verdict) -> Verdict {
+    let wait = |d: i128| d.min(i128::from(i64::MAX));
+    Verdict {
+        retry_after: wait(v.retry_after),
+        reset: wait(v.reset),
+        delay: wait(v.delay),
+        ..v
+    }
+}
+
+/// docs/SPEC.md's ceiling: the largest report is 1,000 times the capacity
+/// (limit, queue), but at most 2^50, and no sum of reports leaves a key
+/// deeper in debt than one.
+fn ceiling(size: i128) -> i128 {
+    (1_000 * size).min(1 << 50)
+}
 
 /// A report's charge: the state an admitted check of `cost` would leave,
 /// without the admission condition, within the ceiling on debt.
@@ -137,7 +151,7 @@ fn charge(spec: Spec, state: &mut KeyState, t: i128, cost: i128) {
     match (spec, state) {
         (Spec::TokenBucket { capacity, n, p }, KeyState::Bucket { tokens, updated_at }) => {
             let avail = (*tokens + int(t - *updated_at) * Q::new(n, p)).min(int(capacity));
-            *tokens = (avail - int(cost)).max(int(capacity - M * capacity));
+            *tokens = (avail - int(cost)).max(int(capacity - ceiling(capacity)));
             *updated_at = t;
         }
         (Spec::FixedWindow { limit, window }, KeyState::Window { index, count }) => {
@@ -146,12 +160,12 @@ fn charge(spec: Spec, state: &mut KeyState, t: i128, cost: i128) {
                 *index = i;
                 *count = 0;
             }
-            *count = (*count + cost).min(M * limit);
+            *count = (*count + cost).min(ceiling(limit));
         }
         (Spec::SlidingLog { limit, window }, KeyState::Log(log)) => {
             log.retain(|&(a, _)| a > t - window);
             let live: i128 = log.iter().map(|&(_, c)| c).sum();
-            let cost = cost.min(M * limit - live);
+            let cost = cost.min(ceiling(limit) - live);
             if cost > 0 {
                 log.push((t, cost));
             }
@@ -166,12 +180,12 @@ fn charge(spec: Spec, state: &mut KeyState, t: i128, cost: i128) {
                 *cur = 0;
             }
             *index = i;
-            *cur = (*cur + cost).min(M * limit);
+            *cur = (*cur + cost).min(ceiling(limit));
         }
         (Spec::LeakyBucket { n, p, queue }, KeyState::Shaper { next }) => {
             let start = next.map_or(int(t), |next| next.max(int(t)));
             let slot = Q::new(p, n);
-            *next = Some((start + int(cost) * slot).min(int(t) + int(M * queue) * slot));
+            *next = Some((start + int(cost) * slot).min(int(t) + int(ceiling(queue)) * slot));
         }
         (spec, _) => panic!("state does not match {spec:?}"),
     }

@@ -6,11 +6,12 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
+use weir_core::policy::MAX_WAIT;
 use weir_core::{Decision, Nanos, Policy, Rate, State};
 
 use crate::model::{Model, Spec, Verdict};
 
-const PERIODS: [Nanos; 8] = [
+const PERIODS: [Nanos; 11] = [
     1,
     7,
     1_000,
@@ -19,11 +20,18 @@ const PERIODS: [Nanos; 8] = [
     1_000_000_000,
     1_500_000_000,
     60_000_000_000,
+    // An hour, and the longest span a policy may have (366 days), and an
+    // odd one near it: beyond 2^53 ns.
+    3_600_000_000_000,
+    weir_core::policy::MAX_SPAN,
+    31_536_000_000_000_001,
 ];
 
 fn policy_strategy() -> impl Strategy<Value = (Policy, Spec)> {
     let rate = (1u64..=12, prop::sample::select(PERIODS.to_vec()));
-    let size = 1u64..=25;
+    // Small sizes, where limits are reached often, and sizes users write
+    // for token budgets, up to 2^32.
+    let size = prop_oneof![8 => 1u64..=25, 1 => Just(100_000u64), 1 => Just(1u64 << 32)];
     prop_oneof![
         (size.clone(), rate.clone()).prop_map(|(c, (n, p))| {
             let spec = Spec::TokenBucket {
@@ -54,6 +62,7 @@ fn policy_strategy() -> impl Strategy<Value = (Policy, Spec)> {
             )
         }),
         (size.clone(), prop::sample::select(PERIODS.to_vec())).prop_map(|(l, w)| {
+            let l = l.min(weir_core::policy::MAX_LOG_LIMIT);
             (
                 Policy::sliding_log(l, w).unwrap(),
                 Spec::SlidingLog {
@@ -253,7 +262,9 @@ proptest! {
     #[test]
     fn retry_after_is_exact_and_reset_means_idle((policy, _) in policy_strategy(), trace in trace_strategy()) {
         let arrivals = arrivals(&policy, &trace);
-        for c in run(&policy, &arrivals) {
+        // A wait saturated at 292 years says only "longer than that".
+        let exact = |c: &Checked| [c.decision.retry_after, c.decision.reset].iter().all(|&w| w < MAX_WAIT);
+        for c in run(&policy, &arrivals).into_iter().filter(exact) {
             let d = c.decision;
             if !d.allowed {
                 prop_assert!(d.retry_after > 0);
@@ -281,7 +292,7 @@ proptest! {
         let arrivals = arrivals(&policy, &trace);
         let checked = run(&policy, &arrivals);
         let mut by_key: HashMap<&str, Vec<(Nanos, u64)>> = HashMap::new();
-        for c in checked.iter().filter(|c| c.decision.allowed) {
+        for c in checked.iter().filter(|c| c.decision.allowed && c.decision.delay < MAX_WAIT) {
             by_key.entry(&c.key).or_default().push((c.at + c.decision.delay, c.cost));
         }
         for admitted in by_key.values() {

@@ -158,12 +158,15 @@ impl Packing {
     /// The packing of `policy`, if its states fit one word for every time
     /// up to `u64::MAX` ns.
     fn of(policy: &Policy) -> Option<Self> {
-        let level = |leveled, n: u64| (n <= 2).then_some(Self::Level(leveled, n));
+        // A level is at most the largest report and cost, times `p`.
+        let deepest = u128::from(policy.max_report()) + u128::from(policy.max_cost().0);
+        let level = |leveled, rate: weir_core::Rate| {
+            let fits = deepest * u128::from(rate.period()) <= 1 << 53;
+            (rate.tokens() <= 2 && fits).then_some(Self::Level(leveled, rate.tokens()))
+        };
         match *policy {
-            Policy::TokenBucket(b) | Policy::Gcra(b) => {
-                level(Leveled::Bucket(b), b.rate().tokens())
-            }
-            Policy::LeakyBucket(l) => level(Leveled::Shaper(l), l.rate().tokens()),
+            Policy::TokenBucket(b) | Policy::Gcra(b) => level(Leveled::Bucket(b), b.rate()),
+            Policy::LeakyBucket(l) => level(Leveled::Shaper(l), l.rate()),
             Policy::FixedWindow(w) => {
                 let bits = u64::BITS - index_bits(w.window());
                 let cap = w.limit().checked_add(1)?;
@@ -267,13 +270,15 @@ impl Pack for Packing {
 fn level_of(word: u64, now: Nanos, n: u64) -> LevelState {
     LevelState {
         seen: now,
-        level: word.saturating_sub(now.saturating_mul(n)),
+        level: u128::from(word.saturating_sub(now.saturating_mul(n))),
     }
 }
 
 #[inline(always)]
 fn level_word(state: LevelState, n: u64) -> u64 {
-    state.seen.saturating_mul(n).saturating_add(state.level)
+    // The level fits 2^53 (`Packing::of`).
+    let level = u64::try_from(state.level).unwrap_or(u64::MAX);
+    state.seen.saturating_mul(n).saturating_add(level)
 }
 
 #[inline(always)]

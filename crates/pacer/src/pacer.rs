@@ -293,9 +293,8 @@ impl Pacer {
                 let t = now.max(level.seen);
                 LevelState {
                     seen: t,
-                    level: (start - t)
-                        .saturating_mul(n)
-                        .saturating_add(cost.saturating_mul(p)),
+                    level: u128::from(start - t) * u128::from(n)
+                        + u128::from(cost) * u128::from(p),
                 }
             };
         }

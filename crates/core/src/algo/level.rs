@@ -16,8 +16,9 @@ use crate::{Decision, Nanos, Rate};
 pub struct LevelState {
     /// The latest time this key has seen (docs/SPEC.md's `last_seen`).
     pub seen: Nanos,
-    /// Deficit (token bucket) or backlog (shaper) at `seen`, in `1/p` token.
-    pub level: u64,
+    /// Deficit (token bucket) or backlog (shaper) at `seen`, in `1/p` token:
+    /// at most the largest report and cost times `p`, below 2^106.
+    pub level: u128,
 }
 
 impl LevelState {
@@ -26,7 +27,7 @@ impl LevelState {
     pub fn at(self, now: Nanos, rate: Rate) -> (Nanos, u128) {
         let t = now.max(self.seen);
         let drained = u128::from(t - self.seen) * u128::from(rate.tokens());
-        (t, u128::from(self.level).saturating_sub(drained))
+        (t, self.level.saturating_sub(drained))
     }
 
     /// Charges `cost` tokens (or slots) at `t`, whatever the level: a
@@ -41,11 +42,7 @@ impl LevelState {
     }
 
     fn new(t: Nanos, level: u128) -> Self {
-        Self {
-            seen: t,
-            // Bounded by policy validation (below 2^53); saturate, never wrap.
-            level: u64::try_from(level).unwrap_or(u64::MAX),
-        }
+        Self { seen: t, level }
     }
 }
 
