@@ -887,11 +887,18 @@ mod tests {
                 .contains("`x` is not a unit")
         );
         assert!(err("fixed-window", &[("limit", "10"), ("window", "-5s")]).starts_with("`window`"));
-        assert!(err("sliding-counter", &[("limit", "10000"), ("window", "367d")]).contains("366 days"));
-        assert!(err("token-bucket", &[("capacity", "10"), ("rate", "1/367d")]).contains("366 days"));
         assert!(
-            err("fixed-window", &[("limit", "1125899906842625"), ("window", "1s")])
-                .contains("more than 1125899906842624")
+            err("sliding-counter", &[("limit", "10000"), ("window", "367d")]).contains("366 days")
+        );
+        assert!(
+            err("token-bucket", &[("capacity", "10"), ("rate", "1/367d")]).contains("366 days")
+        );
+        assert!(
+            err(
+                "fixed-window",
+                &[("limit", "1125899906842625"), ("window", "1s")]
+            )
+            .contains("more than 1125899906842624")
         );
         assert!(err("nope", &[]).contains("valid: token-bucket"));
         assert!(

@@ -293,8 +293,7 @@ impl Pacer {
                 let t = now.max(level.seen);
                 LevelState {
                     seen: t,
-                    level: u128::from(start - t) * u128::from(n)
-                        + u128::from(cost) * u128::from(p),
+                    level: u128::from(start - t) * u128::from(n) + u128::from(cost) * u128::from(p),
                 }
             };
         }

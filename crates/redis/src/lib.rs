@@ -3,9 +3,9 @@
 //! ([`SCRIPT`], `weir.lua` beside this file) that refills, checks and
 //! conditionally debits every key of the request — all-or-nothing — using
 //! the Redis server's clock (`TIME`), or an explicit time for replay and
-//! tests. Its decisions are those of `weir-core`, to the nanosecond: every
-//! quantity stays an exact integer below 2^53 (the bounds `weir-core`
-//! enforces), and absolute times are kept as (seconds, nanoseconds) pairs.
+//! tests. Its decisions are those of `weir-core`, to the nanosecond: a check
+//! whose quantities stay below 2^51 is computed in doubles, any other in wide
+//! integers, and absolute times are kept as (seconds, nanoseconds) pairs.
 //!
 //! Keys are versioned and escaped, `rl:v1:{IDENTITY}:POLICY`, with the
 //! identity as the hash tag so that one identity's policies share a slot on a
@@ -565,8 +565,8 @@ impl RedisStore {
             at = at.map(|_| sent);
         }
         let mode = match mode {
-            // Every delay is below 2^53 ns; a larger bound is the same.
-            Mode::Charge { max_delay } => max_delay.min(1 << 53).to_string(),
+            // No wait is longer than MAX_WAIT: a larger bound is the same.
+            Mode::Charge { max_delay } => max_delay.min(weir_core::policy::MAX_WAIT).to_string(),
             Mode::Peek => "peek".to_owned(),
         };
         let time = match at {

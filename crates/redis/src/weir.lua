@@ -37,14 +37,22 @@
 -- State loss: the marker holds the time the store was last found without it
 -- (a restart without data, a flush, an eviction). Keys missing since then
 -- count, for policies marked " e", as used up at that time; others start
--- full. Every number is an exact integer below 2^53 (the policy bounds of
--- weir-core guarantee it); times are (seconds, nanoseconds) pairs, so
--- absolute nanoseconds (~1.8e18) never appear in a double.
+-- full.
+--
+-- Exactness: a check whose quantities all stay below 2^51 is decided in
+-- doubles (exact integers below 2^53); any other (long windows and periods,
+-- large limits, deep debt) in wide integers (`w*` below), with the same
+-- formulas. Times are (seconds, nanoseconds) pairs, so absolute nanoseconds
+-- (~1.8e18) never appear in a double. A wait of 2^53 ns or more is replied
+-- as a decimal string, at most i64::MAX (weir-core's MAX_WAIT).
 --
 -- State per key (a string): "seen_s seen_ns ..." then
---   tb/lb: level (1/p token units at seen)
+--   tb/lb: level (1/p token units at seen, decimal)
 --   fw: start_s start_ns count          sc: start_s start_ns cur prev
---   sl: first_s first_ns | entries (varint gap from the previous, varint cost)
+--   sl: first_s first_ns, then "|" and entries (varint gap in ns from the
+--       previous, varint cost), or "#" and entries (the gap as varint
+--       seconds and varint nanoseconds, varint cost) for windows of 2^51 ns
+--       or more
 
 local E9 = 1000000000
 local BIG = 9007199254740992 -- 2^53
@@ -88,6 +96,139 @@ end
 -- and several times cheaper than '%.0f'.
 local function fmt(x) return string.format('%d', x) end
 local function fmt3(x, y, z) return string.format('%d %d %d', x, y, z) end
+
+-- Wide integers: non-negative integers of any size as little-endian arrays
+-- of base-2^24 limbs (a limb product stays below 2^48), for the checks whose
+-- quantities outgrow doubles. Zero is {}.
+local LB = 16777216 -- 2^24
+local LIM = 2251799813685248 -- 2^51: below it, a check is decided in doubles
+local function trim(a) while #a > 0 and a[#a] == 0 do a[#a] = nil end; return a end
+local function wsmall(a, m, c) -- a * m + c, for m, c < 2^24
+  local r = {}
+  for i = 1, #a do
+    local v = a[i] * m + c
+    c = math.floor(v / LB)
+    r[i] = v - c * LB
+  end
+  while c > 0 do local l = c % LB; r[#r + 1] = l; c = (c - l) / LB end
+  return trim(r)
+end
+local function W(x) -- from a non-negative integer number or decimal text
+  if type(x) == 'table' then return x end
+  local r = {}
+  if type(x) == 'string' then
+    for k = 1, #x, 6 do
+      local part = string.sub(x, k, k + 5)
+      r = wsmall(r, 10 ^ #part, tonumber(part))
+    end
+    return r
+  end
+  while x > 0 do local l = x % LB; r[#r + 1] = l; x = (x - l) / LB end
+  return r
+end
+local function wnum(a) -- as a double (exact below 2^53)
+  local v = 0
+  for i = #a, 1, -1 do v = v * LB + a[i] end
+  return v
+end
+local function wcmp(a, b)
+  if #a ~= #b then return #a < #b and -1 or 1 end
+  for i = #a, 1, -1 do
+    if a[i] ~= b[i] then return a[i] < b[i] and -1 or 1 end
+  end
+  return 0
+end
+local function wadd(a, b)
+  local r, c = {}, 0
+  for i = 1, math.max(#a, #b) do
+    local v = (a[i] or 0) + (b[i] or 0) + c
+    if v >= LB then r[i], c = v - LB, 1 else r[i], c = v, 0 end
+  end
+  if c > 0 then r[#r + 1] = c end
+  return r
+end
+local function wsub(a, b) -- a - b, for a >= b
+  local r, c = {}, 0
+  for i = 1, #a do
+    local v = a[i] - (b[i] or 0) - c
+    if v < 0 then r[i], c = v + LB, 1 else r[i], c = v, 0 end
+  end
+  return trim(r)
+end
+local function wsat(a, b) if wcmp(a, b) > 0 then return wsub(a, b) end; return {} end
+local function wmul(a, b)
+  if #a == 0 or #b == 0 then return {} end
+  local r = {}
+  for i = 1, #a + #b do r[i] = 0 end
+  for i = 1, #a do
+    local c = 0
+    for j = 1, #b do
+      local v = r[i + j - 1] + a[i] * b[j] + c
+      c = math.floor(v / LB)
+      r[i + j - 1] = v - c * LB
+    end
+    r[i + #b] = r[i + #b] + c
+  end
+  return trim(r)
+end
+local function wshort(a, d) -- floor(a / d) and the remainder, for 0 < d < 2^24
+  local q, r = {}, 0
+  for i = #a, 1, -1 do
+    -- v < d·2^24: the quotient is below 2^24, and at least 1/d from the
+    -- next integer, far more than a double's rounding there.
+    local v = r * LB + a[i]
+    local k = math.floor(v / d)
+    r = v - k * d
+    q[i] = k
+  end
+  return trim(q), r
+end
+local function wdiv(a, b) -- floor(a / b) and the remainder, for b > 0
+  if #b == 1 then local q, r = wshort(a, b[1]); return q, W(r) end
+  -- Subtract under-estimates of the quotient (doubles are within 2^-50 of
+  -- the operands; 1e-10 less is always short) until less than b is left.
+  local q, r = {}, a
+  while wcmp(r, b) >= 0 do
+    local e = W(math.max(math.floor(wnum(r) / wnum(b) * (1 - 1e-10)), 1))
+    r, q = wsub(r, wmul(e, b)), wadd(q, e)
+  end
+  return q, r
+end
+local function wfloor(a, b) local q = wdiv(a, b); return q end
+local function wceil(a, b)
+  local q, r = wdiv(a, b)
+  if #r > 0 then q = wadd(q, { 1 }) end
+  return q
+end
+local function wtext(a) -- decimal
+  if #a <= 2 then return fmt(wnum(a)) end
+  local parts, r = {}, nil
+  while #a > 2 do
+    a, r = wshort(a, 1000000)
+    table.insert(parts, 1, string.format('%06d', r))
+  end
+  return fmt(wnum(a)) .. table.concat(parts)
+end
+local E9W = W(E9)
+local BIGW = W(BIG)
+local MAX_WAIT = W('9223372036854775807') -- i64::MAX ns, as weir-core saturates
+-- A wait: a number below 2^53, else a wide integer (at most MAX_WAIT).
+local function dur(a)
+  if wcmp(a, BIGW) < 0 then return wnum(a) end
+  if wcmp(a, MAX_WAIT) > 0 then return MAX_WAIT end
+  return a
+end
+local function positive(d) return type(d) == 'table' or d > 0 end
+local function reply(d) if type(d) == 'table' then return wtext(d) end; return d end
+-- (s, ns) - (bs, bn) as a wide integer of ns, for (s, ns) >= (bs, bn).
+local function welapsed(s, ns, bs, bn)
+  if ns >= bn then return wadd(wmul(W(s - bs), E9W), W(ns - bn)) end
+  return wadd(wmul(W(s - bs - 1), E9W), W(ns + E9 - bn))
+end
+local function wpair(a) -- a wide count of ns as (s, ns)
+  local s, n = wdiv(a, E9W)
+  return wnum(s), wnum(n)
+end
 
 local function varint(x)
   local out = {}
@@ -140,11 +281,38 @@ local function parse(arg)
   return p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]
 end
 
+-- A check's three numbers as wide integers, for the checks decided wide.
+local wide_parsed = {}
+local function wide_params(arg)
+  local p = wide_parsed[arg]
+  if not p then
+    local x, y, z = string.match(arg, '^%S+ (%d+) (%d+) ?(%d*)')
+    p = { W(x), W(y), W(z) }
+    wide_parsed[arg] = p
+  end
+  return p[1], p[2], p[3]
+end
+
+-- Whether a check's quantities may outgrow doubles: its parameters (size
+-- `a`, then `b` and `c`: n and p, or the window), the stored counts or
+-- level, and its cost and report ceiling. Doubles round monotonically, so
+-- a product of 2^51 or more is never taken for less.
+local function is_wide(kind, a, b, c, s3, s5, s6, cost, report)
+  if kind == 'tb' or kind == 'lb' then
+    return not ((a + 1) * c < LIM and b < LIM and (s3 or 0) < LIM and (not report or report * c < LIM))
+  elseif kind == 'sc' then
+    return not (b < LIM and math.max(a, (s5 or 0) + cost, s6 or 0, report or 0) * b < LIM)
+  end
+  return not (b < LIM)
+end
+
 local function store(key, text, reset, redis_time)
   if redis_time and reset == 0 then
     redis.call('DEL', key)
   elseif redis_time then
-    redis.call('SET', key, text, 'PX', math.max(cdiv(reset, 1000000), 1))
+    local ms
+    if type(reset) == 'table' then ms = wnum(wceil(reset, W(1000000))) else ms = cdiv(reset, 1000000) end
+    redis.call('SET', key, text, 'PX', math.max(ms, 1))
   else
     -- Explicit times (replay, tests) say nothing of the Redis clock: keep
     -- the state an hour, so runs do not litter the server.
@@ -236,16 +404,28 @@ local function leaky_bucket(size, n, p, cost, report, level, ts, tn)
 end
 
 -- A window policy's counts at (ts, tn): the window's start, the time left
--- in it, the current count and (a sliding counter's) the previous one.
-local function window_counts(sliding, W, raw, s3, s4, s5, s6, ts, tn)
-  local ss, sn = window_start(ts, tn, W)
-  local left = W - diff(ts, tn, ss, sn)
+-- in it (wide when `wide`, the window as a wide integer, is given), the
+-- current count and (a sliding counter's) the previous one.
+local function window_counts(sliding, W_, wide, raw, s3, s4, s5, s6, ts, tn)
+  local ss, sn, left
+  if wide then
+    local t = welapsed(ts, tn, 0, 0)
+    local _, offset = wdiv(t, wide)
+    ss, sn = wpair(wsub(t, offset))
+    left = wsub(wide, offset)
+  else
+    ss, sn = window_start(ts, tn, W_)
+    left = W_ - diff(ts, tn, ss, sn)
+  end
   local cur, prev = 0, 0
   if raw then
     if s3 == ss and s4 == sn then cur, prev = s5, s6 or 0
-    else
-      local ps, pn = add(s3, s4, W)
-      if sliding and ps == ss and pn == sn then cur, prev = 0, s5 end
+    elseif sliding then
+      -- The previous window's count, if the stored window is the one before.
+      local before
+      if wide then before = wcmp(welapsed(ss, sn, s3, s4), wide) == 0
+      else local ps, pn = add(s3, s4, W_); before = ps == ss and pn == sn end
+      if before then cur, prev = 0, s5 end
     end
   end
   return ss, sn, left, cur, prev
@@ -300,20 +480,41 @@ local function sliding_counter(L, W, cost, report, ss, sn, left, cur, prev, ts, 
 end
 
 -- Sliding log (`sl`): every admission's time and cost, at most L in any
--- window of W ns.
-local function sliding_log(L, W, cost, report, raw, s3, s4, blob, ts, tn)
+-- window of W ns (`wide`: the window as a wide integer, for windows of 2^51
+-- ns or more; entries then store their gaps as seconds and nanoseconds).
+local function sliding_log(L, W_, wide, cost, report, raw, s3, s4, blob, ts, tn)
   local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
+  local ws, wn
+  if wide then ws, wn = wpair(wide) end
+  -- The time an entry at (es, en) has left in the window at (ts, tn); 0
+  -- when it has expired.
+  local function left_of(es, en)
+    if not wide then return math.max(W_ - diff(ts, tn, es, en), 0) end
+    local rs, rn = es + ws, en + wn
+    if rn >= E9 then rs, rn = rs + 1, rn - E9 end
+    if rs < ts or (rs == ts and rn <= tn) then return 0 end
+    return dur(welapsed(rs, rn, ts, tn))
+  end
   local times, costs = {}, {}
   local count = 0
-  if raw and #blob > 0 then
+  if raw and #blob > 1 then
     local es, en = s3, s4
-    local pos = 1
+    local pos = 2
+    local paired = string.sub(blob, 1, 1) == '#'
     while pos <= #blob do
       local gap, c2
-      gap, pos = read_varint(blob, pos)
+      if paired then
+        local gs, gn
+        gs, pos = read_varint(blob, pos)
+        gn, pos = read_varint(blob, pos)
+        es, en = es + gs, en + gn
+        if en >= E9 then es, en = es + 1, en - E9 end
+      else
+        gap, pos = read_varint(blob, pos)
+        es, en = add(es, en, gap)
+      end
       c2, pos = read_varint(blob, pos)
-      es, en = add(es, en, gap)
-      if diff(ts, tn, es, en) < W then -- live: a > t - W
+      if left_of(es, en) ~= 0 then -- live: a > t - W
         times[#times + 1] = { es, en }
         costs[#costs + 1] = c2
         count = count + c2
@@ -324,59 +525,167 @@ local function sliding_log(L, W, cost, report, raw, s3, s4, blob, ts, tn)
     local list = {}
     for k = 1, #times do list[#list + 1] = { times[k], costs[k] } end
     if extra then list[#list + 1] = extra end
-    if #list == 0 then return fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ts) .. ' ' .. fmt(tn) .. '|' end
+    local bar = wide and '#' or '|'
+    if #list == 0 then return fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ts) .. ' ' .. fmt(tn) .. bar end
     local first = list[1][1]
-    local parts = { fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(first[1]) .. ' ' .. fmt(first[2]) .. '|' }
+    local parts = { fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(first[1]) .. ' ' .. fmt(first[2]) .. bar }
     local ps, pn = first[1], first[2]
     for k = 1, #list do
       local e = list[k]
-      parts[#parts + 1] = varint(diff(e[1][1], e[1][2], ps, pn)) .. varint(e[2])
-      ps, pn = e[1][1], e[1][2]
+      local es, en = e[1][1], e[1][2]
+      if wide then
+        local gs, gn = es - ps, en - pn
+        if gn < 0 then gs, gn = gs - 1, gn + E9 end
+        parts[#parts + 1] = varint(gs) .. varint(gn) .. varint(e[2])
+      else
+        parts[#parts + 1] = varint(diff(es, en, ps, pn)) .. varint(e[2])
+      end
+      ps, pn = es, en
     end
     return table.concat(parts)
   end
+  -- The oldest entry whose expiry leaves room for `excess` less: its time
+  -- left (the window when none does).
+  local function wait_for(excess)
+    local sum = 0
+    for k = 1, #times do
+      sum = sum + costs[k]
+      if sum >= excess then return left_of(times[k][1], times[k][2]) end
+    end
+    return wide and dur(wide) or W_
+  end
+  local window = wide and dur(wide) or W_
   fresh = encode(nil)
   left0 = math.max(L - count, 0)
-  if #times > 0 then idle0 = W - diff(ts, tn, times[#times][1], times[#times][2]) end
+  if #times > 0 then idle0 = left_of(times[#times][1], times[#times][2]) end
   if report then
     -- Cut so that the live cost stays at most the ceiling.
     local added = math.max(math.min(cost, report - count), 0)
     local after = count + added
-    allowed, remaining, reset = 1, math.max(L - after, 0), W
+    allowed, remaining, reset = 1, math.max(L - after, 0), window
     if added == 0 then reset = idle0 end
-    if after + 1 > L then
-      -- The oldest entry (this report last) whose expiry leaves room for 1.
-      local excess, sum = after + 1 - L, 0
-      local found = false
-      for k = 1, #times do
-        sum = sum + costs[k]
-        if sum >= excess then retry = W - diff(ts, tn, times[k][1], times[k][2]); found = true; break end
-      end
-      if not found then retry = W end
-    end
+    -- The oldest entry (this report last) whose expiry leaves room for 1.
+    if after + 1 > L then retry = wait_for(after + 1 - L) end
     if added > 0 then new = encode({ { ts, tn }, added }) else new = fresh end
   elseif count + cost <= L then
-    allowed, remaining, reset = 1, L - count - cost, W
+    allowed, remaining, reset = 1, L - count - cost, window
     new = encode({ { ts, tn }, cost })
   else
-    remaining = left0
-    local excess, sum = count + cost - L, 0
-    for k = 1, #times do
-      sum = sum + costs[k]
-      if sum >= excess then retry = W - diff(ts, tn, times[k][1], times[k][2]); break end
-    end
-    local last = times[#times]
-    reset = W - diff(ts, tn, last[1], last[2])
+    remaining, retry, reset = left0, wait_for(count + cost - L), idle0
   end
   return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
 end
 
--- The checks of the request being decided, twelve slots each from
--- `checks[12 * (i - 1)]`, reused by the next request: allowed, remaining,
--- retry, reset, delay; the state text if charged and the refreshed one
--- (false: none); the standing with no request (remaining, reset); shadow;
--- late; the key was missing and must not be created (2), or missing (1),
--- or there (0). One table for the call: tables are most of a check's cost.
+-- The same algorithms in wide integers, for checks whose quantities reach
+-- 2^51 (`n`, `p`, `W` and the level wide; counts, costs and the ceiling are
+-- at most 2^50 and stay numbers).
+
+local function wdrained(raw, s1, s2, level, n, ts, tn)
+  if not raw then return {} end
+  return wsat(level, wmul(welapsed(ts, tn, s1, s2), n))
+end
+
+local function wlevel_text(ts, tn, level) return string.format('%d %d %s', ts, tn, wtext(level)) end
+
+local function wtoken_bucket(size, n, p, cost, report, standing, level, ts, tn)
+  local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
+  local full, need = wmul(W(size), p), wadd(level, wmul(W(cost), p))
+  if report then
+    local ceiling = wmul(W(report), p)
+    if wcmp(need, ceiling) > 0 then need = ceiling end
+  end
+  if standing then left0, idle0 = wnum(wfloor(wsat(full, level), p)), dur(wceil(level, n)) end
+  if report then
+    allowed, remaining, reset = 1, wnum(wfloor(wsat(full, need), p)), dur(wceil(need, n))
+    local next = wadd(need, p)
+    if wcmp(next, full) > 0 then retry = dur(wceil(wsub(next, full), n)) end
+    new = wlevel_text(ts, tn, need)
+  elseif wcmp(need, full) <= 0 then
+    allowed, remaining, reset = 1, wnum(wfloor(wsub(full, need), p)), dur(wceil(need, n))
+    new = wlevel_text(ts, tn, need)
+  else
+    remaining = wnum(wfloor(wsat(full, level), p))
+    retry, reset = dur(wceil(wsub(need, full), n)), dur(wceil(level, n))
+  end
+  if allowed == 0 or cost == 0 then fresh = wlevel_text(ts, tn, level) end
+  return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
+end
+
+local function wleaky_bucket(size, n, p, cost, report, level, ts, tn)
+  local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
+  local bound, slots = wmul(W(size), p), wmul(W(size + 1), p)
+  left0, idle0 = wnum(wfloor(wsat(slots, level), p)), dur(wceil(level, n))
+  if report then
+    local after, ceiling = wadd(level, wmul(W(cost), p)), wmul(W(report), p)
+    if wcmp(after, ceiling) > 0 then after = ceiling end
+    allowed, reset = 1, dur(wceil(after, n))
+    remaining = wnum(wfloor(wsat(slots, after), p))
+    if wcmp(after, bound) > 0 then retry = dur(wceil(wsub(after, bound), n)) end
+    new = wlevel_text(ts, tn, after)
+  elseif wcmp(level, bound) <= 0 then
+    local after = wadd(level, wmul(W(cost), p))
+    allowed, delay, reset = 1, dur(wceil(level, n)), dur(wceil(after, n))
+    remaining = wnum(wfloor(wsat(slots, after), p))
+    new = wlevel_text(ts, tn, after)
+  else
+    remaining, retry, reset = left0, dur(wceil(wsub(level, bound), n)), idle0
+  end
+  if allowed == 0 or cost == 0 then fresh = wlevel_text(ts, tn, level) end
+  return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
+end
+
+-- A sliding counter's standing with `c` in the current window, wide.
+local function wsc_standing(L, W_, prev, left, c)
+  local r = 0
+  if L >= c then
+    local room, used = wmul(W(L - c), W_), wmul(W(prev), left)
+    if wcmp(room, used) >= 0 then r = wnum(wfloor(wsub(room, used), W_)) end
+  end
+  local reset = 0
+  if c > 0 then reset = dur(wadd(left, W_)) elseif prev > 0 then reset = dur(left) end
+  return r, reset
+end
+
+-- Whether `c` more fit with `prev` weighted by `left`: L - c >= 0 and
+-- prev·left <= (L - c)·W; and if not, the wait until they would.
+local function wsc_fits(L, W_, prev, left, cur, c)
+  if L - cur - c >= 0 and wcmp(wmul(W(prev), left), wmul(W(L - cur - c), W_)) <= 0 then return true, 0 end
+  if cur + c <= L then return false, dur(wsub(left, wfloor(wmul(W(L - cur - c), W_), W(prev)))) end
+  return false, dur(wadd(left, wsub(W_, wfloor(wmul(W(L - c), W_), W(cur)))))
+end
+
+local function wsliding_counter(L, W_, cost, report, ss, sn, left, cur, prev, ts, tn)
+  local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
+  left0, idle0 = wsc_standing(L, W_, prev, left, cur)
+  if report then
+    local after = math.min(cur + cost, report)
+    allowed = 1
+    remaining, reset = wsc_standing(L, W_, prev, left, after)
+    -- The wait of a check of cost 1 on the new counts.
+    local _
+    _, retry = wsc_fits(L, W_, prev, left, after, 1)
+    new = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, after, prev)
+  else
+    local fits, wait = wsc_fits(L, W_, prev, left, cur, cost)
+    if fits then
+      allowed = 1
+      remaining, reset = wsc_standing(L, W_, prev, left, cur + cost)
+      new = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, cur + cost, prev)
+    else
+      remaining, retry, reset = left0, wait, idle0
+    end
+  end
+  if allowed == 0 or cost == 0 then fresh = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, cur, prev) end
+  return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
+end
+
+-- The checks of the request being decided, thirteen slots each from
+-- `checks[13 * (i - 1)]`, reused by the next request: allowed, remaining,
+-- retry, reset, whether the delay is over the longest allowed; the state
+-- text if charged and the refreshed one (false: none); the standing with no
+-- request (remaining, reset); shadow; late; the key was missing and must
+-- not be created (2), or missing (1), or there (0); the delay. One table
+-- for the call: tables are most of a check's cost.
 local checks = {}
 
 -- Decides one request: its checks are KEYS[k + i] and ARGV[a + i], i = 1..n;
@@ -396,6 +705,11 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
 
   local peek = mode == 'peek'
   local max_delay = tonumber(mode) or 0
+  -- Whether a wait is longer than the longest delay allowed.
+  local function over(delay)
+    if type(delay) ~= 'table' then return delay > max_delay end
+    return max_delay < BIG or wcmp(delay, W(mode)) > 0
+  end
   local lost, gs, gn = 0, nil, nil
   if marker then
     if marker_value == nil then marker_value = redis.call('GET', marker) end
@@ -410,7 +724,8 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
   end
 
   for i = 1, n do
-    local kind, a, b, c, cost, empty, shadow, report, no_new = parse(ARGV[a + i])
+    local arg = ARGV[a + i]
+    local kind, a, b, c, cost, empty, shadow, report, no_new = parse(arg)
     local standing = cost == 0 or n > 1
     local raw = redis.call('GET', KEYS[k + i])
     local missing = 0
@@ -418,42 +733,64 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
     local s1, s2, s3, s4, s5, s6
     local blob = ''
     if raw then
-      local bar = string.find(raw, '|', 1, true)
-      if bar then s1, s2, s3, s4 = nums(string.sub(raw, 1, bar - 1)); blob = string.sub(raw, bar + 1)
+      local bar = string.find(raw, '[|#]')
+      if bar then s1, s2, s3, s4 = nums(string.sub(raw, 1, bar - 1)); blob = string.sub(raw, bar)
       else s1, s2, s3, s4, s5, s6 = nums(raw) end
     elseif gs and empty then
       -- Lost: as if used up when the loss was found.
       raw = true
       if kind == 'tb' then s1, s2, s3 = gs, gn, a * c
       elseif kind == 'lb' then s1, s2, s3 = gs, gn, (a + 1) * c
-      elseif kind == 'sl' then s1, s2, s3, s4, blob = gs, gn, gs, gn, varint(0) .. varint(a)
+      elseif kind == 'sl' then s1, s2, s3, s4, blob = gs, gn, gs, gn, '|' .. varint(0) .. varint(a)
       elseif kind == 'fw' or kind == 'sc' then
-        local ws, wn = window_start(gs, gn, b)
+        local _, wide = wide_params(arg)
+        local ws, wn = window_counts(false, b, b >= LIM and wide, false, 0, 0, 0, 0, gs, gn)
         s1, s2, s3, s4, s5, s6 = gs, gn, ws, wn, a, 0
       end
     end
     local ts, tn = now_s, now_ns
     if raw then ts, tn = later(now_s, now_ns, s1, s2) end
+    local wide = is_wide(kind, a, b, c, s3, s5, s6, cost, report)
+    local wa, wb, wc
+    if wide then wa, wb, wc = wide_params(arg) end
     -- The decision, the state text if charged (`new`) and the refreshed
     -- one if not (`fresh`), and the standing with no request.
     local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
-    if kind == 'tb' then
+    if (kind == 'tb' or kind == 'lb') and wide then
+      local level
+      if raw == true then level = wmul(W(kind == 'lb' and a + 1 or a), wc)
+      elseif raw then level = W(string.match(raw, '^%d+ %d+ (%d+)') or '0') end
+      level = wdrained(raw, s1, s2, level, wb, ts, tn)
+      if kind == 'tb' then
+        allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
+          wtoken_bucket(a, wb, wc, cost, report, standing, level, ts, tn)
+      else
+        allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
+          wleaky_bucket(a, wb, wc, cost, report, level, ts, tn)
+      end
+    elseif kind == 'tb' then
       allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
         token_bucket(a, b, c, cost, report, standing, drained(raw, s1, s2, s3, b, ts, tn), ts, tn)
     elseif kind == 'lb' then
       allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
         leaky_bucket(a, b, c, cost, report, drained(raw, s1, s2, s3, b, ts, tn), ts, tn)
     elseif kind == 'fw' then
-      local ss, sn, left, cur = window_counts(false, b, raw, s3, s4, s5, s6, ts, tn)
+      local ss, sn, left, cur = window_counts(false, b, wide and wb, raw, s3, s4, s5, s6, ts, tn)
+      if wide then left = dur(left) end
       allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
         fixed_window(a, cost, report, ss, sn, left, cur, ts, tn)
     elseif kind == 'sc' then
-      local ss, sn, left, cur, prev = window_counts(true, b, raw, s3, s4, s5, s6, ts, tn)
-      allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
-        sliding_counter(a, b, cost, report, ss, sn, left, cur, prev, ts, tn)
+      local ss, sn, left, cur, prev = window_counts(true, b, wide and wb, raw, s3, s4, s5, s6, ts, tn)
+      if wide then
+        allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
+          wsliding_counter(a, wb, cost, report, ss, sn, left, cur, prev, ts, tn)
+      else
+        allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
+          sliding_counter(a, b, cost, report, ss, sn, left, cur, prev, ts, tn)
+      end
     elseif kind == 'sl' then
       allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
-        sliding_log(a, b, cost, report, raw, s3, s4, blob, ts, tn)
+        sliding_log(a, b, wide and wb, cost, report, raw, s3, s4, blob, ts, tn)
     else
       error('weir: unknown policy kind ' .. tostring(kind))
     end
@@ -463,17 +800,18 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
       if allowed == 1 then remaining, retry, reset, delay = left0, 0, idle0, 0 end
       new = fresh
     end
-    local c = 12 * (i - 1)
+    local c = 13 * (i - 1)
     checks[c + 1], checks[c + 2], checks[c + 3], checks[c + 4] = allowed, remaining, retry, reset
-    checks[c + 5], checks[c + 6], checks[c + 7] = delay, new or false, fresh or false
+    checks[c + 5], checks[c + 6], checks[c + 7] = over(delay), new or false, fresh or false
     checks[c + 8], checks[c + 9], checks[c + 10] = left0, idle0, shadow
     checks[c + 11], checks[c + 12] = diff(ts, tn, now_s, now_ns), missing
+    checks[c + 13] = delay
   end
 
   local all, blocked = 1, false
   for i = 1, n do
-    local c = 12 * (i - 1)
-    if not checks[c + 10] and (checks[c + 1] == 0 or checks[c + 5] > max_delay) then all = 0 end
+    local c = 13 * (i - 1)
+    if not checks[c + 10] and (checks[c + 1] == 0 or checks[c + 5]) then all = 0 end
     if checks[c + 12] == 2 then all, blocked = 0, true end
   end
   if peek then all = -1 end
@@ -481,9 +819,9 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
   out[no + 1], out[no + 2] = math.max(all, 0), lost
   no = no + 2
   for i = 1, n do
-    local c = 12 * (i - 1)
-    local allowed, remaining, reset, delay = checks[c + 1], checks[c + 2], checks[c + 4], checks[c + 5]
-    local refused = allowed == 0 or delay > max_delay
+    local c = 13 * (i - 1)
+    local allowed, remaining, reset, delay = checks[c + 1], checks[c + 2], checks[c + 4], checks[c + 13]
+    local refused = allowed == 0 or checks[c + 5]
     local stored = false
     if all == 1 and checks[c + 6] and not (checks[c + 10] and refused) then
       store(KEYS[k + i], checks[c + 6], reset, redis_time)
@@ -495,9 +833,9 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
     if all == 0 and allowed == 1 then remaining, reset = checks[c + 8], checks[c + 9] end
     local created = 0
     if checks[c + 12] == 2 then created = 2
-    elseif stored and checks[c + 12] == 1 and reset > 0 then created = 1 end
-    out[no + 1], out[no + 2], out[no + 3] = allowed, remaining, checks[c + 3]
-    out[no + 4], out[no + 5], out[no + 6] = reset, delay, checks[c + 11]
+    elseif stored and checks[c + 12] == 1 and positive(reset) then created = 1 end
+    out[no + 1], out[no + 2], out[no + 3] = allowed, remaining, reply(checks[c + 3])
+    out[no + 4], out[no + 5], out[no + 6] = reply(reset), reply(delay), checks[c + 11]
     out[no + 7] = created
     no = no + 7
   end

@@ -121,12 +121,24 @@ pub(crate) fn replay_ops(
     trace: &[(i64, u8, u64, bool)],
     case: u64,
 ) {
+    replay_in(store, runtime, policy, trace, case, 1_000_000);
+}
+
+/// Replays `trace` with its gaps in units of `unit` ns.
+fn replay_in(
+    store: &RedisStore,
+    runtime: &tokio::runtime::Runtime,
+    policy: Policy,
+    trace: &[(i64, u8, u64, bool)],
+    case: u64,
+    unit: i64,
+) {
     let mut reference: HashMap<String, State> = HashMap::new();
     // A realistic absolute time (about 2026), far above 2^53 ns.
     let mut now: Nanos = 1_796_000_000 * NANOS_PER_SEC + 123_456_789;
     let name = format!("p{case}");
     for &(gap, key, cost, report) in trace {
-        now = now.saturating_add_signed(gap * 1_000_000 + i64::from(key) * 7);
+        now = now.saturating_add_signed(gap * unit + i64::from(key) * 7);
         let identity = format!("c{case}-k{key}");
         let state = reference
             .entry(identity.clone())
@@ -171,6 +183,84 @@ fn reports_and_debt_decide_as_the_core() {
                 Policy::parse(policy).unwrap(),
                 &trace,
                 case,
+            );
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// Policies beyond doubles — what users write for token budgets and slow
+/// refills, up to the largest sizes and a 366-day span — and policies that
+/// outgrow doubles only in debt: the script decides them in wide integers,
+/// exactly as the core.
+const WIDE: [&str; 12] = [
+    "sliding-counter limit=100000 window=1h",
+    "sliding-counter limit=1125899906842624 window=366d",
+    "sliding-counter limit=10000 window=1s",
+    "token-bucket capacity=5000 rate=3/h",
+    "token-bucket capacity=10000 rate=1/m",
+    "gcra burst=100000 rate=7/d",
+    "leaky-bucket rate=7/h queue=1251",
+    "leaky-bucket rate=3/366d queue=4294967296",
+    "fixed-window limit=4294967296 window=366d",
+    "fixed-window limit=10 window=200d",
+    "sliding-log limit=1000 window=366d",
+    "sliding-log limit=5 window=300d",
+];
+
+#[test]
+fn wide_policies_decide_as_the_core() {
+    let shared = shared();
+    let case = AtomicU64::new(0);
+    // Costs as shares of the policy's size (0: a probe; 8: all of it), and
+    // reports of up to 1,200 times its size (past the ceiling).
+    let strategy = (
+        prop::sample::select(WIDE.to_vec()),
+        prop::collection::vec(
+            (
+                gap(),
+                0u8..3,
+                prop_oneof![3 => 0u64..=8, 1 => 9u64..=9_600],
+                prop::bool::weighted(0.2),
+            ),
+            1..60,
+        ),
+    );
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 96,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&strategy, |(spec, trace)| {
+            let policy = Policy::parse(spec).unwrap();
+            let size = policy.max_cost().0;
+            let trace: Vec<_> = trace
+                .into_iter()
+                .map(|(gap, key, share, report)| {
+                    let cost = size.saturating_mul(share) / 8;
+                    let cost = if report {
+                        cost.min(policy.max_report())
+                    } else {
+                        cost.min(size)
+                    };
+                    (gap, key, cost, report)
+                })
+                .collect();
+            // Gaps in thousandths of the policy's grain: a gap of 1000 is a
+            // window, or one token's refill.
+            let grain = policy.window().unwrap_or_else(|| match policy {
+                Policy::TokenBucket(b) | Policy::Gcra(b) => b.rate().period() / b.rate().tokens(),
+                Policy::LeakyBucket(l) => l.rate().period() / l.rate().tokens(),
+                _ => unreachable!("windowed policies have a window"),
+            });
+            let n = case.fetch_add(1, Ordering::SeqCst);
+            replay_in(
+                &shared.store,
+                &shared.runtime,
+                policy,
+                &trace,
+                2_000_000 + n,
+                i64::try_from(grain / 1000).unwrap().max(1),
             );
             Ok(())
         })
