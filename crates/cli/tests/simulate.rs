@@ -291,9 +291,9 @@ fn bad_flags_exit_2_naming_the_flag() {
                 "--limit",
                 "100000",
                 "--window",
-                "1d",
+                "400d",
             ],
-            "--limit: 100000 per 1d is beyond exact decisions",
+            "--window: 400d is longer than 366 days",
         ),
         (
             vec!["--algorithm", "bucket"],

@@ -56,6 +56,7 @@
 
 local E9 = 1000000000
 local BIG = 9007199254740992 -- 2^53
+local LIM = 2251799813685248 -- 2^51: below it, a check is decided in doubles
 
 local function idiv(a, b) -- exact floor(a / b) for 0 <= a, b < 2^53
   local q = math.floor(a / b)
@@ -97,138 +98,6 @@ end
 local function fmt(x) return string.format('%d', x) end
 local function fmt3(x, y, z) return string.format('%d %d %d', x, y, z) end
 
--- Wide integers: non-negative integers of any size as little-endian arrays
--- of base-2^24 limbs (a limb product stays below 2^48), for the checks whose
--- quantities outgrow doubles. Zero is {}.
-local LB = 16777216 -- 2^24
-local LIM = 2251799813685248 -- 2^51: below it, a check is decided in doubles
-local function trim(a) while #a > 0 and a[#a] == 0 do a[#a] = nil end; return a end
-local function wsmall(a, m, c) -- a * m + c, for m, c < 2^24
-  local r = {}
-  for i = 1, #a do
-    local v = a[i] * m + c
-    c = math.floor(v / LB)
-    r[i] = v - c * LB
-  end
-  while c > 0 do local l = c % LB; r[#r + 1] = l; c = (c - l) / LB end
-  return trim(r)
-end
-local function W(x) -- from a non-negative integer number or decimal text
-  if type(x) == 'table' then return x end
-  local r = {}
-  if type(x) == 'string' then
-    for k = 1, #x, 6 do
-      local part = string.sub(x, k, k + 5)
-      r = wsmall(r, 10 ^ #part, tonumber(part))
-    end
-    return r
-  end
-  while x > 0 do local l = x % LB; r[#r + 1] = l; x = (x - l) / LB end
-  return r
-end
-local function wnum(a) -- as a double (exact below 2^53)
-  local v = 0
-  for i = #a, 1, -1 do v = v * LB + a[i] end
-  return v
-end
-local function wcmp(a, b)
-  if #a ~= #b then return #a < #b and -1 or 1 end
-  for i = #a, 1, -1 do
-    if a[i] ~= b[i] then return a[i] < b[i] and -1 or 1 end
-  end
-  return 0
-end
-local function wadd(a, b)
-  local r, c = {}, 0
-  for i = 1, math.max(#a, #b) do
-    local v = (a[i] or 0) + (b[i] or 0) + c
-    if v >= LB then r[i], c = v - LB, 1 else r[i], c = v, 0 end
-  end
-  if c > 0 then r[#r + 1] = c end
-  return r
-end
-local function wsub(a, b) -- a - b, for a >= b
-  local r, c = {}, 0
-  for i = 1, #a do
-    local v = a[i] - (b[i] or 0) - c
-    if v < 0 then r[i], c = v + LB, 1 else r[i], c = v, 0 end
-  end
-  return trim(r)
-end
-local function wsat(a, b) if wcmp(a, b) > 0 then return wsub(a, b) end; return {} end
-local function wmul(a, b)
-  if #a == 0 or #b == 0 then return {} end
-  local r = {}
-  for i = 1, #a + #b do r[i] = 0 end
-  for i = 1, #a do
-    local c = 0
-    for j = 1, #b do
-      local v = r[i + j - 1] + a[i] * b[j] + c
-      c = math.floor(v / LB)
-      r[i + j - 1] = v - c * LB
-    end
-    r[i + #b] = r[i + #b] + c
-  end
-  return trim(r)
-end
-local function wshort(a, d) -- floor(a / d) and the remainder, for 0 < d < 2^24
-  local q, r = {}, 0
-  for i = #a, 1, -1 do
-    -- v < d·2^24: the quotient is below 2^24, and at least 1/d from the
-    -- next integer, far more than a double's rounding there.
-    local v = r * LB + a[i]
-    local k = math.floor(v / d)
-    r = v - k * d
-    q[i] = k
-  end
-  return trim(q), r
-end
-local function wdiv(a, b) -- floor(a / b) and the remainder, for b > 0
-  if #b == 1 then local q, r = wshort(a, b[1]); return q, W(r) end
-  -- Subtract under-estimates of the quotient (doubles are within 2^-50 of
-  -- the operands; 1e-10 less is always short) until less than b is left.
-  local q, r = {}, a
-  while wcmp(r, b) >= 0 do
-    local e = W(math.max(math.floor(wnum(r) / wnum(b) * (1 - 1e-10)), 1))
-    r, q = wsub(r, wmul(e, b)), wadd(q, e)
-  end
-  return q, r
-end
-local function wfloor(a, b) local q = wdiv(a, b); return q end
-local function wceil(a, b)
-  local q, r = wdiv(a, b)
-  if #r > 0 then q = wadd(q, { 1 }) end
-  return q
-end
-local function wtext(a) -- decimal
-  if #a <= 2 then return fmt(wnum(a)) end
-  local parts, r = {}, nil
-  while #a > 2 do
-    a, r = wshort(a, 1000000)
-    table.insert(parts, 1, string.format('%06d', r))
-  end
-  return fmt(wnum(a)) .. table.concat(parts)
-end
-local E9W = W(E9)
-local BIGW = W(BIG)
-local MAX_WAIT = W('9223372036854775807') -- i64::MAX ns, as weir-core saturates
--- A wait: a number below 2^53, else a wide integer (at most MAX_WAIT).
-local function dur(a)
-  if wcmp(a, BIGW) < 0 then return wnum(a) end
-  if wcmp(a, MAX_WAIT) > 0 then return MAX_WAIT end
-  return a
-end
-local function positive(d) return type(d) == 'table' or d > 0 end
-local function reply(d) if type(d) == 'table' then return wtext(d) end; return d end
--- (s, ns) - (bs, bn) as a wide integer of ns, for (s, ns) >= (bs, bn).
-local function welapsed(s, ns, bs, bn)
-  if ns >= bn then return wadd(wmul(W(s - bs), E9W), W(ns - bn)) end
-  return wadd(wmul(W(s - bs - 1), E9W), W(ns + E9 - bn))
-end
-local function wpair(a) -- a wide count of ns as (s, ns)
-  local s, n = wdiv(a, E9W)
-  return wnum(s), wnum(n)
-end
 
 local function varint(x)
   local out = {}
@@ -249,6 +118,265 @@ local function read_varint(s, pos)
     x = x + (b - 128) * mul
     mul = mul * 128
   end
+end
+
+-- Wide integers, and the algorithms in them, for the checks whose
+-- quantities outgrow doubles: built on a call's first such check (each
+-- function is a closure made when the script runs, and most calls need none).
+local wide_lib
+local function wide()
+  if wide_lib then return wide_lib end
+  -- Wide integers: non-negative integers of any size as little-endian arrays
+  -- of base-2^24 limbs (a limb product stays below 2^48), for the checks whose
+  -- quantities outgrow doubles. Zero is {}.
+  local LB = 16777216 -- 2^24
+  local function trim(a) while #a > 0 and a[#a] == 0 do a[#a] = nil end; return a end
+  local function wsmall(a, m, c) -- a * m + c, for m, c < 2^24
+    local r = {}
+    for i = 1, #a do
+      local v = a[i] * m + c
+      c = math.floor(v / LB)
+      r[i] = v - c * LB
+    end
+    while c > 0 do local l = c % LB; r[#r + 1] = l; c = (c - l) / LB end
+    return trim(r)
+  end
+  local function W(x) -- from a non-negative integer number or decimal text
+    if type(x) == 'table' then return x end
+    local r = {}
+    if type(x) == 'string' then
+      for k = 1, #x, 6 do
+        local part = string.sub(x, k, k + 5)
+        r = wsmall(r, 10 ^ #part, tonumber(part))
+      end
+      return r
+    end
+    while x > 0 do local l = x % LB; r[#r + 1] = l; x = (x - l) / LB end
+    return r
+  end
+  local function wnum(a) -- as a double (exact below 2^53)
+    local v = 0
+    for i = #a, 1, -1 do v = v * LB + a[i] end
+    return v
+  end
+  local function wcmp(a, b)
+    if #a ~= #b then return #a < #b and -1 or 1 end
+    for i = #a, 1, -1 do
+      if a[i] ~= b[i] then return a[i] < b[i] and -1 or 1 end
+    end
+    return 0
+  end
+  local function wadd(a, b)
+    local r, c = {}, 0
+    for i = 1, math.max(#a, #b) do
+      local v = (a[i] or 0) + (b[i] or 0) + c
+      if v >= LB then r[i], c = v - LB, 1 else r[i], c = v, 0 end
+    end
+    if c > 0 then r[#r + 1] = c end
+    return r
+  end
+  local function wsub(a, b) -- a - b, for a >= b
+    local r, c = {}, 0
+    for i = 1, #a do
+      local v = a[i] - (b[i] or 0) - c
+      if v < 0 then r[i], c = v + LB, 1 else r[i], c = v, 0 end
+    end
+    return trim(r)
+  end
+  local function wsat(a, b) if wcmp(a, b) > 0 then return wsub(a, b) end; return {} end
+  local function wmul(a, b)
+    if #a == 0 or #b == 0 then return {} end
+    local r = {}
+    for i = 1, #a + #b do r[i] = 0 end
+    for i = 1, #a do
+      local c = 0
+      for j = 1, #b do
+        local v = r[i + j - 1] + a[i] * b[j] + c
+        c = math.floor(v / LB)
+        r[i + j - 1] = v - c * LB
+      end
+      r[i + #b] = r[i + #b] + c
+    end
+    return trim(r)
+  end
+  local function wshort(a, d) -- floor(a / d) and the remainder, for 0 < d < 2^24
+    local q, r = {}, 0
+    for i = #a, 1, -1 do
+      -- v < d·2^24: the quotient is below 2^24, and at least 1/d from the
+      -- next integer, far more than a double's rounding there.
+      local v = r * LB + a[i]
+      local k = math.floor(v / d)
+      r = v - k * d
+      q[i] = k
+    end
+    return trim(q), r
+  end
+  local function wdiv(a, b) -- floor(a / b) and the remainder, for b > 0
+    if #b == 1 then local q, r = wshort(a, b[1]); return q, W(r) end
+    -- Subtract under-estimates of the quotient (doubles are within 2^-50 of
+    -- the operands; 1e-10 less is always short) until less than b is left.
+    local q, r = {}, a
+    while wcmp(r, b) >= 0 do
+      local e = W(math.max(math.floor(wnum(r) / wnum(b) * (1 - 1e-10)), 1))
+      r, q = wsub(r, wmul(e, b)), wadd(q, e)
+    end
+    return q, r
+  end
+  local function wfloor(a, b) local q = wdiv(a, b); return q end
+  local function wceil(a, b)
+    local q, r = wdiv(a, b)
+    if #r > 0 then q = wadd(q, { 1 }) end
+    return q
+  end
+  local function wtext(a) -- decimal
+    if #a <= 2 then return fmt(wnum(a)) end
+    local parts, r = {}, nil
+    while #a > 2 do
+      a, r = wshort(a, 1000000)
+      table.insert(parts, 1, string.format('%06d', r))
+    end
+    return fmt(wnum(a)) .. table.concat(parts)
+  end
+  -- As limbs: building them with `W` would cost every call.
+  local E9W = { 10144256, 59 } -- 10^9
+  local BIGW = { 0, 0, 32 } -- 2^53
+  local MAX_WAIT = { 16777215, 16777215, 32767 } -- i64::MAX ns, as weir-core saturates
+  -- A wait: a number below 2^53, else a wide integer (at most MAX_WAIT).
+  local function dur(a)
+    if wcmp(a, BIGW) < 0 then return wnum(a) end
+    if wcmp(a, MAX_WAIT) > 0 then return MAX_WAIT end
+    return a
+  end
+  -- (s, ns) - (bs, bn) as a wide integer of ns, for (s, ns) >= (bs, bn).
+  local function welapsed(s, ns, bs, bn)
+    if ns >= bn then return wadd(wmul(W(s - bs), E9W), W(ns - bn)) end
+    return wadd(wmul(W(s - bs - 1), E9W), W(ns + E9 - bn))
+  end
+  local function wpair(a) -- a wide count of ns as (s, ns)
+    local s, n = wdiv(a, E9W)
+    return wnum(s), wnum(n)
+  end
+
+  -- The same algorithms in wide integers, for checks whose quantities reach
+  -- 2^51 (`n`, `p`, `W` and the level wide; counts, costs and the ceiling are
+  -- at most 2^50 and stay numbers).
+
+  local function wdrained(raw, s1, s2, level, n, ts, tn)
+    if not raw then return {} end
+    return wsat(level, wmul(welapsed(ts, tn, s1, s2), n))
+  end
+
+  local function wlevel_text(ts, tn, level) return string.format('%d %d %s', ts, tn, wtext(level)) end
+
+  local function wtoken_bucket(size, n, p, cost, report, standing, level, ts, tn)
+    local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
+    local full, need = wmul(W(size), p), wadd(level, wmul(W(cost), p))
+    if report then
+      local ceiling = wmul(W(report), p)
+      if wcmp(need, ceiling) > 0 then need = ceiling end
+    end
+    if standing then left0, idle0 = wnum(wfloor(wsat(full, level), p)), dur(wceil(level, n)) end
+    if report then
+      allowed, remaining, reset = 1, wnum(wfloor(wsat(full, need), p)), dur(wceil(need, n))
+      local next = wadd(need, p)
+      if wcmp(next, full) > 0 then retry = dur(wceil(wsub(next, full), n)) end
+      new = wlevel_text(ts, tn, need)
+    elseif wcmp(need, full) <= 0 then
+      allowed, remaining, reset = 1, wnum(wfloor(wsub(full, need), p)), dur(wceil(need, n))
+      new = wlevel_text(ts, tn, need)
+    else
+      remaining = wnum(wfloor(wsat(full, level), p))
+      retry, reset = dur(wceil(wsub(need, full), n)), dur(wceil(level, n))
+    end
+    if allowed == 0 or cost == 0 then fresh = wlevel_text(ts, tn, level) end
+    return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
+  end
+
+  local function wleaky_bucket(size, n, p, cost, report, level, ts, tn)
+    local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
+    local bound, slots = wmul(W(size), p), wmul(W(size + 1), p)
+    left0, idle0 = wnum(wfloor(wsat(slots, level), p)), dur(wceil(level, n))
+    if report then
+      local after, ceiling = wadd(level, wmul(W(cost), p)), wmul(W(report), p)
+      if wcmp(after, ceiling) > 0 then after = ceiling end
+      allowed, reset = 1, dur(wceil(after, n))
+      remaining = wnum(wfloor(wsat(slots, after), p))
+      if wcmp(after, bound) > 0 then retry = dur(wceil(wsub(after, bound), n)) end
+      new = wlevel_text(ts, tn, after)
+    elseif wcmp(level, bound) <= 0 then
+      local after = wadd(level, wmul(W(cost), p))
+      allowed, delay, reset = 1, dur(wceil(level, n)), dur(wceil(after, n))
+      remaining = wnum(wfloor(wsat(slots, after), p))
+      new = wlevel_text(ts, tn, after)
+    else
+      remaining, retry, reset = left0, dur(wceil(wsub(level, bound), n)), idle0
+    end
+    if allowed == 0 or cost == 0 then fresh = wlevel_text(ts, tn, level) end
+    return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
+  end
+
+  -- A sliding counter's standing with `c` in the current window, wide.
+  local function wsc_standing(L, W_, prev, left, c)
+    local r = 0
+    if L >= c then
+      local room, used = wmul(W(L - c), W_), wmul(W(prev), left)
+      if wcmp(room, used) >= 0 then r = wnum(wfloor(wsub(room, used), W_)) end
+    end
+    local reset = 0
+    if c > 0 then reset = dur(wadd(left, W_)) elseif prev > 0 then reset = dur(left) end
+    return r, reset
+  end
+
+  -- Whether `c` more fit with `prev` weighted by `left`: L - c >= 0 and
+  -- prev·left <= (L - c)·W; and if not, the wait until they would.
+  local function wsc_fits(L, W_, prev, left, cur, c)
+    if L - cur - c >= 0 and wcmp(wmul(W(prev), left), wmul(W(L - cur - c), W_)) <= 0 then return true, 0 end
+    if cur + c <= L then return false, dur(wsub(left, wfloor(wmul(W(L - cur - c), W_), W(prev)))) end
+    return false, dur(wadd(left, wsub(W_, wfloor(wmul(W(L - c), W_), W(cur)))))
+  end
+
+  local function wsliding_counter(L, W_, cost, report, ss, sn, left, cur, prev, ts, tn)
+    local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
+    left0, idle0 = wsc_standing(L, W_, prev, left, cur)
+    if report then
+      local after = math.min(cur + cost, report)
+      allowed = 1
+      remaining, reset = wsc_standing(L, W_, prev, left, after)
+      -- The wait of a check of cost 1 on the new counts.
+      local _
+      _, retry = wsc_fits(L, W_, prev, left, after, 1)
+      new = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, after, prev)
+    else
+      local fits, wait = wsc_fits(L, W_, prev, left, cur, cost)
+      if fits then
+        allowed = 1
+        remaining, reset = wsc_standing(L, W_, prev, left, cur + cost)
+        new = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, cur + cost, prev)
+      else
+        remaining, retry, reset = left0, wait, idle0
+      end
+    end
+    if allowed == 0 or cost == 0 then fresh = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, cur, prev) end
+    return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
+  end
+
+  wide_lib = {
+    W = W, num = wnum, cmp = wcmp, sub = wsub, mul = wmul, div = wdiv, ceil = wceil, text = wtext,
+    dur = dur, elapsed = welapsed, pair = wpair, drained = wdrained,
+    token_bucket = wtoken_bucket, leaky_bucket = wleaky_bucket, sliding_counter = wsliding_counter,
+  }
+  return wide_lib
+end
+
+-- A wait as replied: a wide one as decimal text.
+local function reply(d) if type(d) == 'table' then return wide().text(d) end; return d end
+local function positive(d) return type(d) == 'table' or d > 0 end
+
+-- Whether a wait is longer than the longest delay allowed (`max_delay`, and
+-- as text, `mode`).
+local function over(delay, max_delay, mode)
+  if type(delay) ~= 'table' then return delay > max_delay end
+  return max_delay < BIG or wide().cmp(delay, wide().W(mode)) > 0
 end
 
 local marker = ARGV[1] == 'm' and KEYS[#KEYS] or nil
@@ -287,7 +415,8 @@ local function wide_params(arg)
   local p = wide_parsed[arg]
   if not p then
     local x, y, z = string.match(arg, '^%S+ (%d+) (%d+) ?(%d*)')
-    p = { W(x), W(y), W(z) }
+    local X = wide()
+    p = { X.W(x), X.W(y), X.W(z) }
     wide_parsed[arg] = p
   end
   return p[1], p[2], p[3]
@@ -311,7 +440,10 @@ local function store(key, text, reset, redis_time)
     redis.call('DEL', key)
   elseif redis_time then
     local ms
-    if type(reset) == 'table' then ms = wnum(wceil(reset, W(1000000))) else ms = cdiv(reset, 1000000) end
+    if type(reset) == 'table' then
+      local X = wide()
+      ms = X.num(X.ceil(reset, X.W(1000000)))
+    else ms = cdiv(reset, 1000000) end
     redis.call('SET', key, text, 'PX', math.max(ms, 1))
   else
     -- Explicit times (replay, tests) say nothing of the Redis clock: keep
@@ -408,11 +540,12 @@ end
 -- current count and (a sliding counter's) the previous one.
 local function window_counts(sliding, W_, wide, raw, s3, s4, s5, s6, ts, tn)
   local ss, sn, left
+  local X = wide and wide_lib
   if wide then
-    local t = welapsed(ts, tn, 0, 0)
-    local _, offset = wdiv(t, wide)
-    ss, sn = wpair(wsub(t, offset))
-    left = wsub(wide, offset)
+    local t = X.elapsed(ts, tn, 0, 0)
+    local _, offset = X.div(t, wide)
+    ss, sn = X.pair(X.sub(t, offset))
+    left = X.sub(wide, offset)
   else
     ss, sn = window_start(ts, tn, W_)
     left = W_ - diff(ts, tn, ss, sn)
@@ -423,7 +556,7 @@ local function window_counts(sliding, W_, wide, raw, s3, s4, s5, s6, ts, tn)
     elseif sliding then
       -- The previous window's count, if the stored window is the one before.
       local before
-      if wide then before = wcmp(welapsed(ss, sn, s3, s4), wide) == 0
+      if wide then before = X.cmp(X.elapsed(ss, sn, s3, s4), wide) == 0
       else local ps, pn = add(s3, s4, W_); before = ps == ss and pn == sn end
       if before then cur, prev = 0, s5 end
     end
@@ -484,8 +617,9 @@ end
 -- ns or more; entries then store their gaps as seconds and nanoseconds).
 local function sliding_log(L, W_, wide, cost, report, raw, s3, s4, blob, ts, tn)
   local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
+  local X = wide and wide_lib
   local ws, wn
-  if wide then ws, wn = wpair(wide) end
+  if wide then ws, wn = X.pair(wide) end
   -- The time an entry at (es, en) has left in the window at (ts, tn); 0
   -- when it has expired.
   local function left_of(es, en)
@@ -493,7 +627,7 @@ local function sliding_log(L, W_, wide, cost, report, raw, s3, s4, blob, ts, tn)
     local rs, rn = es + ws, en + wn
     if rn >= E9 then rs, rn = rs + 1, rn - E9 end
     if rs < ts or (rs == ts and rn <= tn) then return 0 end
-    return dur(welapsed(rs, rn, ts, tn))
+    return X.dur(X.elapsed(rs, rn, ts, tn))
   end
   local times, costs = {}, {}
   local count = 0
@@ -552,9 +686,9 @@ local function sliding_log(L, W_, wide, cost, report, raw, s3, s4, blob, ts, tn)
       sum = sum + costs[k]
       if sum >= excess then return left_of(times[k][1], times[k][2]) end
     end
-    return wide and dur(wide) or W_
+    return wide and X.dur(wide) or W_
   end
-  local window = wide and dur(wide) or W_
+  local window = wide and X.dur(wide) or W_
   fresh = encode(nil)
   left0 = math.max(L - count, 0)
   if #times > 0 then idle0 = left_of(times[#times][1], times[#times][2]) end
@@ -573,109 +707,6 @@ local function sliding_log(L, W_, wide, cost, report, raw, s3, s4, blob, ts, tn)
   else
     remaining, retry, reset = left0, wait_for(count + cost - L), idle0
   end
-  return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
-end
-
--- The same algorithms in wide integers, for checks whose quantities reach
--- 2^51 (`n`, `p`, `W` and the level wide; counts, costs and the ceiling are
--- at most 2^50 and stay numbers).
-
-local function wdrained(raw, s1, s2, level, n, ts, tn)
-  if not raw then return {} end
-  return wsat(level, wmul(welapsed(ts, tn, s1, s2), n))
-end
-
-local function wlevel_text(ts, tn, level) return string.format('%d %d %s', ts, tn, wtext(level)) end
-
-local function wtoken_bucket(size, n, p, cost, report, standing, level, ts, tn)
-  local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
-  local full, need = wmul(W(size), p), wadd(level, wmul(W(cost), p))
-  if report then
-    local ceiling = wmul(W(report), p)
-    if wcmp(need, ceiling) > 0 then need = ceiling end
-  end
-  if standing then left0, idle0 = wnum(wfloor(wsat(full, level), p)), dur(wceil(level, n)) end
-  if report then
-    allowed, remaining, reset = 1, wnum(wfloor(wsat(full, need), p)), dur(wceil(need, n))
-    local next = wadd(need, p)
-    if wcmp(next, full) > 0 then retry = dur(wceil(wsub(next, full), n)) end
-    new = wlevel_text(ts, tn, need)
-  elseif wcmp(need, full) <= 0 then
-    allowed, remaining, reset = 1, wnum(wfloor(wsub(full, need), p)), dur(wceil(need, n))
-    new = wlevel_text(ts, tn, need)
-  else
-    remaining = wnum(wfloor(wsat(full, level), p))
-    retry, reset = dur(wceil(wsub(need, full), n)), dur(wceil(level, n))
-  end
-  if allowed == 0 or cost == 0 then fresh = wlevel_text(ts, tn, level) end
-  return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
-end
-
-local function wleaky_bucket(size, n, p, cost, report, level, ts, tn)
-  local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
-  local bound, slots = wmul(W(size), p), wmul(W(size + 1), p)
-  left0, idle0 = wnum(wfloor(wsat(slots, level), p)), dur(wceil(level, n))
-  if report then
-    local after, ceiling = wadd(level, wmul(W(cost), p)), wmul(W(report), p)
-    if wcmp(after, ceiling) > 0 then after = ceiling end
-    allowed, reset = 1, dur(wceil(after, n))
-    remaining = wnum(wfloor(wsat(slots, after), p))
-    if wcmp(after, bound) > 0 then retry = dur(wceil(wsub(after, bound), n)) end
-    new = wlevel_text(ts, tn, after)
-  elseif wcmp(level, bound) <= 0 then
-    local after = wadd(level, wmul(W(cost), p))
-    allowed, delay, reset = 1, dur(wceil(level, n)), dur(wceil(after, n))
-    remaining = wnum(wfloor(wsat(slots, after), p))
-    new = wlevel_text(ts, tn, after)
-  else
-    remaining, retry, reset = left0, dur(wceil(wsub(level, bound), n)), idle0
-  end
-  if allowed == 0 or cost == 0 then fresh = wlevel_text(ts, tn, level) end
-  return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
-end
-
--- A sliding counter's standing with `c` in the current window, wide.
-local function wsc_standing(L, W_, prev, left, c)
-  local r = 0
-  if L >= c then
-    local room, used = wmul(W(L - c), W_), wmul(W(prev), left)
-    if wcmp(room, used) >= 0 then r = wnum(wfloor(wsub(room, used), W_)) end
-  end
-  local reset = 0
-  if c > 0 then reset = dur(wadd(left, W_)) elseif prev > 0 then reset = dur(left) end
-  return r, reset
-end
-
--- Whether `c` more fit with `prev` weighted by `left`: L - c >= 0 and
--- prev·left <= (L - c)·W; and if not, the wait until they would.
-local function wsc_fits(L, W_, prev, left, cur, c)
-  if L - cur - c >= 0 and wcmp(wmul(W(prev), left), wmul(W(L - cur - c), W_)) <= 0 then return true, 0 end
-  if cur + c <= L then return false, dur(wsub(left, wfloor(wmul(W(L - cur - c), W_), W(prev)))) end
-  return false, dur(wadd(left, wsub(W_, wfloor(wmul(W(L - c), W_), W(cur)))))
-end
-
-local function wsliding_counter(L, W_, cost, report, ss, sn, left, cur, prev, ts, tn)
-  local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
-  left0, idle0 = wsc_standing(L, W_, prev, left, cur)
-  if report then
-    local after = math.min(cur + cost, report)
-    allowed = 1
-    remaining, reset = wsc_standing(L, W_, prev, left, after)
-    -- The wait of a check of cost 1 on the new counts.
-    local _
-    _, retry = wsc_fits(L, W_, prev, left, after, 1)
-    new = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, after, prev)
-  else
-    local fits, wait = wsc_fits(L, W_, prev, left, cur, cost)
-    if fits then
-      allowed = 1
-      remaining, reset = wsc_standing(L, W_, prev, left, cur + cost)
-      new = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, cur + cost, prev)
-    else
-      remaining, retry, reset = left0, wait, idle0
-    end
-  end
-  if allowed == 0 or cost == 0 then fresh = string.format('%d %d %d %d %d %d', ts, tn, ss, sn, cur, prev) end
   return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
 end
 
@@ -705,11 +736,6 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
 
   local peek = mode == 'peek'
   local max_delay = tonumber(mode) or 0
-  -- Whether a wait is longer than the longest delay allowed.
-  local function over(delay)
-    if type(delay) ~= 'table' then return delay > max_delay end
-    return max_delay < BIG or wcmp(delay, W(mode)) > 0
-  end
   local lost, gs, gn = 0, nil, nil
   if marker then
     if marker_value == nil then marker_value = redis.call('GET', marker) end
@@ -743,8 +769,9 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
       elseif kind == 'lb' then s1, s2, s3 = gs, gn, (a + 1) * c
       elseif kind == 'sl' then s1, s2, s3, s4, blob = gs, gn, gs, gn, '|' .. varint(0) .. varint(a)
       elseif kind == 'fw' or kind == 'sc' then
-        local _, wide = wide_params(arg)
-        local ws, wn = window_counts(false, b, b >= LIM and wide, false, 0, 0, 0, 0, gs, gn)
+        local wide = false
+        if b >= LIM then wide = select(2, wide_params(arg)) end
+        local ws, wn = window_counts(false, b, wide, false, 0, 0, 0, 0, gs, gn)
         s1, s2, s3, s4, s5, s6 = gs, gn, ws, wn, a, 0
       end
     end
@@ -757,16 +784,16 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
     -- one if not (`fresh`), and the standing with no request.
     local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
     if (kind == 'tb' or kind == 'lb') and wide then
-      local level
-      if raw == true then level = wmul(W(kind == 'lb' and a + 1 or a), wc)
-      elseif raw then level = W(string.match(raw, '^%d+ %d+ (%d+)') or '0') end
-      level = wdrained(raw, s1, s2, level, wb, ts, tn)
+      local X, level = wide_lib, nil
+      if raw == true then level = X.mul(X.W(kind == 'lb' and a + 1 or a), wc)
+      elseif raw then level = X.W(string.match(raw, '^%d+ %d+ (%d+)') or '0') end
+      level = X.drained(raw, s1, s2, level, wb, ts, tn)
       if kind == 'tb' then
         allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
-          wtoken_bucket(a, wb, wc, cost, report, standing, level, ts, tn)
+          X.token_bucket(a, wb, wc, cost, report, standing, level, ts, tn)
       else
         allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
-          wleaky_bucket(a, wb, wc, cost, report, level, ts, tn)
+          X.leaky_bucket(a, wb, wc, cost, report, level, ts, tn)
       end
     elseif kind == 'tb' then
       allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
@@ -776,14 +803,14 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
         leaky_bucket(a, b, c, cost, report, drained(raw, s1, s2, s3, b, ts, tn), ts, tn)
     elseif kind == 'fw' then
       local ss, sn, left, cur = window_counts(false, b, wide and wb, raw, s3, s4, s5, s6, ts, tn)
-      if wide then left = dur(left) end
+      if wide then left = wide_lib.dur(left) end
       allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
         fixed_window(a, cost, report, ss, sn, left, cur, ts, tn)
     elseif kind == 'sc' then
       local ss, sn, left, cur, prev = window_counts(true, b, wide and wb, raw, s3, s4, s5, s6, ts, tn)
       if wide then
         allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
-          wsliding_counter(a, wb, cost, report, ss, sn, left, cur, prev, ts, tn)
+          wide_lib.sliding_counter(a, wb, cost, report, ss, sn, left, cur, prev, ts, tn)
       else
         allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
           sliding_counter(a, b, cost, report, ss, sn, left, cur, prev, ts, tn)
@@ -802,7 +829,7 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
     end
     local c = 13 * (i - 1)
     checks[c + 1], checks[c + 2], checks[c + 3], checks[c + 4] = allowed, remaining, retry, reset
-    checks[c + 5], checks[c + 6], checks[c + 7] = over(delay), new or false, fresh or false
+    checks[c + 5], checks[c + 6], checks[c + 7] = over(delay, max_delay, mode), new or false, fresh or false
     checks[c + 8], checks[c + 9], checks[c + 10] = left0, idle0, shadow
     checks[c + 11], checks[c + 12] = diff(ts, tn, now_s, now_ns), missing
     checks[c + 13] = delay

@@ -99,7 +99,7 @@ impl LogState {
             self.bytes
                 .reserve_exact(self.bytes.len() / 4 + 2 * MAX_VARINT);
         }
-        // Live entries are less than a window (< 2^53 ns) apart: the shift
+        // Live entries are less than a window (< 2^55 ns) apart: the shift
         // cannot overflow.
         let gap = at - self.newest;
         write_varint(&mut self.bytes, gap << 1 | u64::from(cost != 1));
