@@ -78,7 +78,7 @@ fn compare_in(
                 (policy.check(state, now, cost), limiter.check(&key, cost))
             }
             Step::Report(times) => {
-                let cost = policy.max_cost().0 * times;
+                let cost = (policy.max_cost().0.saturating_mul(times)).min(policy.max_report());
                 let check = Check::new(name, &key).cost(cost);
                 (policy.report(state, now, cost), limiter.report(check))
             }
@@ -128,6 +128,31 @@ proptest! {
     ) {
         let limiter = Limiter::builder().policy("p", policy).clock(FakeClock::at(0)).build().unwrap();
         compare_in(policy, &trace, &limiter, 1)?;
+    }
+
+    /// Policies whose levels and products pass 2^64 (token budgets, slow
+    /// refills, 366-day windows, sizes up to 2^50, deep debt), with gaps in
+    /// thousandths of each one's window or refill.
+    #[test]
+    fn wide_policies_decide_as_the_core(
+        policy in prop::sample::select(vec![
+            "sliding-counter limit=100000 window=1h",
+            "sliding-counter limit=1125899906842624 window=366d",
+            "token-bucket capacity=5000 rate=3/h",
+            "gcra burst=1125899906842624 rate=7/366d",
+            "leaky-bucket rate=7/h queue=1251",
+            "fixed-window limit=4294967296 window=366d",
+            "sliding-log limit=5 window=300d",
+        ]).prop_map(|spec| Policy::parse(spec).unwrap()),
+        trace in trace(true, 1000),
+    ) {
+        let grain = policy.window().unwrap_or_else(|| match policy {
+            Policy::TokenBucket(b) | Policy::Gcra(b) => b.rate().period() / b.rate().tokens(),
+            Policy::LeakyBucket(l) => l.rate().period() / l.rate().tokens(),
+            _ => unreachable!("windowed policies have a window"),
+        });
+        let limiter = Limiter::builder().policy("p", policy).clock(FakeClock::at(0)).build().unwrap();
+        compare_in(policy, &trace, &limiter, i64::try_from(grain / 1000).unwrap())?;
     }
 }
 
