@@ -506,106 +506,40 @@ impl RedisStore {
         at: Option<Nanos>,
         mode: Mode,
     ) -> Result<Checked, StoreError> {
-        // A report's cost is bounded by the report's own bound, not by the
-        // capacity: the other rules are the same.
-        let core: Vec<weir_core::Check<'_>> = checks
-            .iter()
-            .map(|c| weir_core::Check {
-                cost: if c.report { 0 } else { c.check.cost },
-                ..c.check
-            })
-            .collect();
-        weir_core::check::validate(&core, self.max_key_len)?;
-        for c in checks.iter().filter(|c| c.report) {
-            weir_core::check::validate_report(&c.check).map_err(StoreError::Invalid)?;
-        }
-        if matches!(self.connection, Connection::Cluster(_))
-            && core.iter().any(|c| c.key != core[0].key)
-        {
-            return Err(StoreError::Unsupported(
-                "on a Redis Cluster, the checks of one request share one identity",
-            ));
-        }
+        self.validate(checks)?;
         let keys: Vec<String> = checks
             .iter()
             .map(|c| key(c.check.name, c.check.key))
             .collect();
         // A check of cost 1 that Redis has promised to refuse is refused
         // here (see `refusals`).
-        let cached = self.refusals.as_deref().filter(|_| {
-            let c = &checks[0];
-            matches!(mode, Mode::Charge { .. })
-                && checks.len() == 1
-                && c.check.cost == 1
-                && !(c.report || c.shadow)
-        });
-        let mut at = at;
-        let mut sent = 0;
+        let cached = self
+            .refusals
+            .as_deref()
+            .filter(|_| refusals::cacheable(checks, mode));
         let clock = match at {
             Some(_) => refusals::Clock::Explicit,
             None => refusals::Clock::Local,
         };
+        let (mut at, mut sent) = (at, 0);
         if let Some(refusals) = &self.refusals {
             let now = at.unwrap_or_else(|| refusals.local_now());
-            if let Some(cache) = cached
-                && let Some(refusal) = cache.answer(&keys[0], checks[0].check.policy, clock, now)
-            {
-                return Ok(Checked {
-                    all: AllDecision {
-                        allowed: false,
-                        decisions: vec![refusal],
-                    },
-                    state_lost: false,
-                    late: vec![0],
-                    created: 0,
-                    new_key_refused: false,
-                });
+            let policy = checks[0].check.policy;
+            if let Some(refusal) = cached.and_then(|c| c.answer(&keys[0], policy, clock, now)) {
+                return Ok(Checked::refused(refusal));
             }
             sent = keys.iter().fold(now, |t, k| refusals.take(k, clock, t));
             at = at.map(|_| sent);
         }
-        let mode = match mode {
-            // No wait is longer than MAX_WAIT: a larger bound is the same.
-            Mode::Charge { max_delay } => max_delay.min(weir_core::policy::MAX_WAIT).to_string(),
-            Mode::Peek => "peek".to_owned(),
-        };
-        let time = match at {
-            None => "r".to_owned(),
-            Some(t) => format!("{} {}", t / NANOS_PER_SEC, t % NANOS_PER_SEC),
-        };
-        let mut specs = Vec::with_capacity(checks.len());
-        for Check {
-            check,
-            on_loss,
-            shadow,
-            report,
-            no_new_key,
-        } in checks
-        {
-            let mut spec = check.policy.script_spec();
-            if *on_loss == OnLoss::Empty {
-                spec.push_str(" e");
-            }
-            if *shadow {
-                spec.push_str(" s");
-            }
-            if *report {
-                // The largest report is also the ceiling on debt.
-                let _ = write!(spec, " r={}", check.policy.max_report());
-            }
-            if *no_new_key {
-                spec.push_str(" n");
-            }
-            let _ = write!(spec, " c={}", check.cost);
-            specs.push(spec);
-        }
         let cache_key = cached.map(|_| keys[0].clone());
         let (reply, answer) = tokio::sync::oneshot::channel();
         let request = batch::Request {
-            head: format!("{} {mode} {time}", checks.len()),
+            head: header(checks.len(), mode, at),
             keys,
-            specs,
-            slot: self.is_cluster().then(|| cluster::slot(core[0].key)),
+            specs: checks.iter().map(spec).collect(),
+            slot: self
+                .is_cluster()
+                .then(|| cluster::slot(checks[0].check.key)),
             marker: self.marker,
             timeout: self.timeout,
             reply,
@@ -631,6 +565,28 @@ impl RedisStore {
             cache.record(&key, checks[0].check.policy, clock, decided, decision);
         }
         Ok(checked)
+    }
+
+    /// The validation every store shares, a report's cost bounded by the
+    /// report's own bound (not the capacity); on a cluster, one identity.
+    fn validate(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+        let core: Vec<weir_core::Check<'_>> = checks
+            .iter()
+            .map(|c| weir_core::Check {
+                cost: if c.report { 0 } else { c.check.cost },
+                ..c.check
+            })
+            .collect();
+        weir_core::check::validate(&core, self.max_key_len)?;
+        for c in checks.iter().filter(|c| c.report) {
+            weir_core::check::validate_report(&c.check).map_err(StoreError::Invalid)?;
+        }
+        if self.is_cluster() && core.iter().any(|c| c.key != core[0].key) {
+            return Err(StoreError::Unsupported(
+                "on a Redis Cluster, the checks of one request share one identity",
+            ));
+        }
+        Ok(())
     }
 
     /// Reports usage of `cost` for one policy and identity after the fact
@@ -671,6 +627,60 @@ impl RedisStore {
             self.check_all(&[(name, policy, identity)], cost, at)
                 .await?,
         )
+    }
+}
+
+/// A request's header for the script: `N MODE TIME` (see `weir.lua`).
+fn header(checks: usize, mode: Mode, at: Option<Nanos>) -> String {
+    let mode = match mode {
+        // No wait is longer than MAX_WAIT: a larger bound is the same.
+        Mode::Charge { max_delay } => max_delay.min(weir_core::policy::MAX_WAIT).to_string(),
+        Mode::Peek => "peek".to_owned(),
+    };
+    match at {
+        None => format!("{checks} {mode} r"),
+        Some(t) => format!(
+            "{checks} {mode} {} {}",
+            t / NANOS_PER_SEC,
+            t % NANOS_PER_SEC
+        ),
+    }
+}
+
+/// A check's argument for the script: its policy, then its flags and cost
+/// (see `weir.lua`).
+fn spec(c: &Check<'_>) -> String {
+    let mut spec = c.check.policy.script_spec();
+    if c.on_loss == OnLoss::Empty {
+        spec.push_str(" e");
+    }
+    if c.shadow {
+        spec.push_str(" s");
+    }
+    if c.report {
+        // The largest report is also the ceiling on debt.
+        let _ = write!(spec, " r={}", c.check.policy.max_report());
+    }
+    if c.no_new_key {
+        spec.push_str(" n");
+    }
+    let _ = write!(spec, " c={}", c.check.cost);
+    spec
+}
+
+impl Checked {
+    /// A request of one check refused by the refusal cache.
+    fn refused(decision: Decision) -> Self {
+        Self {
+            all: AllDecision {
+                allowed: false,
+                decisions: vec![decision],
+            },
+            state_lost: false,
+            late: vec![0],
+            created: 0,
+            new_key_refused: false,
+        }
     }
 }
 

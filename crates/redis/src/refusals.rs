@@ -33,6 +33,13 @@ pub const CHANNEL: &str = "rl:v1:resets";
 /// sweeps out expired refusals, and caches nothing new if none expired.
 pub(crate) const MAX_ENTRIES: usize = 100_000;
 
+/// Whether the cache may answer a request: one charged check of cost 1,
+/// neither a shadow nor a report (the others always go to Redis).
+pub(crate) fn cacheable(checks: &[crate::Check<'_>], mode: crate::Mode) -> bool {
+    matches!(mode, crate::Mode::Charge { .. })
+        && matches!(checks, [c] if c.check.cost == 1 && !(c.report || c.shadow))
+}
+
 /// Which clock a time is on: Redis's (read locally as elapsed time since
 /// the store connected) or an explicit one given with each check (replay).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
