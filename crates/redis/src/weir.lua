@@ -719,6 +719,97 @@ end
 -- for the call: tables are most of a check's cost.
 local checks = {}
 
+-- A key's state: its text (`raw`; `true` for a key lost with the store's
+-- state, which counts as used up when the loss was found, (gs, gn)), and
+-- its numbers: the time it was last seen (s1, s2), then its kind's (s3..s6)
+-- and a sliding log's entries (`blob`, from its "|" or "#").
+local function load(raw, kind, a, b, c, arg, lost_at_s, lost_at_ns)
+  local s1, s2, s3, s4, s5, s6
+  local blob = ''
+  if raw then
+    local bar = string.find(raw, '[|#]')
+    if bar then s1, s2, s3, s4 = nums(string.sub(raw, 1, bar - 1)); blob = string.sub(raw, bar)
+    else s1, s2, s3, s4, s5, s6 = nums(raw) end
+  elseif lost_at_s then
+    local gs, gn = lost_at_s, lost_at_ns
+    raw = true
+    if kind == 'tb' then s1, s2, s3 = gs, gn, a * c
+    elseif kind == 'lb' then s1, s2, s3 = gs, gn, (a + 1) * c
+    elseif kind == 'sl' then s1, s2, s3, s4, blob = gs, gn, gs, gn, '|' .. varint(0) .. varint(a)
+    elseif kind == 'fw' or kind == 'sc' then
+      local wide = false
+      if b >= LIM then wide = select(2, wide_params(arg)) end
+      local ws, wn = window_counts(false, b, wide, false, 0, 0, 0, 0, gs, gn)
+      s1, s2, s3, s4, s5, s6 = gs, gn, ws, wn, a, 0
+    end
+  end
+  return raw, s1, s2, s3, s4, s5, s6, blob
+end
+
+-- One check's algorithm, in doubles or, when its quantities may outgrow
+-- them, in wide integers: allowed, remaining, retry, reset, delay, the
+-- state text if charged (`new`) and the refreshed one if not (`fresh`), and
+-- the standing with no request (remaining, reset).
+local function algorithm(arg, kind, a, b, c, cost, report, standing, raw, s1, s2, s3, s4, s5, s6, blob, ts, tn)
+  local wide = is_wide(kind, a, b, c, s3, s5, s6, cost, report)
+  local wb, wc
+  if wide then wb, wc = select(2, wide_params(arg)) end
+  if kind == 'tb' or kind == 'lb' then
+    if not wide then
+      local level = drained(raw, s1, s2, s3, b, ts, tn)
+      if kind == 'tb' then return token_bucket(a, b, c, cost, report, standing, level, ts, tn) end
+      return leaky_bucket(a, b, c, cost, report, level, ts, tn)
+    end
+    local X, level = wide_lib, nil
+    if raw == true then level = X.mul(X.W(kind == 'lb' and a + 1 or a), wc)
+    elseif raw then level = X.W(string.match(raw, '^%d+ %d+ (%d+)') or '0') end
+    level = X.drained(raw, s1, s2, level, wb, ts, tn)
+    if kind == 'tb' then return X.token_bucket(a, wb, wc, cost, report, standing, level, ts, tn) end
+    return X.leaky_bucket(a, wb, wc, cost, report, level, ts, tn)
+  elseif kind == 'fw' then
+    local ss, sn, left, cur = window_counts(false, b, wide and wb, raw, s3, s4, s5, s6, ts, tn)
+    if wide then left = wide_lib.dur(left) end
+    return fixed_window(a, cost, report, ss, sn, left, cur, ts, tn)
+  elseif kind == 'sc' then
+    local ss, sn, left, cur, prev = window_counts(true, b, wide and wb, raw, s3, s4, s5, s6, ts, tn)
+    if wide then return wide_lib.sliding_counter(a, wb, cost, report, ss, sn, left, cur, prev, ts, tn) end
+    return sliding_counter(a, b, cost, report, ss, sn, left, cur, prev, ts, tn)
+  elseif kind == 'sl' then
+    return sliding_log(a, b, wide and wb, cost, report, raw, s3, s4, blob, ts, tn)
+  end
+  error('weir: unknown policy kind ' .. tostring(kind))
+end
+
+-- Charges (or refreshes) the keys of a request of `n` checks, KEYS[k + i],
+-- as `all` says, and writes its answer to `out` after position `no`;
+-- returns the new end.
+local function commit(k, n, all, blocked, lost, redis_time, out, no)
+  out[no + 1], out[no + 2] = math.max(all, 0), lost
+  no = no + 2
+  for i = 1, n do
+    local c = 13 * (i - 1)
+    local allowed, remaining, reset, delay = checks[c + 1], checks[c + 2], checks[c + 4], checks[c + 13]
+    local refused = allowed == 0 or checks[c + 5]
+    local stored = false
+    if all == 1 and checks[c + 6] and not (checks[c + 10] and refused) then
+      store(KEYS[k + i], checks[c + 6], reset, redis_time)
+      stored = true
+    elseif all == 0 and n == 1 and allowed == 0 and not blocked then
+      store(KEYS[k + i], checks[c + 7], reset, redis_time) -- a rejection refreshes accounting
+      stored = true
+    end
+    if all == 0 and allowed == 1 then remaining, reset = checks[c + 8], checks[c + 9] end
+    local created = 0
+    if checks[c + 12] == 2 then created = 2
+    elseif stored and checks[c + 12] == 1 and positive(reset) then created = 1 end
+    out[no + 1], out[no + 2], out[no + 3] = allowed, remaining, reply(checks[c + 3])
+    out[no + 4], out[no + 5], out[no + 6] = reply(reset), reply(delay), checks[c + 11]
+    out[no + 7] = created
+    no = no + 7
+  end
+  return no
+end
+
 -- Decides one request: its checks are KEYS[k + i] and ARGV[a + i], i = 1..n;
 -- writes its answer to `out` after position `no`, and returns the new end.
 local function decide(k, a, n, mode, time_s, time_ns, out, no)
@@ -756,71 +847,12 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
     local raw = redis.call('GET', KEYS[k + i])
     local missing = 0
     if not raw then missing = no_new and 2 or 1 end
-    local s1, s2, s3, s4, s5, s6
-    local blob = ''
-    if raw then
-      local bar = string.find(raw, '[|#]')
-      if bar then s1, s2, s3, s4 = nums(string.sub(raw, 1, bar - 1)); blob = string.sub(raw, bar)
-      else s1, s2, s3, s4, s5, s6 = nums(raw) end
-    elseif gs and empty then
-      -- Lost: as if used up when the loss was found.
-      raw = true
-      if kind == 'tb' then s1, s2, s3 = gs, gn, a * c
-      elseif kind == 'lb' then s1, s2, s3 = gs, gn, (a + 1) * c
-      elseif kind == 'sl' then s1, s2, s3, s4, blob = gs, gn, gs, gn, '|' .. varint(0) .. varint(a)
-      elseif kind == 'fw' or kind == 'sc' then
-        local wide = false
-        if b >= LIM then wide = select(2, wide_params(arg)) end
-        local ws, wn = window_counts(false, b, wide, false, 0, 0, 0, 0, gs, gn)
-        s1, s2, s3, s4, s5, s6 = gs, gn, ws, wn, a, 0
-      end
-    end
+    local s1, s2, s3, s4, s5, s6, blob
+    raw, s1, s2, s3, s4, s5, s6, blob = load(raw, kind, a, b, c, arg, empty and gs, gn)
     local ts, tn = now_s, now_ns
     if raw then ts, tn = later(now_s, now_ns, s1, s2) end
-    local wide = is_wide(kind, a, b, c, s3, s5, s6, cost, report)
-    local wa, wb, wc
-    if wide then wa, wb, wc = wide_params(arg) end
-    -- The decision, the state text if charged (`new`) and the refreshed
-    -- one if not (`fresh`), and the standing with no request.
-    local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
-    if (kind == 'tb' or kind == 'lb') and wide then
-      local X, level = wide_lib, nil
-      if raw == true then level = X.mul(X.W(kind == 'lb' and a + 1 or a), wc)
-      elseif raw then level = X.W(string.match(raw, '^%d+ %d+ (%d+)') or '0') end
-      level = X.drained(raw, s1, s2, level, wb, ts, tn)
-      if kind == 'tb' then
-        allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
-          X.token_bucket(a, wb, wc, cost, report, standing, level, ts, tn)
-      else
-        allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
-          X.leaky_bucket(a, wb, wc, cost, report, level, ts, tn)
-      end
-    elseif kind == 'tb' then
-      allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
-        token_bucket(a, b, c, cost, report, standing, drained(raw, s1, s2, s3, b, ts, tn), ts, tn)
-    elseif kind == 'lb' then
-      allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
-        leaky_bucket(a, b, c, cost, report, drained(raw, s1, s2, s3, b, ts, tn), ts, tn)
-    elseif kind == 'fw' then
-      local ss, sn, left, cur = window_counts(false, b, wide and wb, raw, s3, s4, s5, s6, ts, tn)
-      if wide then left = wide_lib.dur(left) end
-      allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
-        fixed_window(a, cost, report, ss, sn, left, cur, ts, tn)
-    elseif kind == 'sc' then
-      local ss, sn, left, cur, prev = window_counts(true, b, wide and wb, raw, s3, s4, s5, s6, ts, tn)
-      if wide then
-        allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
-          wide_lib.sliding_counter(a, wb, cost, report, ss, sn, left, cur, prev, ts, tn)
-      else
-        allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
-          sliding_counter(a, b, cost, report, ss, sn, left, cur, prev, ts, tn)
-      end
-    elseif kind == 'sl' then
-      allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
-        sliding_log(a, b, wide and wb, cost, report, raw, s3, s4, blob, ts, tn)
-    else
-      error('weir: unknown policy kind ' .. tostring(kind))
-    end
+    local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
+      algorithm(arg, kind, a, b, c, cost, report, standing, raw, s1, s2, s3, s4, s5, s6, blob, ts, tn)
     if cost == 0 and not report then
       -- Charges nothing: the standing, or a refusal while in debt. It moves
       -- the key's latest time, as any check does.
@@ -842,31 +874,7 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
     if checks[c + 12] == 2 then all, blocked = 0, true end
   end
   if peek then all = -1 end
-
-  out[no + 1], out[no + 2] = math.max(all, 0), lost
-  no = no + 2
-  for i = 1, n do
-    local c = 13 * (i - 1)
-    local allowed, remaining, reset, delay = checks[c + 1], checks[c + 2], checks[c + 4], checks[c + 13]
-    local refused = allowed == 0 or checks[c + 5]
-    local stored = false
-    if all == 1 and checks[c + 6] and not (checks[c + 10] and refused) then
-      store(KEYS[k + i], checks[c + 6], reset, redis_time)
-      stored = true
-    elseif all == 0 and n == 1 and allowed == 0 and not blocked then
-      store(KEYS[k + i], checks[c + 7], reset, redis_time) -- a rejection refreshes accounting
-      stored = true
-    end
-    if all == 0 and allowed == 1 then remaining, reset = checks[c + 8], checks[c + 9] end
-    local created = 0
-    if checks[c + 12] == 2 then created = 2
-    elseif stored and checks[c + 12] == 1 and positive(reset) then created = 1 end
-    out[no + 1], out[no + 2], out[no + 3] = allowed, remaining, reply(checks[c + 3])
-    out[no + 4], out[no + 5], out[no + 6] = reply(reset), reply(delay), checks[c + 11]
-    out[no + 7] = created
-    no = no + 7
-  end
-  return no
+  return commit(k, n, all, blocked, lost, redis_time, out, no)
 end
 
 -- The last request header "N MODE TIME" (TIME: "r" or "S NS") and its
