@@ -51,26 +51,19 @@ pub(super) fn parse(
     let mut overrides = Vec::new();
     let mut seen: BTreeMap<(PolicyId, String), usize> = BTreeMap::new();
     for (i, table) in raw.iter().enumerate() {
-        let place = |key: &str| format!("[[overrides]] #{} {key}", i + 1);
-        let first = table
-            .values()
-            .map(Spanned::span)
-            .min_by_key(|s| s.start)
-            .unwrap_or(0..0);
-        let text = |key: &str| match table.get(key).map(Spanned::get_ref) {
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(Value::Integer(n)) => Some(n.to_string()),
-            _ => None,
-        };
+        let entry = Entry::new(table, i + 1);
         let Some(name) = table.get("policy").and_then(|v| v.get_ref().as_str()) else {
-            report.error(&first, &place("policy"), "name the policy it overrides");
+            report.error(
+                &entry.first,
+                &entry.place("policy"),
+                "name the policy it overrides",
+            );
             continue;
         };
         let Some(id) = resolve(name) else {
-            let span = table.get("policy").map_or(first.clone(), Spanned::span);
             report.error(
-                &span,
-                &place("policy"),
+                &entry.span("policy"),
+                &entry.place("policy"),
                 format!("no policy `{name}` (defined: {})", known()),
             );
             continue;
@@ -78,8 +71,64 @@ pub(super) fn parse(
         let Some(base) = policies.iter().find(|p| p.name == name).map(|p| p.policy) else {
             continue; // the policy itself has errors, reported there
         };
-        let keys_span = table.get("keys").map_or(first.clone(), Spanned::span);
-        let keys: Vec<String> = match table.get("keys").map(Spanned::get_ref) {
+        let keys = entry.keys(report);
+        for key in &keys {
+            if let Some(other) = seen.insert((id, key.clone()), entry.number) {
+                report.error(
+                    &entry.span("keys"),
+                    &entry.place("keys"),
+                    format!("`{key}` is already overridden for `{name}` by [[overrides]] #{other}"),
+                );
+            }
+        }
+        if let Some(quota) = entry.quota(base, report) {
+            overrides.push(Override {
+                policy: id,
+                keys,
+                quota,
+            });
+        }
+    }
+    overrides
+}
+
+/// One `[[overrides]]` table being read, and where to point its errors.
+struct Entry<'a> {
+    table: &'a BTreeMap<String, Spanned<Value>>,
+    /// Its place among the tables, from 1.
+    number: usize,
+    /// The span of its first key: where an error of the whole table points.
+    first: std::ops::Range<usize>,
+}
+
+impl<'a> Entry<'a> {
+    fn new(table: &'a BTreeMap<String, Spanned<Value>>, number: usize) -> Self {
+        let first = table
+            .values()
+            .map(Spanned::span)
+            .min_by_key(|s| s.start)
+            .unwrap_or(0..0);
+        Self {
+            table,
+            number,
+            first,
+        }
+    }
+
+    fn place(&self, key: &str) -> String {
+        format!("[[overrides]] #{} {key}", self.number)
+    }
+
+    /// The span of `key`, or of the table when it is absent.
+    fn span(&self, key: &str) -> std::ops::Range<usize> {
+        self.table
+            .get(key)
+            .map_or(self.first.clone(), Spanned::span)
+    }
+
+    /// The identities it lists, each of 1 to [`MAX_IDENTITY`] bytes.
+    fn keys(&self, report: &mut Report<'_>) -> Vec<String> {
+        let keys: Vec<String> = match self.table.get("keys").map(Spanned::get_ref) {
             Some(Value::Array(items)) => items
                 .iter()
                 .filter_map(|k| k.as_str().map(str::to_owned))
@@ -88,36 +137,35 @@ pub(super) fn parse(
         };
         if keys.is_empty() {
             report.error(
-                &keys_span,
-                &place("keys"),
+                &self.span("keys"),
+                &self.place("keys"),
                 "list the identities, e.g. [\"seller-1\"]",
             );
         }
-        for key in &keys {
-            if key.is_empty() || key.len() > MAX_IDENTITY {
-                report.error(
-                    &keys_span,
-                    &place("keys"),
-                    format!("`{key}` is not an identity of 1 to {MAX_IDENTITY} bytes"),
-                );
-            }
-            if let Some(other) = seen.insert((id, key.clone()), i + 1) {
-                report.error(
-                    &keys_span,
-                    &place("keys"),
-                    format!("`{key}` is already overridden for `{name}` by [[overrides]] #{other}"),
-                );
-            }
+        for key in keys
+            .iter()
+            .filter(|k| k.is_empty() || k.len() > MAX_IDENTITY)
+        {
+            report.error(
+                &self.span("keys"),
+                &self.place("keys"),
+                format!("`{key}` is not an identity of 1 to {MAX_IDENTITY} bytes"),
+            );
         }
-        let unlimited = match table.get("unlimited").map(|v| (v, v.get_ref())) {
+        keys
+    }
+
+    /// What its keys get: `unlimited`, or `base` with the parameters given
+    /// here replaced.
+    fn quota(&self, base: Policy, report: &mut Report<'_>) -> Option<Quota> {
+        let unlimited = match self.table.get("unlimited").map(|v| (v, v.get_ref())) {
             None => false,
             Some((_, Value::Boolean(b))) => *b,
             Some((v, _)) => {
-                report.error(&v.span(), &place("unlimited"), "must be true or false");
+                report.error(&v.span(), &self.place("unlimited"), "must be true or false");
                 false
             }
         };
-        // The base policy's parameters, with those given here replaced.
         let written = base.to_string();
         let mut words = written.split_whitespace();
         let algorithm = words.next().unwrap_or_default().to_owned();
@@ -126,59 +174,50 @@ pub(super) fn parse(
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect();
         let mut given = false;
-        for key in table.keys() {
+        for (key, value) in self.table {
             if matches!(key.as_str(), "policy" | "keys" | "unlimited") {
                 continue;
             }
-            match text(key) {
-                Some(value) => {
-                    given = true;
-                    params.insert(key.clone(), value);
+            match value.get_ref() {
+                Value::String(s) => params.insert(key.clone(), s.clone()),
+                Value::Integer(n) => params.insert(key.clone(), n.to_string()),
+                _ => {
+                    report.error(
+                        &value.span(),
+                        &self.place(key),
+                        "expected a string or an integer",
+                    );
+                    continue;
                 }
-                None => report.error(
-                    &table[key].span(),
-                    &place(key),
-                    "expected a string or an integer",
-                ),
-            }
+            };
+            given = true;
         }
-        let quota = match (unlimited, given) {
+        match (unlimited, given) {
             (true, true) => {
-                report.error(
-                    &first,
-                    &place("unlimited"),
-                    "an unlimited override takes no parameters",
-                );
-                continue;
+                let message = "an unlimited override takes no parameters";
+                report.error(&self.first, &self.place("unlimited"), message);
+                None
             }
-            (true, false) => Quota::Unlimited,
+            (true, false) => Some(Quota::Unlimited),
             (false, false) => {
-                report.error(
-                    &first,
-                    &place("policy"),
-                    format!("give some of {algorithm}'s parameters, or unlimited = true"),
-                );
-                continue;
+                let message = format!("give some of {algorithm}'s parameters, or unlimited = true");
+                report.error(&self.first, &self.place("policy"), message);
+                None
             }
             (false, true) => {
-                match Policy::from_params(
-                    &algorithm,
-                    params.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-                ) {
-                    Ok(policy) => Quota::Policy(policy),
+                let params = params.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+                match Policy::from_params(&algorithm, params) {
+                    Ok(policy) => Some(Quota::Policy(policy)),
                     Err(e) => {
-                        let span = table.get(&e.field).map_or(first.clone(), Spanned::span);
-                        report.error(&span, &place(&e.field), e.kind.to_string());
-                        continue;
+                        report.error(
+                            &self.span(&e.field),
+                            &self.place(&e.field),
+                            e.kind.to_string(),
+                        );
+                        None
                     }
                 }
             }
-        };
-        overrides.push(Override {
-            policy: id,
-            keys,
-            quota,
-        });
+        }
     }
-    overrides
 }
