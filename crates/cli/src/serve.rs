@@ -164,59 +164,105 @@ fn logging(json: bool, level: &str) -> anyhow::Result<()> {
 }
 
 async fn serve(source: Source, watch: bool) -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
     let path = source.path.clone();
     let state = AppState::from_source(source).map_err(|e| anyhow!("{e}"))?;
     let config = &state.current().config;
-    let listen = config.server.listen;
-    let listener = std::net::TcpListener::bind(listen)
-        .with_context(|| format!("cannot listen on {listen}"))?;
-    let addr = listener.local_addr()?;
-    let bind = |at: Option<std::net::SocketAddr>, what: &'static str| async move {
-        match at {
-            Some(at) => tokio::net::TcpListener::bind(at)
-                .await
-                .map(Some)
-                .with_context(|| format!("cannot listen on {at} ({what})")),
-            None => Ok(None),
-        }
-    };
-    let grpc = match config.server.grpc {
-        Some(at) => Some(
-            std::net::TcpListener::bind(at)
-                .with_context(|| format!("cannot listen on {at} (gRPC)"))?,
-        ),
-        None => None,
-    };
-    let internal = bind(config.server.internal, "internal").await?;
-    // What listens where: a plain line each for people (and scripts), or
-    // — JSON logs are JSON only — one log object each.
-    let json = config.server.json_logs;
+    let listeners = Listeners::bind(&config.server)?;
     let file = path
         .as_ref()
         .map_or("example".into(), |p| p.display().to_string());
-    let announce = |what: &str, url: String| match json {
-        true => tracing::info!(target: "weir::listening", %url, config = %file, "{what}"),
-        false => eprintln!("{what} on {url}"),
+    listeners.announce(config.server.json_logs, &file)?;
+    let stopped = stop_on_signals()?;
+    // The main listener and the gRPC one each from a runtime per core.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let grpc = listeners.grpc.map(|listener| {
+        let (state, stopped) = (state.clone(), stopped.clone());
+        tokio::spawn(weir_server::run_grpc_per_core(
+            listener, threads, state, stopped,
+        ))
+    });
+    let internal = listeners.internal.map(|listener| {
+        let (state, mut stopped) = (state.clone(), stopped.clone());
+        let shutdown = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        tokio::spawn(weir_server::run_internal(listener, state, shutdown))
+    });
+    // Reloads: the file watcher (unless --no-watch) and SIGHUP, one way.
+    let _watcher = match watch {
+        true => weir_server::reload::watch(state.clone()).map_err(|e| anyhow!("{e}"))?,
+        false => None,
     };
-    announce("weir listening", format!("http://{addr}"));
-    if let Some(grpc) = &grpc {
-        announce(
-            "weir rate limit service (gRPC)",
-            grpc.local_addr()?.to_string(),
-        );
-    }
-    if let Some(internal) = &internal {
-        let at = internal.local_addr()?;
-        announce(
-            "weir internal (decision API, admin, metrics)",
-            format!("http://{at}"),
-        );
+    let reloader = reload_on_hangup(state.clone(), path.is_some())?;
+    let served = weir_server::run_per_core(listeners.main, threads, state, stopped).await;
+    reloader.abort();
+    served.map_err(|e| anyhow!("server failed: {e}"))?;
+    joined(grpc, "gRPC").await?;
+    joined(internal, "internal").await
+}
+
+/// The listeners `[server]` (or the flags) asks for, bound before anything
+/// is served, so that a taken port stops weir at once.
+struct Listeners {
+    main: std::net::TcpListener,
+    grpc: Option<std::net::TcpListener>,
+    internal: Option<tokio::net::TcpListener>,
+}
+
+impl Listeners {
+    fn bind(server: &weir_server::config::ServerConfig) -> anyhow::Result<Self> {
+        let bind = |at: std::net::SocketAddr, what: &str| {
+            std::net::TcpListener::bind(at).with_context(|| format!("cannot listen on {at}{what}"))
+        };
+        let main = bind(server.listen, "")?;
+        let grpc = server.grpc.map(|at| bind(at, " (gRPC)")).transpose()?;
+        let internal = match server.internal {
+            Some(at) => {
+                let listener = bind(at, " (internal)")?;
+                listener.set_nonblocking(true)?;
+                Some(tokio::net::TcpListener::from_std(listener)?)
+            }
+            None => None,
+        };
+        Ok(Self {
+            main,
+            grpc,
+            internal,
+        })
     }
 
+    /// What listens where: a plain line each for people (and scripts), or
+    /// — JSON logs are JSON only — one log object each.
+    fn announce(&self, json: bool, file: &str) -> anyhow::Result<()> {
+        let announce = |what: &str, url: String| match json {
+            true => tracing::info!(target: "weir::listening", %url, config = %file, "{what}"),
+            false => eprintln!("{what} on {url}"),
+        };
+        announce(
+            "weir listening",
+            format!("http://{}", self.main.local_addr()?),
+        );
+        if let Some(grpc) = &self.grpc {
+            let at = grpc.local_addr()?;
+            announce("weir rate limit service (gRPC)", at.to_string());
+        }
+        if let Some(internal) = &self.internal {
+            let at = internal.local_addr()?;
+            announce(
+                "weir internal (decision API, admin, metrics)",
+                format!("http://{at}"),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A receiver that turns true on SIGTERM or SIGINT: every listener then
+/// finishes the requests in flight and stops.
+fn stop_on_signals() -> anyhow::Result<tokio::sync::watch::Receiver<bool>> {
+    use tokio::signal::unix::{SignalKind, signal};
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut hangup = signal(SignalKind::hangup())?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         tokio::select! {
@@ -226,61 +272,39 @@ async fn serve(source: Source, watch: bool) -> anyhow::Result<()> {
         tracing::info!("shutting down: finishing requests in flight");
         let _ = stop.send(true);
     });
-    let shutdown = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = stopped.wait_for(|s| *s).await;
-    };
-    // The main listener and the gRPC one each from a runtime per core.
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let grpc = grpc.map(|listener| {
-        let (state, stopped) = (state.clone(), stopped.clone());
-        tokio::spawn(weir_server::run_grpc_per_core(
-            listener, threads, state, stopped,
-        ))
-    });
-    let internal = internal.map(|listener| {
-        let (state, stopped) = (state.clone(), stopped.clone());
-        tokio::spawn(weir_server::run_internal(
-            listener,
-            state,
-            shutdown(stopped),
-        ))
-    });
-    // Reloads: the file watcher (unless --no-watch) and SIGHUP, one way.
-    let _watcher = match watch {
-        true => weir_server::reload::watch(state.clone()).map_err(|e| anyhow!("{e}"))?,
-        false => None,
-    };
-    let reloader = {
-        let state = state.clone();
-        tokio::spawn(async move {
-            while hangup.recv().await.is_some() {
-                if path.is_none() {
-                    tracing::warn!("SIGHUP: no --config file to reload; still serving the example");
-                    continue;
-                }
-                let state = state.clone();
-                let _ = tokio::task::spawn_blocking(move || state.reload_from_source()).await;
+    Ok(stopped)
+}
+
+/// Reloads the config file on each SIGHUP (without a file, says so).
+fn reload_on_hangup(
+    state: std::sync::Arc<AppState>,
+    has_file: bool,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangup = signal(SignalKind::hangup())?;
+    Ok(tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            if !has_file {
+                tracing::warn!("SIGHUP: no --config file to reload; still serving the example");
+                continue;
             }
-        })
+            let state = state.clone();
+            let _ = tokio::task::spawn_blocking(move || state.reload_from_source()).await;
+        }
+    }))
+}
+
+/// Waits for a listener's task, if it runs: its failure is weir's.
+async fn joined(
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    what: &str,
+) -> anyhow::Result<()> {
+    let Some(task) = task else {
+        return Ok(());
     };
-    let served = weir_server::run_per_core(listener, threads, state, stopped).await;
-    reloader.abort();
-    if let Err(e) = served {
-        bail!("server failed: {e}");
+    match task.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => bail!("{what} server failed: {e}"),
+        Err(e) => bail!("{what} server failed: {e}"),
     }
-    if let Some(grpc) = grpc {
-        match grpc.await {
-            Ok(Err(e)) => bail!("gRPC server failed: {e}"),
-            Err(e) => bail!("gRPC server failed: {e}"),
-            Ok(Ok(())) => {}
-        }
-    }
-    if let Some(internal) = internal {
-        match internal.await {
-            Ok(Err(e)) => bail!("internal server failed: {e}"),
-            Err(e) => bail!("internal server failed: {e}"),
-            Ok(Ok(())) => {}
-        }
-    }
-    Ok(())
 }
