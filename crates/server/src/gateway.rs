@@ -378,30 +378,14 @@ async fn through(
     request: Request,
     peer: Option<SocketAddr>,
 ) -> Response {
-    // A body announced over the route's bound is refused before anything
-    // is charged.
-    let announced = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if announced.is_some_and(|n| n > route.max_body) {
-        return ApiError::BodyTooLarge(usize::try_from(route.max_body).unwrap_or(usize::MAX))
-            .into_response();
-    }
-    let trusted = &shared.config.server.trusted_proxies;
-    let client = peer.map(|p| client_ip(request.headers(), p.ip(), trusted));
-    let (sent, key) = match identity(route, &request, params, client) {
-        Ok(identity) => identity,
-        Err(e) => return e.into_response(),
-    };
-    // An overridden identity is decided by its override.
-    let ids: Few<PolicyId> = route
-        .policies
-        .iter()
-        .map(|&policy| shared.table.resolve(policy, &sent))
-        .collect();
-    let cost = match admission(route, request.headers()) {
-        Ok(cost) => cost,
+    let Identified {
+        ids,
+        key,
+        cost,
+        client,
+        identity,
+    } = match identify(shared, route, params, &request, peer) {
+        Ok(identified) => identified,
         Err(e) => return e.into_response(),
     };
     let checks: Few<Check<'_>> = ids
@@ -439,7 +423,7 @@ async fn through(
         outcome,
         policy: policy.map(str::to_owned),
         degraded: verdict.degraded,
-        identity: server.access_log_identity.then(|| sent.to_string()),
+        identity: identity.clone(),
     };
     if let Some(first) = verdict.refusing() {
         let refusing = shared.table.get(ids[first]);
@@ -447,7 +431,7 @@ async fn through(
             policy: &refusing.name,
             retry_after: verdict.retry_after(),
             parts: &parts,
-            style: shared.config.server.headers,
+            style: server.headers,
         }
         .response_with(Body::from(refusing.refused.clone()));
         if server.access_log {
@@ -480,12 +464,65 @@ async fn through(
     // Boxed: the refusing path (most of a flood) then moves a small future.
     let forwarded = Box::pin(send(shared, route, path, request, peer, charge));
     let mut response = forwarded.await;
-    let style = shared.config.server.headers;
-    append_fields(style, &parts, response.headers_mut());
+    append_fields(server.headers, &parts, response.headers_mut());
     if let Some(logged) = logged {
         response.extensions_mut().insert(logged);
     }
     response
+}
+
+/// A request ready to decide.
+struct Identified {
+    /// The policies that decide it, its overrides resolved.
+    ids: Few<PolicyId>,
+    /// Its stored key.
+    key: String,
+    /// What it is charged on admission.
+    cost: u64,
+    /// The client's address (behind trusted proxies, the one they name).
+    client: Option<IpAddr>,
+    /// The identity as sent, for the access log (with `access_log_identity`).
+    identity: Option<String>,
+}
+
+/// What a matched request is before it is decided: its body within the
+/// route's bound, its identity (and the overrides for it), its admission
+/// cost.
+fn identify(
+    shared: &Shared,
+    route: &Route,
+    params: &[(&str, &str)],
+    request: &Request,
+    peer: Option<SocketAddr>,
+) -> Result<Identified, ApiError> {
+    // A body announced over the route's bound is refused before anything
+    // is charged.
+    let announced = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > route.max_body) {
+        let max = usize::try_from(route.max_body).unwrap_or(usize::MAX);
+        return Err(ApiError::BodyTooLarge(max));
+    }
+    let trusted = &shared.config.server.trusted_proxies;
+    let client = peer.map(|p| client_ip(request.headers(), p.ip(), trusted));
+    let (sent, key) = identity(route, request, params, client)?;
+    // An overridden identity is decided by its override.
+    let ids: Few<PolicyId> = route
+        .policies
+        .iter()
+        .map(|&policy| shared.table.resolve(policy, &sent))
+        .collect();
+    let cost = admission(route, request.headers())?;
+    let server = &shared.config.server;
+    Ok(Identified {
+        identity: server.access_log_identity.then(|| sent.to_string()),
+        ids,
+        key,
+        cost,
+        client,
+    })
 }
 
 /// What a request is charged on admission: the route's `cost`.
