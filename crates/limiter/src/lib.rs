@@ -636,15 +636,11 @@ impl<C: Clock> Limiter<C> {
     /// report, cost 0, is validated as cost 1).
     fn validate(&self, check: Check<'_>) -> Result<&Named, Error> {
         let named = self.named(check.policy)?;
-        let cost_error = |error| CheckError::Cost {
-            policy: named.name.clone(),
-            error,
-        };
         named
             .store
             .policy()
             .validate_cost(check.cost.max(1))
-            .map_err(cost_error)?;
+            .map_err(|e| cost_error(named, e))?;
         weir_core::check::check_key(check.key, self.max_key_len)?;
         Ok(named)
     }
@@ -701,41 +697,14 @@ impl<C: Clock> Limiter<C> {
             .collect();
         let now = self.clock.now();
         let guard_of = |p: usize, s: usize| order.binary_search(&(p, s)).unwrap_or(0);
-        let cost_error = |p: usize| {
-            move |error| {
-                Error::from(CheckError::Cost {
-                    policy: self.at(p).name.clone(),
-                    error,
-                })
-            }
-        };
-
-        let mut decisions = Vec::with_capacity(targets.len());
-        for &(p, s, key, cost) in &targets {
-            let store = &self.at(p).store;
-            let guard = &guards[guard_of(p, s)];
-            decisions.push(if cost == 0 {
-                // Charges nothing: the standing, or a refusal while the key
-                // is in debt (after a report).
-                let check = store
-                    .peek_locked(guard, key, 0, now)
-                    .map_err(cost_error(p))?;
-                let (remaining, reset) = store.status_locked(guard, key, now);
-                match check.allowed {
-                    true => Decision {
-                        allowed: true,
-                        remaining,
-                        reset,
-                        ..Decision::default()
-                    },
-                    false => check,
-                }
-            } else {
-                store
-                    .peek_locked(guard, key, cost, now)
-                    .map_err(cost_error(p))?
-            });
-        }
+        let mut decisions = targets
+            .iter()
+            .map(|&(p, s, key, cost)| {
+                let named = self.at(p);
+                let guard = &guards[guard_of(p, s)];
+                (named.store.decide_locked(guard, key, cost, now)).map_err(|e| cost_error(named, e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let refuses = |d: &Decision| !d.allowed || d.delay > max_delay;
         let enforced_refuse = decisions
             .iter()
@@ -776,10 +745,10 @@ impl<C: Clock> Limiter<C> {
             }
         }
         for (decision, &(p, s, key, cost)) in decisions.iter_mut().zip(&targets) {
-            let store = &self.at(p).store;
-            let charged = store
+            let named = self.at(p);
+            let charged = (named.store)
                 .check_locked(&guards[guard_of(p, s)], key, cost, now)
-                .map_err(cost_error(p))?;
+                .map_err(|e| cost_error(named, e))?;
             // A standing (cost 0) charges nothing but moves the key's latest
             // time, as any check does; its answer is the standing above.
             if cost > 0 {

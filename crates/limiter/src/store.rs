@@ -853,6 +853,29 @@ impl Store {
         each_kind!(guard, Guard, g => g.status(&self.rules, key, now))
     }
 
+    /// What a check of `cost` among others would answer before any is
+    /// charged: [`Self::peek_locked`]'s decision, and for a cost of 0 the
+    /// standing (or a refusal while the key is in debt, after a report).
+    pub(crate) fn decide_locked(
+        &self,
+        guard: &Guard<'_>,
+        key: Hashed<'_>,
+        cost: u64,
+        now: Nanos,
+    ) -> Result<Decision, CostError> {
+        let decision = self.peek_locked(guard, key, cost, now)?;
+        if cost > 0 || !decision.allowed {
+            return Ok(decision);
+        }
+        let (remaining, reset) = self.status_locked(guard, key, now);
+        Ok(Decision {
+            allowed: true,
+            remaining,
+            reset,
+            ..Decision::default()
+        })
+    }
+
     /// Removes every key idle at `now`; returns how many, and gives their
     /// budget back.
     pub(crate) fn sweep(&self, now: Nanos, budget: &Budget) -> usize {
