@@ -205,20 +205,10 @@ impl Pacer {
         cost: u64,
         deadline: Option<Instant>,
     ) -> Result<Slot, PaceError> {
-        if cost == 0 {
-            return Err(PaceError::Cost(CostError::Zero));
-        }
-        if let Some(policy) = self
-            .per_destination
-            .iter()
-            .chain(&self.global_policies)
-            .find(|p| cost > p.queue())
-        {
-            return Err(PaceError::Cost(CostError::TooLarge {
-                cost,
-                max: policy.queue(),
-                field: "queue",
-            }));
+        for &policy in self.per_destination.iter().chain(&self.global_policies) {
+            Policy::LeakyBucket(policy)
+                .validate_cost(cost)
+                .map_err(PaceError::Cost)?;
         }
         let now = self.now();
         let mut guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -289,12 +279,7 @@ impl Pacer {
             *level = if release == start {
                 policy.check(*level, now, cost).1
             } else {
-                let (n, p) = (policy.rate().tokens(), policy.rate().period());
-                let t = now.max(level.seen);
-                LevelState {
-                    seen: t,
-                    level: u128::from(start - t) * u128::from(n) + u128::from(cost) * u128::from(p),
-                }
+                policy.released_at(*level, now, start, cost)
             };
         }
         for (policy, reserved) in self.global_policies.iter().zip(state.global.iter_mut()) {

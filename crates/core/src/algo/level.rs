@@ -149,6 +149,29 @@ impl LeakyBucket {
     }
 }
 
+impl LeakyBucket {
+    /// The state after an admitted request of `cost` is released at `start`,
+    /// later than [`Self::check`]'s delay (a pacer holding it for other
+    /// shapers too): its slots are taken from `start` on.
+    pub fn released_at(
+        &self,
+        state: LevelState,
+        now: Nanos,
+        start: Nanos,
+        cost: u64,
+    ) -> LevelState {
+        let t = now.max(state.seen);
+        let (n, p) = (
+            u128::from(self.rate.tokens()),
+            u128::from(self.rate.period()),
+        );
+        LevelState::new(
+            t,
+            u128::from(start.saturating_sub(t)) * n + u128::from(cost) * p,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
