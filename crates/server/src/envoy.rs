@@ -357,29 +357,6 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
                 .transpose()
         })
         .collect::<Result<_, Status>>()?;
-    // Usage reported after the fact: always charged, always OK, apart from
-    // the checks of the same request.
-    let mut reports: Vec<(usize, Check<'_>)> = Vec::new();
-    for (i, t) in translated.iter_mut().enumerate() {
-        if reporting[i] {
-            if let Some((policy, key, cost)) = t.take() {
-                reports.push((i, Check { policy, key, cost }));
-            }
-        }
-    }
-    let report_checks: Vec<Check<'_>> = reports.iter().map(|(_, c)| *c).collect();
-    let reported = match report_checks.is_empty() {
-        true => Vec::new(),
-        false => {
-            shared
-                .backend
-                .report(&shared.table, &report_checks, NewKeys::Allowed)
-                .await
-                .map_err(status)?
-                .0
-        }
-    };
-    let (checks, slot) = merged(&translated);
     let ok = DescriptorStatus {
         code: Code::Ok.into(),
         ..DescriptorStatus::default()
@@ -389,10 +366,8 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
         statuses: vec![ok; translated.len()],
         ..RateLimitResponse::default()
     };
-    for ((i, check), d) in reports.iter().zip(&reported) {
-        let entry = shared.table.get(check.policy);
-        response.statuses[*i] = descriptor_status(Code::Ok, &entry.name, &entry.policy, d);
-    }
+    report(shared, &mut translated, &reporting, &mut response).await?;
+    let (checks, slot) = merged(&translated);
     if checks.is_empty() {
         return Ok(response);
     }
@@ -409,13 +384,57 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
             NewKeys::Allowed,
         )
         .await;
-    let verdict = match decided {
-        Ok(verdict) => verdict,
+    match decided {
+        Ok(verdict) => Ok(answered(shared, response, &checks, &slot, &verdict)),
         Err(Undecided::Unavailable { denied: true }) => {
-            return Ok(store_unavailable(response, &translated));
+            Ok(store_unavailable(response, &translated))
         }
-        Err(refusal) => return Err(status(refusal)),
-    };
+        Err(refusal) => Err(status(refusal)),
+    }
+}
+
+/// Usage reported after the fact: always charged and answered OK, apart
+/// from the checks of the same request (taken out of `translated`).
+async fn report(
+    shared: &Shared,
+    translated: &mut [Option<(PolicyId, &str, u64)>],
+    reporting: &[bool],
+    response: &mut RateLimitResponse,
+) -> Result<(), Status> {
+    let mut reports: Vec<(usize, Check<'_>)> = Vec::new();
+    for (i, t) in translated.iter_mut().enumerate() {
+        if reporting[i] {
+            if let Some((policy, key, cost)) = t.take() {
+                reports.push((i, Check { policy, key, cost }));
+            }
+        }
+    }
+    if reports.is_empty() {
+        return Ok(());
+    }
+    let checks: Vec<Check<'_>> = reports.iter().map(|(_, c)| *c).collect();
+    let (reported, _) = shared
+        .backend
+        .report(&shared.table, &checks, NewKeys::Allowed)
+        .await
+        .map_err(status)?;
+    for ((i, check), d) in reports.iter().zip(&reported) {
+        let entry = shared.table.get(check.policy);
+        response.statuses[*i] = descriptor_status(Code::Ok, &entry.name, &entry.policy, d);
+    }
+    Ok(())
+}
+
+/// The response to decided checks: each descriptor's status (`slot`: the
+/// check that answers it), and the `RateLimit` fields — or, refused, the
+/// 429's headers and body for Envoy to send.
+fn answered(
+    shared: &Shared,
+    mut response: RateLimitResponse,
+    checks: &[Check<'_>],
+    slot: &[Option<usize>],
+    verdict: &crate::backend::Verdict,
+) -> RateLimitResponse {
     let ids: Vec<PolicyId> = checks.iter().map(|c| c.policy).collect();
     let decided: Vec<Part<'_>> = ids
         .iter()
@@ -423,7 +442,7 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
         .map(|(id, d)| shared.table.get(*id).part(d, verdict.degraded))
         .collect();
     let parts = verdict.visible(&shared.table, &ids);
-    for (status, s) in response.statuses.iter_mut().zip(&slot) {
+    for (status, s) in response.statuses.iter_mut().zip(slot) {
         let Some(i) = *s else { continue };
         let (part, check) = (&decided[i], &checks[i]);
         // A shadow policy that would refuse answers OK.
@@ -454,7 +473,7 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
             limited.headers().into_iter().map(to_envoy).collect()
         }
     };
-    Ok(response)
+    response
 }
 
 #[tonic::async_trait]
