@@ -97,7 +97,10 @@ pub fn app(state: Arc<AppState>, face: Face) -> Router {
         router = router.fallback(gateway::fallback);
     }
     router
-        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            every_request,
+        ))
         .with_state(state)
 }
 
@@ -146,8 +149,8 @@ impl App {
 }
 
 /// What every request goes through, as one layer (one boxed future, not
-/// one per rule): [`guarded`].
-async fn guard(
+/// one per rule): [`bounded_and_counted`].
+async fn every_request(
     state: axum::extract::State<Arc<AppState>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
@@ -157,7 +160,7 @@ async fn guard(
         .get::<axum::extract::MatchedPath>()
         .cloned();
     let path = path.as_ref().map(axum::extract::MatchedPath::as_str);
-    guarded(&state, path, request, |request| async {
+    bounded_and_counted(&state, path, request, |request| async {
         let response = next.run(request).await;
         let label = response
             .extensions()
@@ -172,7 +175,7 @@ async fn guard(
 /// bounded in time ([`bound_body`]), and every answer counted in
 /// `weir_http_requests_total{route,status}` — a gateway route as written,
 /// an API path as routed (`path`), or `unmatched`.
-pub(crate) async fn guarded<F>(
+pub(crate) async fn bounded_and_counted<F>(
     state: &Arc<AppState>,
     path: Option<&str>,
     request: axum::extract::Request,

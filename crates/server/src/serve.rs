@@ -242,7 +242,7 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Conn {
             let (state, peer) = (state.clone(), self.peer);
             return Box::pin(async move {
                 let forward = |request| crate::gateway::forward(&state, Some(peer), request);
-                let response = crate::guarded(&state, None, request, forward).await;
+                let response = crate::bounded_and_counted(&state, None, request, forward).await;
                 drop(guard);
                 Ok(response)
             });
