@@ -15,10 +15,12 @@
 
 use std::fmt::Write as _;
 
+mod access;
 mod batch;
 pub mod cluster;
 mod refusals;
 
+pub use access::{Access, redacted};
 pub use refusals::CHANNEL as RESETS_CHANNEL;
 
 use redis::Script;
@@ -47,6 +49,14 @@ pub enum StoreError {
     /// The script answered something else than a decision.
     #[error("unexpected reply from the weir script")]
     Reply,
+    /// Redis refused the credentials given.
+    #[error(
+        "Redis refused the credentials of user `{user}`: check [store] username and password_file (or WEIR_REDIS_PASSWORD, or the URL's)"
+    )]
+    Credentials {
+        /// The user the credentials were for.
+        user: String,
+    },
     /// The request can never be decided (cost, key, a pair named twice),
     /// exactly as the in-process limiter refuses it.
     #[error(transparent)]
@@ -230,55 +240,61 @@ impl std::fmt::Debug for RedisStore {
 }
 
 /// Checks, without connecting, that `url` is one [`RedisStore::connect`]
-/// accepts; what is wrong otherwise.
+/// accepts; what is wrong otherwise (the URL shown [`redacted`]).
 pub fn check_url(url: &str) -> Result<(), String> {
-    let nodes: Vec<String> = match url.strip_prefix("redis-cluster://") {
-        Some(nodes) => nodes.split(',').map(|n| format!("redis://{n}")).collect(),
-        None => vec![url.to_owned()],
-    };
-    for node in &nodes {
-        redis::Client::open(node.as_str()).map_err(|e| format!("`{node}`: {e}"))?;
-    }
-    Ok(())
+    access::nodes(url)
+        .map(drop)
+        .map_err(|e| format!("`{}`: {e}", redacted(url)))
 }
 
 impl RedisStore {
-    /// Connects to `redis://host:port` or `redis-cluster://host:port[,host:port…]`.
+    /// Connects to `redis://host:port` (`rediss://` over TLS; `valkey://`
+    /// and `valkeys://` alike) or `redis-cluster://host:port[,host:port…]`.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let (connection, nodes, per_thread) = match url.strip_prefix("redis-cluster://") {
-            Some(nodes) => {
-                let nodes: Vec<String> = nodes.split(',').map(|n| format!("redis://{n}")).collect();
-                let client = redis::cluster::ClusterClient::new(nodes.clone())?;
-                (
-                    Connection::Cluster(client.get_async_connection().await?),
-                    nodes,
-                    None,
-                )
+        Self::connect_with(url, &Access::default()).await
+    }
+
+    /// Connects as [`RedisStore::connect`] does, with TLS and credentials
+    /// beside the URL.
+    pub async fn connect_with(url: &str, access: &Access) -> Result<Self, StoreError> {
+        let denied = |e: redis::RedisError| match e.kind() {
+            redis::ErrorKind::AuthenticationFailed => StoreError::Credentials {
+                user: access.username.clone().unwrap_or_else(|| "default".into()),
+            },
+            _ => StoreError::Redis(e),
+        };
+        let (cluster, nodes) = access::nodes(url)?;
+        let (connection, per_thread) = match cluster {
+            true => {
+                let client = access.cluster(&nodes)?;
+                let connection = client.get_async_connection().await.map_err(denied)?;
+                (Connection::Cluster(connection), None)
             }
-            None => {
+            false => {
                 // Reconnect quickly after a restart: short, capped backoff.
                 let config = redis::aio::ConnectionManagerConfig::new()
                     .set_min_delay(std::time::Duration::from_millis(25))
                     .set_max_delay(std::time::Duration::from_millis(200))
                     .set_number_of_retries(3)
                     .set_connection_timeout(Some(std::time::Duration::from_millis(500)));
-                let client = redis::Client::open(url)?;
+                let client = access.client(&nodes[0])?;
                 let manager = client
                     .get_connection_manager_with_config(config.clone())
-                    .await?;
+                    .await
+                    .map_err(denied)?;
                 let per_thread = batch::PerThread {
                     client,
                     config,
                     alive: std::sync::Arc::new(()),
                     opened: std::sync::Arc::default(),
                 };
-                (
-                    Connection::Single(manager),
-                    vec![url.to_owned()],
-                    Some(per_thread),
-                )
+                (Connection::Single(manager), Some(per_thread))
             }
         };
+        let nodes = nodes
+            .iter()
+            .map(|n| access.client(n))
+            .collect::<Result<_, _>>()?;
         let refusals = std::sync::Arc::new(refusals::Refusals::default());
         tokio::spawn(refusals::listen(
             std::sync::Arc::downgrade(&refusals),

@@ -183,13 +183,12 @@ impl Refusals {
 
 /// Forgets every key reset anywhere (a message on [`CHANNEL`]), for as long
 /// as the cache lives; listens to the nodes in turn when one goes away.
-pub(crate) async fn listen(refusals: Weak<Refusals>, nodes: Vec<String>) {
-    for node in nodes.iter().cycle() {
+pub(crate) async fn listen(refusals: Weak<Refusals>, nodes: Vec<redis::Client>) {
+    for client in nodes.iter().cycle() {
         if refusals.strong_count() == 0 {
             return;
         }
-        if let Ok(client) = redis::Client::open(node.as_str())
-            && let Ok(mut pubsub) = client.get_async_pubsub().await
+        if let Ok(mut pubsub) = client.get_async_pubsub().await
             && pubsub.subscribe(CHANNEL).await.is_ok()
         {
             let mut messages = pubsub.into_on_message();

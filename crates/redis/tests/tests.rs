@@ -5,3 +5,4 @@
 
 mod cluster;
 mod contract;
+mod tls;

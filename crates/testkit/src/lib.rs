@@ -10,7 +10,9 @@
 mod http_client;
 pub mod llm;
 mod redis;
+pub mod tls;
 
 pub use http_client::{Reply, send};
 pub use llm::Llm;
 pub use redis::{Cluster, RedisServer, free_port, require};
+pub use tls::Certs;

@@ -52,11 +52,35 @@ pub struct RedisServer {
     pub port: u16,
     extra: Vec<String>,
     dir: PathBuf,
+    /// Over TLS only (no plaintext port).
+    tls: bool,
 }
 
 impl RedisServer {
     /// Starts one, with `extra` arguments, and waits until it answers.
     pub fn start(extra: &[&str]) -> Self {
+        Self::launch(extra.iter().map(|s| (*s).to_owned()).collect(), false)
+    }
+
+    /// Starts one that speaks TLS only, with `certs`' server certificate,
+    /// requiring clients to show a certificate of its CA, with `extra`
+    /// arguments (`--requirepass`, `--user`…).
+    pub fn start_tls(certs: &crate::Certs, extra: &[&str]) -> Self {
+        let path = |f: &str| certs.path(f).display().to_string();
+        let mut args: Vec<String> = [
+            ("--tls-cert-file", path("server.pem")),
+            ("--tls-key-file", path("server-key.pem")),
+            ("--tls-ca-cert-file", path("ca.pem")),
+            ("--tls-auth-clients", "yes".to_owned()),
+        ]
+        .into_iter()
+        .flat_map(|(flag, value)| [flag.to_owned(), value])
+        .collect();
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        Self::launch(args, true)
+    }
+
+    fn launch(extra: Vec<String>, tls: bool) -> Self {
         require("redis-server");
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("weir-redis-{}-{port}", std::process::id()));
@@ -64,16 +88,23 @@ impl RedisServer {
         let mut server = Self {
             child: Command::new("true").spawn().unwrap(),
             port,
-            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            extra,
             dir,
+            tls,
         };
         server.spawn();
         server
     }
 
     fn spawn(&mut self) {
+        let port = self.port.to_string();
+        let ports = match self.tls {
+            true => vec!["--port", "0", "--tls-port", &port],
+            false => vec!["--port", &port],
+        };
         self.child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(ports)
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .args(["--enable-debug-command", "yes"])
             .arg("--dir")
@@ -84,7 +115,12 @@ impl RedisServer {
             .spawn()
             .expect("redis-server starts");
         for _ in 0..400 {
-            if ping(self.port) {
+            // Over TLS, listening is enough: the handshake is the test's.
+            let up = match self.tls {
+                true => TcpStream::connect(("127.0.0.1", self.port)).is_ok(),
+                false => ping(self.port),
+            };
+            if up {
                 return;
             }
             std::thread::sleep(Duration::from_millis(25));
@@ -92,9 +128,12 @@ impl RedisServer {
         panic!("redis-server on port {} did not answer", self.port);
     }
 
-    /// `redis://127.0.0.1:PORT`.
+    /// `redis://127.0.0.1:PORT` (`rediss://localhost:PORT` over TLS).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match self.tls {
+            true => format!("rediss://localhost:{}", self.port),
+            false => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     /// The server's process id.

@@ -1,0 +1,189 @@
+//! How weir reaches a Redis beyond its URL: TLS (rustls, no OpenSSL) and
+//! credentials; and the URL as it may be shown, its password replaced.
+
+use std::fmt;
+
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult, TlsCertificates};
+
+/// TLS and credentials for a Redis store, beside its URL.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Access {
+    /// TLS to every node, with the URL's scheme `redis://` (or
+    /// `redis-cluster://`); `rediss://` and `valkeys://` ask for it themselves.
+    pub tls: bool,
+    /// PEM roots to trust instead of the system's.
+    pub tls_ca: Option<Vec<u8>>,
+    /// A client certificate and its private key (PEM), for a Redis that
+    /// asks for one.
+    pub tls_client: Option<(Vec<u8>, Vec<u8>)>,
+    /// Accept any server certificate, unverified: only for the managed
+    /// Redis that give no verifiable one.
+    pub tls_insecure_skip_verify: bool,
+    /// The ACL user (Redis 6+); `default` when only a password is given.
+    pub username: Option<String>,
+    /// The password, which replaces one inside the URL.
+    pub password: Option<String>,
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Access")
+            .field("tls", &self.tls)
+            .field("tls_ca", &self.tls_ca.as_ref().map(|_| "<pem>"))
+            .field("tls_client", &self.tls_client.as_ref().map(|_| "<pem>"))
+            .field("tls_insecure_skip_verify", &self.tls_insecure_skip_verify)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// `url` as it may be shown (logs, `weir config check`, `/readyz`, the
+/// dashboard): every node's password replaced by `***`.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let nodes: Vec<String> = rest
+        .split(',')
+        .map(|node| match node.rsplit_once('@') {
+            Some((auth, host)) => match auth.split_once(':') {
+                Some((user, _)) => format!("{user}:***@{host}"),
+                None => format!("{auth}@{host}"),
+            },
+            None => node.to_owned(),
+        })
+        .collect();
+    format!("{scheme}://{}", nodes.join(","))
+}
+
+/// The nodes a URL names: one for `redis://`, `rediss://`, `valkey://` and
+/// `valkeys://`; each of a `redis-cluster://h:p,h:p` (with `cluster` true).
+pub(crate) fn nodes(url: &str) -> RedisResult<(bool, Vec<ConnectionInfo>)> {
+    match url.strip_prefix("redis-cluster://") {
+        Some(nodes) => {
+            let nodes = nodes
+                .split(',')
+                .map(|n| format!("redis://{n}").as_str().into_connection_info())
+                .collect::<RedisResult<_>>()?;
+            Ok((true, nodes))
+        }
+        None => Ok((false, vec![url.into_connection_info()?])),
+    }
+}
+
+impl Access {
+    /// Whether a node is reached over TLS.
+    pub(crate) fn tls_for(&self, node: &ConnectionInfo) -> bool {
+        self.tls || matches!(node.addr(), ConnectionAddr::TcpTls { .. })
+    }
+
+    /// `node` with this access's TLS and credentials applied.
+    pub(crate) fn apply(&self, node: ConnectionInfo) -> ConnectionInfo {
+        let tls = self.tls_for(&node);
+        let addr = match node.addr().clone() {
+            ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } if tls => {
+                ConnectionAddr::TcpTls {
+                    host,
+                    port,
+                    insecure: self.tls_insecure_skip_verify,
+                    tls_params: None,
+                }
+            }
+            other => other,
+        };
+        let mut settings = node.redis_settings().clone();
+        if let Some(username) = &self.username {
+            settings = settings.set_username(username);
+        }
+        if let Some(password) = &self.password {
+            settings = settings.set_password(password);
+        }
+        node.set_addr(addr).set_redis_settings(settings)
+    }
+
+    /// The roots and client certificate to connect with.
+    pub(crate) fn certificates(&self) -> TlsCertificates {
+        TlsCertificates {
+            client_tls: self
+                .tls_client
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: self.tls_ca.clone(),
+        }
+    }
+
+    /// A client of one node.
+    pub(crate) fn client(&self, node: &ConnectionInfo) -> RedisResult<redis::Client> {
+        let node = self.apply(node.clone());
+        if matches!(node.addr(), ConnectionAddr::TcpTls { .. }) {
+            install_crypto();
+            redis::Client::build_with_tls(node, self.certificates())
+        } else {
+            redis::Client::open(node)
+        }
+    }
+
+    /// A client of a cluster seeded by `nodes`.
+    pub(crate) fn cluster(
+        &self,
+        nodes: &[ConnectionInfo],
+    ) -> RedisResult<redis::cluster::ClusterClient> {
+        let tls = nodes.iter().any(|n| self.tls_for(n));
+        let nodes = nodes.iter().map(|n| self.apply(n.clone()));
+        let mut builder = redis::cluster::ClusterClientBuilder::new(nodes);
+        if let Some(username) = &self.username {
+            builder = builder.username(username);
+        }
+        if let Some(password) = &self.password {
+            builder = builder.password(password);
+        }
+        if tls {
+            install_crypto();
+            let mode = match self.tls_insecure_skip_verify {
+                true => redis::TlsMode::Insecure,
+                false => redis::TlsMode::Secure,
+            };
+            builder = builder.tls(mode).certs(self.certificates());
+        }
+        builder.build()
+    }
+}
+
+/// rustls's process-wide crypto provider, installed once: `ring`, which
+/// builds with no C toolchain beyond a compiler (its key exchange is not
+/// post-quantum, hence rustls's deprecation note).
+#[allow(deprecated)]
+fn install_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(
+            redacted("rediss://weir:s3cret@cache.example:6380/0"),
+            "rediss://weir:***@cache.example:6380/0"
+        );
+        assert_eq!(
+            redacted("redis://:s3cret@127.0.0.1:6379"),
+            "redis://:***@127.0.0.1:6379"
+        );
+        assert_eq!(
+            redacted("redis-cluster://u:p1@a:1,u:p2@b:2,c:3"),
+            "redis-cluster://u:***@a:1,u:***@b:2,c:3"
+        );
+        assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        let access = Access {
+            password: Some("s3cret".into()),
+            ..Access::default()
+        };
+        assert!(!format!("{access:?}").contains("s3cret"));
+    }
+}
