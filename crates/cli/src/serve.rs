@@ -65,13 +65,11 @@ pub(crate) fn load(path: Option<&PathBuf>) -> anyhow::Result<Config> {
         .map_err(|e| anyhow!("{e}"))
 }
 
-/// Where the config comes from: the file, and `WEIR_ADMIN_TOKEN`.
+/// Where the config comes from: the file, and the secrets of the environment.
 fn source(path: Option<&PathBuf>) -> Source {
     Source {
         path: path.cloned(),
-        admin_token_env: std::env::var("WEIR_ADMIN_TOKEN")
-            .ok()
-            .filter(|t| !t.is_empty()),
+        env: weir_server::config::Env::from_process(),
         ..Source::default()
     }
 }

@@ -165,3 +165,83 @@ fn new_keys_per_address_are_capped_on_redis() {
         "{stored}"
     );
 }
+
+/// `weir serve` on a Redis that speaks TLS only, asks for a client
+/// certificate and a password: connected through `[store]`'s TLS keys and a
+/// password file, deciding on Redis — and the password in no output, not
+/// even when it is written inside the URL.
+#[test]
+fn serve_reaches_a_tls_redis_with_a_password_it_never_shows() {
+    const PASSWORD: &str = "pw-0f5a9c1e";
+    let certs = weir_testkit::Certs::new("serve-tls");
+    let redis = weir_testkit::RedisServer::start_tls(&certs, &["--requirepass", PASSWORD]);
+    let password_file = crate::serve::temp("redis-password", &format!("{PASSWORD}\n"));
+    let store = |url: &str, password: &str| {
+        format!(
+            "[store]\nurl = \"{url}\"\ntimeout = \"2s\"\ntls_ca = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\n{password}\n\n[policies.api]\nalgorithm = \"gcra\"\nburst = 5\nrate = \"1/s\"\n",
+            certs.path("ca.pem").display(),
+            certs.path("client.pem").display(),
+            certs.path("client-key.pem").display(),
+        )
+    };
+    let by_file = store(
+        &redis.url(),
+        &format!("password_file = \"{}\"", password_file.display()),
+    );
+    let inside = store(
+        &format!("rediss://:{PASSWORD}@localhost:{}", redis.port),
+        "",
+    );
+    for (name, config) in [("tls-file.toml", &by_file), ("tls-inside.toml", &inside)] {
+        let path = crate::serve::temp(name, config);
+        let checked = crate::serve::weir()
+            .args(["config", "check"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&checked.stdout),
+            String::from_utf8_lossy(&checked.stderr)
+        );
+        assert!(checked.status.success(), "{said}");
+        assert!(said.contains("store rediss://"), "{said}");
+        assert!(!said.contains(PASSWORD), "{said}");
+
+        let server = crate::serve::Server::start(&["--config", path.to_str().unwrap()]);
+        let connected = server.wait_for_log("store connected");
+        let (status, body) = server.request("POST", "/v1/check", r#"{"policy":"api","key":"k"}"#);
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("\"degraded\":false"), "{body}");
+        let (_, ready) = server.request("GET", "/readyz", "");
+        let logs = server.logs_for(std::time::Duration::from_millis(300));
+        for text in std::iter::once(&connected)
+            .chain(&logs)
+            .chain([&ready, &body])
+        {
+            assert!(!text.contains(PASSWORD), "{text}");
+        }
+    }
+    let stored = redis_keys(&certs, &redis, PASSWORD);
+    assert!(stored.contains("api"), "{stored}");
+}
+
+/// The keys of a TLS-only Redis, through `redis-cli --tls`.
+fn redis_keys(
+    certs: &weir_testkit::Certs,
+    redis: &weir_testkit::RedisServer,
+    password: &str,
+) -> String {
+    let out = Command::new("redis-cli")
+        .args(["--tls", "-h", "localhost", "-p", &redis.port.to_string()])
+        .arg("--cacert")
+        .arg(certs.path("ca.pem"))
+        .arg("--cert")
+        .arg(certs.path("client.pem"))
+        .arg("--key")
+        .arg(certs.path("client-key.pem"))
+        .args(["--no-auth-warning", "-a", password, "--scan"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

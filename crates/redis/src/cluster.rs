@@ -27,12 +27,15 @@ pub struct Master {
     pub slots: Vec<(u16, u16)>,
 }
 
-/// A connection to the one node at `addr` (`host:port`), within `timeout`.
+/// A connection to the one node at `addr` (`host:port`), within `timeout`,
+/// with `access`'s TLS and credentials.
 async fn node(
     addr: &str,
     timeout: Duration,
+    access: &crate::Access,
 ) -> Result<redis::aio::MultiplexedConnection, StoreError> {
-    let client = redis::Client::open(format!("redis://{addr}"))?;
+    let info = redis::IntoConnectionInfo::into_connection_info(format!("redis://{addr}").as_str())?;
+    let client = access.client(&info)?;
     tokio::time::timeout(timeout, client.get_multiplexed_async_connection())
         .await
         .map_err(|_| StoreError::Timeout(timeout))?
@@ -40,8 +43,8 @@ async fn node(
 }
 
 /// Whether the node at `addr` answers `PING` within `timeout`.
-pub async fn ping(addr: &str, timeout: Duration) -> bool {
-    let Ok(mut connection) = node(addr, timeout).await else {
+pub async fn ping(addr: &str, timeout: Duration, access: &crate::Access) -> bool {
+    let Ok(mut connection) = node(addr, timeout, access).await else {
         return false;
     };
     let cmd = redis::cmd("PING");
@@ -51,11 +54,15 @@ pub async fn ping(addr: &str, timeout: Duration) -> bool {
 
 /// The masters, as the first of `addrs` to answer `CLUSTER SLOTS` within
 /// `timeout` sees them.
-pub async fn masters(addrs: &[String], timeout: Duration) -> Result<Vec<Master>, StoreError> {
+pub async fn masters(
+    addrs: &[String],
+    timeout: Duration,
+    access: &crate::Access,
+) -> Result<Vec<Master>, StoreError> {
     let mut last = StoreError::Reply;
     for addr in addrs {
         let asked = async {
-            let mut connection = node(addr, timeout).await?;
+            let mut connection = node(addr, timeout, access).await?;
             let mut cmd = redis::cmd("CLUSTER");
             cmd.arg("SLOTS");
             let call = cmd.query_async::<Value>(&mut connection);

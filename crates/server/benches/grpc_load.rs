@@ -76,7 +76,7 @@ async fn main() {
     let addr = match &args.addr {
         Some(addr) => addr.clone(),
         None => {
-            let config = weir_server::config::parse(CONFIG, None).unwrap();
+            let config = weir_server::config::parse(CONFIG, &Default::default()).unwrap();
             let state = weir_server::AppState::new(weir_server::Shared::new(config, None).unwrap());
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap().to_string();

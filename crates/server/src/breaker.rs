@@ -124,6 +124,10 @@ struct Topology {
 #[derive(Debug)]
 pub struct Remote {
     url: String,
+    /// TLS and credentials beside the URL.
+    access: weir_redis::Access,
+    /// The URL as logs show it (no password).
+    shown: String,
     timeout: Duration,
     max_key_len: usize,
     store: ArcSwapOption<RedisStore>,
@@ -146,6 +150,8 @@ impl Remote {
     pub fn new(url: &str, config: &StoreConfig, max_key_len: usize) -> Arc<Self> {
         let remote = Arc::new(Self {
             url: url.to_owned(),
+            access: config.access.clone(),
+            shown: weir_redis::redacted(url),
             timeout: config.timeout,
             max_key_len,
             store: ArcSwapOption::empty(),
@@ -155,6 +161,12 @@ impl Remote {
             replica_acks: config.replica_acks,
             refusal_cache: config.refusal_cache,
         });
+        if config.access.tls_insecure_skip_verify {
+            tracing::warn!(
+                url = %remote.shown,
+                "[store] tls_insecure_skip_verify: the Redis server's certificate is not verified, so anyone on the path can read and change weir's state"
+            );
+        }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(supervise(Arc::downgrade(&remote)));
         }
@@ -165,6 +177,7 @@ impl Remote {
     /// (kept across reloads).
     pub(crate) fn serves(&self, url: &str, config: &StoreConfig) -> bool {
         self.url == url
+            && self.access == config.access
             && self.timeout == config.timeout
             && self.replica_acks == config.replica_acks
             && self.refusal_cache == config.refusal_cache
@@ -223,11 +236,11 @@ impl Remote {
 
     fn logged(&self, up: bool) {
         if up && self.was_up.swap(true, Ordering::AcqRel) {
-            tracing::info!(url = %self.url, "store up: decisions go to Redis again");
+            tracing::info!(url = %self.shown, "store up: decisions go to Redis again");
         } else if up {
-            tracing::info!(url = %self.url, "store connected: decisions go to Redis");
+            tracing::info!(url = %self.shown, "store connected: decisions go to Redis");
         } else {
-            tracing::warn!(url = %self.url, "store down: circuit open, policies decide by on_store_error");
+            tracing::warn!(url = %self.shown, "store down: circuit open, policies decide by on_store_error");
         }
     }
 
@@ -270,8 +283,11 @@ impl Remote {
     /// Reads the masters again; whether any slot changed master.
     async fn refresh(&self) -> bool {
         let seeds = self.seeds();
-        let asked =
-            weir_redis::cluster::masters(&seeds, self.timeout.max(Duration::from_millis(200)));
+        let asked = weir_redis::cluster::masters(
+            &seeds,
+            self.timeout.max(Duration::from_millis(200)),
+            &self.access,
+        );
         let Ok(masters) = asked.await else {
             return false;
         };
@@ -336,7 +352,7 @@ async fn supervise(remote: Weak<Remote>) {
         let store = match remote.store.load_full() {
             Some(store) => store,
             None => {
-                let connect = RedisStore::connect(&remote.url);
+                let connect = RedisStore::connect_with(&remote.url, &remote.access);
                 match tokio::time::timeout(Duration::from_secs(1), connect).await {
                     Ok(Ok(store)) => {
                         let store = store
@@ -346,10 +362,10 @@ async fn supervise(remote: Weak<Remote>) {
                             .with_max_key_len(remote.max_key_len);
                         match store.init_marker().await {
                             Ok(weir_redis::MarkerInit::New) => {
-                                tracing::info!(url = %remote.url, "a new store: generation marker set");
+                                tracing::info!(url = %remote.shown, "a new store: generation marker set");
                             }
                             Ok(weir_redis::MarkerInit::Missing) => {
-                                tracing::warn!(url = %remote.url, "the store has keys but no generation marker: it lost state; on_state_loss applies");
+                                tracing::warn!(url = %remote.shown, "the store has keys but no generation marker: it lost state; on_state_loss applies");
                             }
                             Ok(_) => {}
                             Err(e) => {
@@ -365,7 +381,7 @@ async fn supervise(remote: Weak<Remote>) {
                         // Said once per new reason, not every probe.
                         let error = e.to_string();
                         if error != last_error {
-                            tracing::warn!(url = %remote.url, %error, "cannot connect to the store; policies decide by on_store_error");
+                            tracing::warn!(url = %remote.shown, %error, "cannot connect to the store; policies decide by on_store_error");
                             last_error = error;
                         }
                         continue;
@@ -392,7 +408,9 @@ async fn tend(remote: &Remote, store: &RedisStore, tick: u64) {
     let nodes = remote.topology.load_full();
     for node in nodes.iter().flat_map(|t| &t.nodes).filter(|n| !n.is_up()) {
         let timeout = remote.timeout.max(Duration::from_millis(100));
-        if weir_redis::cluster::ping(&node.addr, timeout).await && node.breaker.set_up(true) {
+        if weir_redis::cluster::ping(&node.addr, timeout, &remote.access).await
+            && node.breaker.set_up(true)
+        {
             node.logged(true);
         }
     }
@@ -400,8 +418,8 @@ async fn tend(remote: &Remote, store: &RedisStore, tick: u64) {
     if tick % every != 0 || !remote.refresh().await {
         return;
     }
-    tracing::info!(url = %remote.url, "cluster slots moved: connecting anew");
-    let connect = RedisStore::connect(&remote.url);
+    tracing::info!(url = %remote.shown, "cluster slots moved: connecting anew");
+    let connect = RedisStore::connect_with(&remote.url, &remote.access);
     if let Ok(Ok(fresh)) = tokio::time::timeout(Duration::from_secs(1), connect).await {
         let fresh = fresh
             .with_timeout(store.timeout())

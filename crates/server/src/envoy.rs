@@ -520,7 +520,7 @@ mod tests {
 
     #[test]
     fn rules_match_exact_entries_and_keys_never_collide() {
-        let config = crate::config::parse(CONFIG, None).unwrap();
+        let config = crate::config::parse(CONFIG, &Default::default()).unwrap();
         let request = RateLimitRequest {
             domain: "d".into(),
             descriptors: vec![
@@ -575,7 +575,7 @@ mod tests {
                 0..4),
             hits in 0u32..4,
         ) {
-            let config = crate::config::parse(CONFIG, None).unwrap();
+            let config = crate::config::parse(CONFIG, &Default::default()).unwrap();
             let request = RateLimitRequest {
                 domain,
                 descriptors: descriptors

@@ -21,8 +21,9 @@ use crate::state::AppState;
 pub struct Source {
     /// The file; none: the built-in example.
     pub path: Option<PathBuf>,
-    /// `WEIR_ADMIN_TOKEN`, which stands in for an absent `admin_token`.
-    pub admin_token_env: Option<String>,
+    /// Secrets from the environment (`WEIR_ADMIN_TOKEN`,
+    /// `WEIR_REDIS_PASSWORD`).
+    pub env: config::Env,
     /// Listeners given on the command line, which override the file's.
     pub listen: Option<std::net::SocketAddr>,
     /// `--grpc`.
@@ -43,7 +44,7 @@ impl Source {
             ),
             None => ("the example config".to_owned(), config::EXAMPLE.to_owned()),
         };
-        let mut config = config::parse(&text, self.admin_token_env.clone()).map_err(|errors| {
+        let mut config = config::parse(&text, &self.env).map_err(|errors| {
             let lines: Vec<String> = (errors.0.iter())
                 .map(|e| match e.line {
                     0 => e.to_string(),

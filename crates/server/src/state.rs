@@ -255,7 +255,7 @@ mod tests {
     #[test]
     fn a_throttled_address_outlives_a_full_table() {
         let text = "[policies.api]\nalgorithm = \"gcra\"\nburst = 5\nrate = \"1/s\"\n";
-        let config = crate::config::parse(text, None).unwrap();
+        let config = crate::config::parse(text, &Default::default()).unwrap();
         let state = AppState::new(Shared::new(config, None).unwrap());
         let throttled = IpAddr::from([192, 0, 2, 1]);
         for _ in 0..ADMIN_FAILURES {

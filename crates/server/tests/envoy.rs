@@ -47,7 +47,7 @@ policy = "shaper"
 "#;
 
 async fn start(config_text: &str) -> (RateLimitServiceClient<Channel>, SocketAddr, Arc<AppState>) {
-    let config = config::parse(config_text, None).unwrap();
+    let config = config::parse(config_text, &Default::default()).unwrap();
     let state = AppState::new(Shared::new(config, None).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -538,7 +538,7 @@ key_entries = ["tenant"]
 #[test]
 fn key_entries_must_be_entries_of_the_rule() {
     let text = "[policies.a]\nalgorithm = \"gcra\"\nburst = 1\nrate = \"1/s\"\n\n[[descriptors]]\ndomain = \"d\"\nentries = [\"tenant\"]\npolicy = \"a\"\nreport = true\nkey_entries = [\"seller\"]\n";
-    let errors = config::parse(text, None).unwrap_err().0;
+    let errors = config::parse(text, &Default::default()).unwrap_err().0;
     assert_eq!(
         errors[0].place, "[[descriptors]] #1 key_entries",
         "{errors:?}"

@@ -45,7 +45,7 @@ proptest! {
 
     #[test]
     fn the_config_parser_never_panics(text in config_text()) {
-        match config::parse(&text, None) {
+        match config::parse(&text, &Default::default()) {
             Ok(config) => prop_assert!(!config.policies.is_empty()),
             Err(errors) => prop_assert!(!errors.0.is_empty() && errors.0.iter().all(|e| !e.message.is_empty())),
         }
@@ -55,7 +55,7 @@ proptest! {
     fn the_decision_api_answers_every_body_with_a_decision_or_a_4xx(body in json_body()) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let status = runtime.block_on(async {
-            let state = AppState::new(Shared::new(config::parse(CONFIG, None).unwrap(), None).unwrap());
+            let state = AppState::new(Shared::new(config::parse(CONFIG, &Default::default()).unwrap(), None).unwrap());
             let request = http::Request::post("/v1/check").body(Body::from(body.clone())).unwrap();
             app(state, weir_server::Face::All).oneshot(request).await.unwrap().status().as_u16()
         });

@@ -744,7 +744,7 @@ upstream = "http://{up}"
             r#"["header:x-api-key", "peer"]"#,
             r#"["header:x-api-key", "cookie:id"]"#,
         ),
-        None,
+        &Default::default(),
     )
     .unwrap_err()
     .to_string();

@@ -255,7 +255,7 @@ async fn by_default_a_flood_on_one_policy_leaves_new_identities_on_another() {
 #[tokio::test]
 async fn with_an_internal_listener_the_public_one_serves_only_routes() {
     let config = "[server]\ninternal = \"127.0.0.1:0\"\n\n[policies.api]\nalgorithm = \"gcra\"\nburst = 5\nrate = \"1/s\"\n";
-    let config = weir_server::config::parse(config, None).unwrap();
+    let config = weir_server::config::parse(config, &Default::default()).unwrap();
     let state = weir_server::AppState::new(weir_server::Shared::new(config, None).unwrap());
     let public = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let internal = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -161,7 +161,9 @@ unlimited = true
 #[test]
 fn overrides_are_validated_like_policies() {
     let text = "[policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 1\nrate = \"1/h\"\n\n[[overrides]]\npolicy = \"api\"\nkeys = [\"a\"]\ncapacity = 0\n\n[[overrides]]\npolicy = \"nope\"\nkeys = [\"b\"]\nunlimited = true\n\n[[overrides]]\npolicy = \"api\"\nkeys = [\"a\"]\nunlimited = true\n";
-    let errors = weir_server::config::parse(text, None).unwrap_err().0;
+    let errors = weir_server::config::parse(text, &Default::default())
+        .unwrap_err()
+        .0;
     let found: Vec<(usize, &str)> = errors.iter().map(|e| (e.line, e.place.as_str())).collect();
     assert_eq!(
         found,

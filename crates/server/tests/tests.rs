@@ -19,7 +19,7 @@ pub(crate) use weir_testkit::send;
 
 /// Starts `weir serve` on `config_text` on a free loopback port.
 pub(crate) async fn start(config_text: &str) -> (SocketAddr, Arc<AppState>) {
-    let config = config::parse(config_text, None).unwrap();
+    let config = config::parse(config_text, &Default::default()).unwrap();
     let state = AppState::new(Shared::new(config, None).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

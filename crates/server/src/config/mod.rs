@@ -142,9 +142,41 @@ pub(super) struct Raw {
     telemetry: Option<server::RawTelemetry>,
 }
 
-/// Parses and validates `text`; `admin_token_env` stands in for an absent
-/// `admin_token` (from `WEIR_ADMIN_TOKEN`).
-pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, ConfigErrors> {
+/// Secrets the environment gives beside the file, so that the file need not
+/// hold them.
+#[derive(Clone, Default)]
+pub struct Env {
+    /// `WEIR_ADMIN_TOKEN`, which stands in for an absent `admin_token`.
+    pub admin_token: Option<String>,
+    /// `WEIR_REDIS_PASSWORD`, which stands in for an absent
+    /// `[store] password_file`.
+    pub redis_password: Option<String>,
+}
+
+impl Env {
+    /// `WEIR_ADMIN_TOKEN` and `WEIR_REDIS_PASSWORD`, where set and not empty.
+    pub fn from_process() -> Self {
+        let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+        Self {
+            admin_token: var("WEIR_ADMIN_TOKEN"),
+            redis_password: var("WEIR_REDIS_PASSWORD"),
+        }
+    }
+}
+
+impl std::fmt::Debug for Env {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = |v: &Option<String>| v.as_ref().map(|_| "<set>");
+        f.debug_struct("Env")
+            .field("admin_token", &set(&self.admin_token))
+            .field("redis_password", &set(&self.redis_password))
+            .finish()
+    }
+}
+
+/// Parses and validates `text`, with the secrets of `env` standing in for
+/// those the file does not give.
+pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
     let mut report = Report {
         text,
         errors: Vec::new(),
@@ -157,11 +189,11 @@ pub fn parse(text: &str, admin_token_env: Option<String>) -> Result<Config, Conf
     let table = toml::de::DeTable::parse(text).map_err(|e| syntax(&mut report, e))?;
     keys::check(&table, &mut report);
     let raw: Raw = toml::from_str(text).map_err(|e| syntax(&mut report, e))?;
-    let mut server = server::parse(raw.server, admin_token_env, &mut report);
+    let mut server = server::parse(raw.server, env.admin_token.clone(), &mut report);
     server.telemetry = raw
         .telemetry
         .and_then(|t| server::telemetry(t, &mut report));
-    let store = store::parse(raw.store, &mut report);
+    let store = store::parse(raw.store, env, &mut report);
     let mut policies = policies::parse(&raw.policies, &mut report);
     if server.shadow {
         policies.iter_mut().for_each(|p| p.shadow = true);

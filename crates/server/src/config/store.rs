@@ -12,15 +12,17 @@ use super::Report;
 pub enum StoreUrl {
     /// In process (the default).
     Memory,
-    /// `redis://…`, `rediss://…` or `redis-cluster://…`.
+    /// `redis://…`, `rediss://…`, `valkey://…`, `valkeys://…` or
+    /// `redis-cluster://…`.
     Redis(String),
 }
 
+/// Shown with any password inside the URL replaced (`***`).
 impl std::fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Memory => f.write_str("memory"),
-            Self::Redis(url) => f.write_str(url),
+            Self::Redis(url) => f.write_str(&weir_redis::redacted(url)),
         }
     }
 }
@@ -44,6 +46,11 @@ pub struct StoreConfig {
     /// has promised to refuse (default true: see `weir-redis`'s refusal
     /// cache).
     pub refusal_cache: bool,
+    /// TLS and credentials beside the URL: `tls`, `tls_ca`, `tls_cert` and
+    /// `tls_key`, `tls_insecure_skip_verify`, `username`, and the password
+    /// from `password_file` or `WEIR_REDIS_PASSWORD` (files read at each
+    /// load, so a reload picks up a rotated one).
+    pub access: weir_redis::Access,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -54,23 +61,37 @@ pub(super) struct Raw {
     fallback_share: Option<Spanned<Value>>,
     replica_acks: Option<Spanned<u64>>,
     refusal_cache: Option<bool>,
+    tls: Option<Spanned<bool>>,
+    tls_ca: Option<Spanned<String>>,
+    tls_cert: Option<Spanned<String>>,
+    tls_key: Option<Spanned<String>>,
+    tls_insecure_skip_verify: Option<Spanned<bool>>,
+    username: Option<Spanned<String>>,
+    password_file: Option<Spanned<String>>,
 }
 
-pub(super) fn parse(raw: Raw, report: &mut Report<'_>) -> StoreConfig {
+pub(super) fn parse(raw: Raw, env: &super::Env, report: &mut Report<'_>) -> StoreConfig {
     let url = match &raw.url {
         None => StoreUrl::Memory,
         Some(url) if url.get_ref() == "memory" => StoreUrl::Memory,
         Some(url) => {
             let text = url.get_ref();
-            let redis = ["redis://", "rediss://", "redis-cluster://"]
-                .iter()
-                .any(|scheme| text.starts_with(scheme));
+            let redis = [
+                "redis://",
+                "rediss://",
+                "valkey://",
+                "valkeys://",
+                "redis-cluster://",
+            ]
+            .iter()
+            .any(|scheme| text.starts_with(scheme));
             if !redis {
                 report.error(
                     &url.span(),
                     "[store] url",
                     format!(
-                        "`{text}` is not a store (valid: \"memory\", \"redis://HOST:PORT\", \"redis-cluster://HOST:PORT,HOST:PORT\")"
+                        "`{}` is not a store (valid: \"memory\", \"redis://HOST:PORT\", \"rediss://HOST:PORT\" (TLS), \"redis-cluster://HOST:PORT,HOST:PORT\"; valkey:// and valkeys:// alike)",
+                        weir_redis::redacted(text)
                     ),
                 );
             } else if let Err(e) = weir_redis::check_url(text) {
@@ -107,9 +128,12 @@ pub(super) fn parse(raw: Raw, report: &mut Report<'_>) -> StoreConfig {
         "[store] timeout",
         report,
     );
-    let max_keys = raw.max_keys.map_or(weir_limiter::DEFAULT_MAX_KEYS, |m| {
-        usize::try_from(*m.get_ref()).unwrap_or(usize::MAX).max(1)
-    });
+    let max_keys = raw
+        .max_keys
+        .as_ref()
+        .map_or(weir_limiter::DEFAULT_MAX_KEYS, |m| {
+            usize::try_from(*m.get_ref()).unwrap_or(usize::MAX).max(1)
+        });
     let replica_acks = match &raw.replica_acks {
         None => 0,
         Some(n) => match u32::try_from(*n.get_ref()) {
@@ -124,6 +148,7 @@ pub(super) fn parse(raw: Raw, report: &mut Report<'_>) -> StoreConfig {
             }
         },
     };
+    let access = access(&raw, env, url != StoreUrl::Memory, report);
     StoreConfig {
         url,
         timeout,
@@ -131,5 +156,96 @@ pub(super) fn parse(raw: Raw, report: &mut Report<'_>) -> StoreConfig {
         fallback_share,
         replica_acks,
         refusal_cache: raw.refusal_cache.unwrap_or(true),
+        access,
     }
+}
+
+/// TLS and credentials for a Redis store; with the in-process store, any
+/// of them is an error (it would be silently ignored).
+fn access(raw: &Raw, env: &super::Env, redis: bool, report: &mut Report<'_>) -> weir_redis::Access {
+    // A PEM file, read now (and at every reload).
+    let mut pem = |key: &str, path: &Option<Spanned<String>>| {
+        let path = path.as_ref()?;
+        match std::fs::read(path.get_ref()) {
+            Ok(bytes)
+                if bytes.starts_with(b"-----BEGIN")
+                    || bytes.windows(10).any(|w| w == b"-----BEGIN") =>
+            {
+                Some(bytes)
+            }
+            Ok(_) => {
+                let message = format!("`{}` is not a PEM file (-----BEGIN …)", path.get_ref());
+                report.error(&path.span(), &format!("[store] {key}"), message);
+                None
+            }
+            Err(e) => {
+                let message = format!("cannot read `{}`: {e}", path.get_ref());
+                report.error(&path.span(), &format!("[store] {key}"), message);
+                None
+            }
+        }
+    };
+    let tls_ca = pem("tls_ca", &raw.tls_ca);
+    let tls_client = match (pem("tls_cert", &raw.tls_cert), pem("tls_key", &raw.tls_key)) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => {
+            let span = raw
+                .tls_cert
+                .as_ref()
+                .or(raw.tls_key.as_ref())
+                .map_or(0..0, Spanned::span);
+            let message = "a client certificate needs both tls_cert and tls_key (PEM files)";
+            report.error(&span, "[store] tls_cert", message);
+            None
+        }
+    };
+    let password = match &raw.password_file {
+        Some(path) => match std::fs::read_to_string(path.get_ref()) {
+            // The file's first line: a trailing newline is not the password's.
+            Ok(text) => Some(text.lines().next().unwrap_or_default().to_owned()),
+            Err(e) => {
+                let message = format!("cannot read `{}`: {e}", path.get_ref());
+                report.error(&path.span(), "[store] password_file", message);
+                None
+            }
+        },
+        None => env.redis_password.clone(),
+    };
+    let access = weir_redis::Access {
+        tls: raw.tls.as_ref().is_some_and(|t| *t.get_ref()),
+        tls_ca,
+        tls_client,
+        tls_insecure_skip_verify: raw
+            .tls_insecure_skip_verify
+            .as_ref()
+            .is_some_and(|t| *t.get_ref()),
+        username: raw.username.as_ref().map(|u| u.get_ref().clone()),
+        password: password.filter(|p| !p.is_empty()),
+    };
+    if !redis {
+        let given = [
+            ("tls", raw.tls.as_ref().map(Spanned::span)),
+            ("tls_ca", raw.tls_ca.as_ref().map(Spanned::span)),
+            ("tls_cert", raw.tls_cert.as_ref().map(Spanned::span)),
+            ("tls_key", raw.tls_key.as_ref().map(Spanned::span)),
+            (
+                "tls_insecure_skip_verify",
+                raw.tls_insecure_skip_verify.as_ref().map(Spanned::span),
+            ),
+            ("username", raw.username.as_ref().map(Spanned::span)),
+            (
+                "password_file",
+                raw.password_file.as_ref().map(Spanned::span),
+            ),
+        ];
+        for (key, span) in given {
+            if let Some(span) = span {
+                let message =
+                    "applies to a Redis store only: set url = \"redis://…\" (or rediss://)";
+                report.error(&span, &format!("[store] {key}"), message);
+            }
+        }
+    }
+    access
 }

@@ -5,7 +5,7 @@ use http::Method;
 
 #[test]
 fn the_example_is_valid() {
-    let config = parse(EXAMPLE, None).unwrap();
+    let config = parse(EXAMPLE, &Env::default()).unwrap();
     assert_eq!(config.server.listen.to_string(), "127.0.0.1:8080");
     assert_eq!(config.policies.len(), 3);
     assert!(config.server.admin_token.is_none());
@@ -13,7 +13,11 @@ fn the_example_is_valid() {
 
 #[test]
 fn the_documented_configs_are_valid() {
-    let envoy = parse(include_str!("../../../../docs/envoy/weir.toml"), None).unwrap();
+    let envoy = parse(
+        include_str!("../../../../docs/envoy/weir.toml"),
+        &Env::default(),
+    )
+    .unwrap();
     assert_eq!(
         (envoy.descriptors.len(), envoy.store.fallback_share),
         (4, 250_000)
@@ -21,13 +25,17 @@ fn the_documented_configs_are_valid() {
     let rule = |name| envoy.policies[envoy.policy_id(name).unwrap().0].on_store_error;
     assert_eq!(rule("seller-stock-read"), Some(OnStoreError::Deny));
     assert_eq!(rule("per-ip"), None);
-    parse(include_str!("../../../../docs/bench/weir.toml"), None).unwrap();
+    parse(
+        include_str!("../../../../docs/bench/weir.toml"),
+        &Env::default(),
+    )
+    .unwrap();
 }
 
 #[test]
 fn store_rules_and_descriptors_are_checked() {
     let text = "[store]\nurl = \"redis://:x:y/\"\nfallback_share = 2\n\n[policies.a]\nalgorithm = \"gcra\"\nburst = 2\nrate = \"1/s\"\non_store_error = \"maybe\"\non_state_loss = \"half\"\n\n[[descriptors]]\ndomain = \"d\"\nentries = [\"k=\"]\npolicy = \"b\"\n";
-    let errors = parse(text, None).unwrap_err().0;
+    let errors = parse(text, &Env::default()).unwrap_err().0;
     let places: Vec<(usize, &str)> = errors.iter().map(|e| (e.line, e.place.as_str())).collect();
     assert_eq!(
         places,
@@ -71,7 +79,7 @@ identity = "path:nope"
 policies = ["a", "b"]
 upstream = "ftp://x"
 "#;
-    let errors = parse(text, None).unwrap_err().0;
+    let errors = parse(text, &Env::default()).unwrap_err().0;
     let lines: Vec<(usize, &str)> = errors.iter().map(|e| (e.line, e.place.as_str())).collect();
     assert_eq!(
         lines,
@@ -86,11 +94,14 @@ upstream = "ftp://x"
         "{errors:?}"
     );
     assert!(errors[4].message.contains("no policy `b` (defined: a)"));
-    let syntax = parse("[server\n", None).unwrap_err().0;
+    let syntax = parse("[server\n", &Env::default()).unwrap_err().0;
     assert_eq!(syntax[0].line, 1);
-    let unknown = parse("[server]\nlisten = \"127.0.0.1:1\"\nport = 3\n", None)
-        .unwrap_err()
-        .0;
+    let unknown = parse(
+        "[server]\nlisten = \"127.0.0.1:1\"\nport = 3\n",
+        &Env::default(),
+    )
+    .unwrap_err()
+    .0;
     assert_eq!(unknown[0].line, 3, "{unknown:?}");
     assert!(unknown[0].message.contains("unknown key"));
 }
@@ -98,7 +109,7 @@ upstream = "ftp://x"
 #[test]
 fn routes_parse() {
     let text = "[policies.a]\nalgorithm = \"gcra\"\nburst = 2\nrate = \"1/s\"\n\n[[routes]]\nmatch = \"GET /s/{seller}/stock\"\nidentity = \"path:seller\"\npolicies = [\"a\"]\nupstream = \"http://127.0.0.1:9\"\n";
-    let config = parse(text, Some("from-the-environment".into())).unwrap();
+    let config = parse(text, &admin_token("from-the-environment")).unwrap();
     let route = &config.routes[0];
     assert_eq!(route.method, Some(Method::GET));
     assert_eq!(
@@ -139,7 +150,7 @@ policies = ["a"]
 upstream = "http://127.0.0.1:9"
 max_wiat = "1s"
 "#;
-    let errors = parse(text, None).unwrap_err().0;
+    let errors = parse(text, &Env::default()).unwrap_err().0;
     let found: Vec<(usize, &str, &str)> = errors
         .iter()
         .map(|e| (e.line, e.place.as_str(), e.message.as_str()))
@@ -176,9 +187,7 @@ max_wiat = "1s"
 #[test]
 fn a_short_admin_token_names_its_line() {
     let errors = parse(
-        "[server]\nadmin_token = \"short\"\n[policies.a]\nalgorithm = \"gcra\"\nburst = 1\nrate = \"1/s\"\n",
-        None,
-    )
+        "[server]\nadmin_token = \"short\"\n[policies.a]\nalgorithm = \"gcra\"\nburst = 1\nrate = \"1/s\"\n", &Env::default())
     .unwrap_err()
     .0;
     assert_eq!(
@@ -190,9 +199,7 @@ fn a_short_admin_token_names_its_line() {
 #[test]
 fn a_token_of_one_repeated_character_is_refused() {
     let errors = parse(
-        "[server]\nadmin_token = \"aaaaaaaaaaaaaaaaaaaa\"\n[policies.a]\nalgorithm = \"gcra\"\nburst = 1\nrate = \"1/s\"\n",
-        None,
-    )
+        "[server]\nadmin_token = \"aaaaaaaaaaaaaaaaaaaa\"\n[policies.a]\nalgorithm = \"gcra\"\nburst = 1\nrate = \"1/s\"\n", &Env::default())
     .unwrap_err()
     .0;
     assert!(errors[0].message.contains("repeated"), "{errors:?}");
@@ -201,7 +208,7 @@ fn a_token_of_one_repeated_character_is_refused() {
 #[test]
 fn every_bad_parameter_of_a_policy_is_reported_with_a_hint() {
     let text = "[policies.a]\nalgorithm = \"token-bucket\"\ncapacity = \"x\"\nrate = \"fast\"\nnear_limit_ratio = 0.8\n\n[policies.b]\nalgorithm = \"sliding-log\"\nlimt = 5\n";
-    let errors = parse(text, Some("short".into())).unwrap_err().0;
+    let errors = parse(text, &admin_token("short")).unwrap_err().0;
     let said: Vec<(usize, &str)> = errors.iter().map(|e| (e.line, e.place.as_str())).collect();
     for expected in [
         (3, "[policies.a] capacity"),
@@ -291,10 +298,18 @@ fn every_documented_key_is_accepted() {
         }
     }
     for (name, block) in blocks {
-        if let Err(errors) = parse(&block, None) {
+        if let Err(errors) = parse(&block, &Env::default()) {
             for e in errors.0 {
                 assert!(!e.message.contains("unknown key"), "{name}: {e}\n{block}");
             }
         }
+    }
+}
+
+/// An environment that gives `WEIR_ADMIN_TOKEN` only.
+fn admin_token(token: &str) -> Env {
+    Env {
+        admin_token: Some(token.to_owned()),
+        ..Env::default()
     }
 }
