@@ -21,6 +21,11 @@ pub(crate) const POLICIES: [&str; 9] = [
     "leaky-bucket rate=7/1500ms queue=2",
 ];
 
+/// The store timeout of tests about decisions, not time: a loaded machine
+/// (two cores compiling beside the tests) can hold a call past the default
+/// 50 ms.
+const PATIENT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A Redis server of its own for one test, and a store connected to it.
 struct Shared {
     runtime: tokio::runtime::Runtime,
@@ -46,7 +51,7 @@ pub(crate) fn connect(url: &str) -> (tokio::runtime::Runtime, RedisStore) {
         .build()
         .unwrap();
     let store = runtime.block_on(RedisStore::connect(url)).unwrap();
-    (runtime, store)
+    (runtime, store.with_timeout(PATIENT))
 }
 
 /// Charging, as a check is (no shaper bound).
@@ -718,7 +723,10 @@ pub(crate) fn queued_requests_decide_in_order(url: &str, case: u64) {
         .enable_all()
         .build()
         .unwrap();
-    let store = runtime.block_on(RedisStore::connect(url)).unwrap();
+    let store = runtime
+        .block_on(RedisStore::connect(url))
+        .unwrap()
+        .with_timeout(PATIENT);
     let policy = Policy::parse("token-bucket capacity=5 rate=2/s").unwrap();
     let start: Nanos = 1_796_000_000 * NANOS_PER_SEC;
     let ops: Vec<(String, Nanos, u64, bool)> = (0..400u64)
@@ -801,10 +809,14 @@ fn cached_refusals_decide_as_redis_would() {
         .enable_all()
         .build()
         .unwrap();
-    let cached = runtime.block_on(RedisStore::connect(&with.url())).unwrap();
+    let cached = runtime
+        .block_on(RedisStore::connect(&with.url()))
+        .unwrap()
+        .with_timeout(PATIENT);
     let plain = runtime
         .block_on(RedisStore::connect(&without.url()))
         .unwrap()
+        .with_timeout(PATIENT)
         .with_refusal_cache(false);
     let start: Nanos = 1_796_000_000 * NANOS_PER_SEC;
     for (case, spec) in POLICIES.iter().enumerate() {
