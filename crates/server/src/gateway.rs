@@ -621,9 +621,19 @@ async fn send(
         tracing::warn!(route = %route.text, "cannot build the upstream URI");
         return ApiError::Upstream(route.text.clone()).into_response();
     };
+    let secure = parts.extensions.get::<crate::serve::Secure>().is_some();
+    // HTTP/2 names the host in the URI (`:authority`), not in a header.
+    if !parts.headers.contains_key(header::HOST)
+        && let Some(host) = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    {
+        parts.headers.insert(header::HOST, host);
+    }
     parts.uri = Uri::from(target);
     parts.version = Version::HTTP_11;
-    upstream_headers(shared, route, &mut parts.headers, peer);
+    upstream_headers(shared, route, &mut parts.headers, peer, secure);
     // A body without a length is cut at the bound as it streams.
     let limit = usize::try_from(route.max_body).unwrap_or(usize::MAX);
     let body = match hyper::body::Body::is_end_stream(&body) {
@@ -698,6 +708,7 @@ fn upstream_headers(
     route: &Route,
     headers: &mut HeaderMap,
     peer: Option<SocketAddr>,
+    secure: bool,
 ) {
     strip_hop_by_hop(headers);
     // The client's host goes on as X-Forwarded-Host; the upstream's is Host.
@@ -748,7 +759,8 @@ fn upstream_headers(
             headers.remove(X_FORWARDED_FOR);
         }
     }
-    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    let proto = if secure { "https" } else { "http" };
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     // A usage header may come as a trailer, which HTTP/1.1 sends only to
     // who asks for them.
     match route.usage {

@@ -19,14 +19,15 @@ use std::time::Duration;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::rt::TokioExecutor;
+use hyper_util::server::graceful::Watcher;
 use tokio::net::TcpListener;
 use tower_service::Service;
 
 use crate::envoy::RateLimiter;
 use crate::serve::{Accepted, Activity, InFlight, Open, Protocol, listen};
 use crate::state::AppState;
+use crate::tls::{Alpn, Tls};
 
 type Answer = Pin<Box<dyn Future<Output = Result<Response<tonic::body::Body>, Infallible>> + Send>>;
 
@@ -174,21 +175,27 @@ pub(crate) async fn serve_grpc(
         .set_serving::<RateLimitServiceServer<RateLimiter>>()
         .await;
     let limits = state.current().config.server.limits;
+    let state_tls = state.current().config.server.grpc_tls.clone();
     let service = Grpc {
         rls: RateLimiter::service(state),
         health: health_service,
     };
-    let http2 = move |accepted: Accepted, graceful: &GracefulShutdown| {
+    let protocol = match &state_tls {
+        Some(files) => {
+            Protocol::Http2Tls(Tls::new(files, Alpn::Grpc).map_err(std::io::Error::other)?)
+        }
+        None => Protocol::Http2,
+    };
+    let http2 = move |accepted: Accepted, watcher: Watcher| {
         let counted = Counted {
             inner: service.clone(),
             activity: accepted.activity,
         };
-        let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .serve_connection(accepted.io, counted);
-        graceful.watch(connection)
+        let connection =
+            crate::serve::http2(TokioExecutor::new()).serve_connection(accepted.io, counted);
+        watcher.watch(connection)
     };
-    listen(listener, limits, open, shutdown, Protocol::Http2, http2).await
+    listen(listener, limits, open, shutdown, protocol, http2).await
 }
 
 #[cfg(test)]

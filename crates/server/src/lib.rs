@@ -30,6 +30,7 @@ pub mod serve;
 pub mod state;
 pub mod table;
 pub mod telemetry;
+pub mod tls;
 mod ui;
 mod upstream;
 mod usage;
@@ -114,6 +115,8 @@ pub struct App {
     face: Face,
     /// The API's paths outside `/v1/` ([`api_routes`]), and `/healthz`.
     api_paths: Arc<[&'static str]>,
+    /// `[server.tls]` (the internal face: `[server.internal_tls]`).
+    tls: Option<tls::TlsFiles>,
 }
 
 impl App {
@@ -121,12 +124,27 @@ impl App {
     pub fn new(state: Arc<AppState>, face: Face) -> Self {
         let api = api_routes().map(|(path, _)| path);
         let outside = api.into_iter().filter(|p| !p.starts_with("/v1/"));
+        let server = &state.current().config.server;
+        let tls = match face {
+            Face::Internal => server.internal_tls.clone(),
+            Face::All | Face::Public => server.tls.clone(),
+        };
         Self {
+            tls,
             router: app(state.clone(), face),
             gateway: (face != Face::Internal).then_some(state),
             face,
             api_paths: std::iter::once("/healthz").chain(outside).collect(),
         }
+    }
+
+    /// The listener's TLS, loaded now (a pair that does not load is an
+    /// error naming the file).
+    pub(crate) fn tls(&self) -> Result<Option<tls::Tls>, String> {
+        self.tls
+            .as_ref()
+            .map(|files| tls::Tls::new(files, tls::Alpn::Http))
+            .transpose()
     }
 
     /// The state, when `path` goes to the gateway directly: any path the

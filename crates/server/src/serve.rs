@@ -2,7 +2,9 @@
 //! the internet must hold — a header timeout, an idle timeout, a cap on
 //! connections in all and per client address, counted accept errors, and a
 //! graceful shutdown with a deadline — for HTTP/1.1 (the public and
-//! internal listeners; h2c is not offered) and HTTP/2 (gRPC) alike.
+//! internal listeners; h2c is not offered), HTTP/2 (gRPC, and the HTTP
+//! listeners over TLS when ALPN picks it) and TLS (a listener's `tls`, its
+//! handshake timed as a request head) alike.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -14,8 +16,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tower_service::Service;
@@ -24,6 +26,7 @@ use axum::extract::ConnectInfo;
 
 use crate::App;
 use crate::config::ConnectionLimits;
+use crate::tls::Tls;
 
 /// The largest request head hyper buffers (headers over
 /// [`crate::MAX_HEADER_BYTES`] are refused before that, with `431`).
@@ -145,9 +148,55 @@ impl Watch {
     }
 }
 
+/// A connection's bytes: plain TCP, or TLS over it.
+pub(crate) enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Self::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Self::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_flush(cx),
+            Self::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Self::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
 /// The socket, noting every read and write for the watchdog.
 pub(crate) struct Tracked {
-    stream: TcpStream,
+    stream: Stream,
     activity: Arc<Activity>,
 }
 
@@ -200,7 +249,13 @@ struct Conn {
     app: App,
     peer: SocketAddr,
     activity: Arc<Activity>,
+    /// Over TLS: the gateway says `X-Forwarded-Proto: https`.
+    secure: bool,
 }
+
+/// A request's extension: it came over TLS.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Secure;
 
 /// Decrements the in-flight count when the response (head) is ready or the
 /// request is dropped.
@@ -238,6 +293,9 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Conn {
             true => axum::body::Body::empty(),
             false => axum::body::Body::new(body),
         });
+        if self.secure {
+            request.extensions_mut().insert(Secure);
+        }
         if let Some(state) = self.app.gateway(request.uri().path()) {
             let (state, peer) = (state.clone(), self.peer);
             return Box::pin(async move {
@@ -340,12 +398,20 @@ async fn serve_counted(
     open: Arc<Mutex<Open>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let http1 = move |accepted: Accepted, graceful: &GracefulShutdown| {
+    let tls = app.tls().map_err(std::io::Error::other)?;
+    let http = move |accepted: Accepted, watcher: Watcher| {
+        let secure = accepted.secure;
         let service = Conn {
             app: app.clone(),
             peer: accepted.peer,
             activity: accepted.activity,
+            secure,
         };
+        if accepted.h2 {
+            // HTTP/2 over TLS (ALPN): bounded as the HTTP/1.1 heads are.
+            let connection = http2(TokioExecutor::new()).serve_connection(accepted.io, service);
+            return futures_util::future::Either::Left(watcher.watch(connection));
+        }
         // No timer: hyper's own header timeout (30 s once a timer is set)
         // would cut a configured `header_timeout` above it; the watchdog
         // enforces the configured one.
@@ -353,19 +419,38 @@ async fn serve_counted(
             .header_read_timeout(None)
             .max_buf_size(MAX_BUF)
             .serve_connection(accepted.io, service);
-        graceful.watch(connection)
+        futures_util::future::Either::Right(watcher.watch(connection))
     };
     let refusal = b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\nretry-after: 1\r\n\r\n";
-    listen(
-        listener,
-        limits,
-        open,
-        shutdown,
-        Protocol::Http1 { refusal },
-        http1,
-    )
-    .await
+    let protocol = match tls {
+        // Over TLS a refusal in clear would not be read: closed instead.
+        Some(tls) => Protocol::Tls(tls),
+        None => Protocol::Http1 { refusal },
+    };
+    listen(listener, limits, open, shutdown, protocol, http).await
 }
+
+/// An HTTP/2 server connection with the hardening bounds: streams at once
+/// per connection, the header list's size, and resets a client may cause
+/// (the "rapid reset" attack).
+pub(crate) fn http2(executor: TokioExecutor) -> hyper::server::conn::http2::Builder<TokioExecutor> {
+    let mut builder = hyper::server::conn::http2::Builder::new(executor);
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_STREAMS)
+        .max_header_list_size(u32::try_from(crate::MAX_HEADER_BYTES).unwrap_or(u32::MAX))
+        .max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
+        .max_local_error_reset_streams(Some(MAX_PENDING_RESETS));
+    builder
+}
+
+/// Streams one HTTP/2 connection may have open at once (Envoy multiplexes
+/// its rate limit calls on few connections).
+const MAX_STREAMS: u32 = 256;
+
+/// Streams a client may reset before they are accepted, and errors it may
+/// provoke, before its connection is closed.
+const MAX_PENDING_RESETS: usize = 20;
 
 /// A connection as the accept loop hands it to its protocol: the socket
 /// (noting its traffic for the watchdog), the peer, and that activity.
@@ -373,10 +458,14 @@ pub(crate) struct Accepted {
     pub(crate) io: TokioIo<Tracked>,
     pub(crate) peer: SocketAddr,
     pub(crate) activity: Arc<Activity>,
+    /// HTTP/2, as TLS's ALPN chose (gRPC: always).
+    pub(crate) h2: bool,
+    /// Over TLS.
+    pub(crate) secure: bool,
 }
 
 /// What a listener speaks, as far as its accept loop must know.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) enum Protocol {
     /// HTTP/1.1: every request's head is timed; a connection over a cap is
     /// answered `refusal` before it is closed.
@@ -384,6 +473,11 @@ pub(crate) enum Protocol {
     /// HTTP/2 (gRPC): the preface and first call are timed as a head, then
     /// only idleness; a connection over a cap is closed.
     Http2,
+    /// TLS, then HTTP/2 or HTTP/1.1 as ALPN picks: the handshake is timed
+    /// as a head; a connection over a cap is closed.
+    Tls(Tls),
+    /// TLS, then HTTP/2 (gRPC).
+    Http2Tls(Tls),
 }
 
 /// The one accept loop of every listener — public, internal and gRPC:
@@ -400,7 +494,7 @@ pub(crate) async fn listen<S, F>(
     serve: S,
 ) -> std::io::Result<()>
 where
-    S: Fn(Accepted, &GracefulShutdown) -> F,
+    S: Fn(Accepted, Watcher) -> F + Clone + Send + 'static,
     F: Future<Output = Result<(), hyper::Error>> + Send + 'static,
 {
     let graceful = GracefulShutdown::new();
@@ -416,18 +510,51 @@ where
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let activity = Arc::new(Activity {
-            first_head_only: matches!(protocol, Protocol::Http2),
-            ..Activity::default()
-        });
-        let io = TokioIo::new(Tracked {
-            stream,
-            activity: activity.clone(),
-        });
-        let watched = activity.clone();
-        let connection = serve(Accepted { io, peer, activity }, &graceful);
+        let (protocol, serve, watcher) = (protocol.clone(), serve.clone(), graceful.watcher());
         tokio::spawn(async move {
             let _slot = slot;
+            let (stream, h2) = match protocol {
+                Protocol::Http1 { .. } => (Stream::Plain(stream), false),
+                Protocol::Http2 => (Stream::Plain(stream), true),
+                Protocol::Tls(tls) | Protocol::Http2Tls(tls) => {
+                    // A stalled handshake is a stalled head; a plaintext
+                    // request fails it, and is closed.
+                    let handshake = tls.acceptor.accept(stream);
+                    match tokio::time::timeout(limits.header_timeout, handshake).await {
+                        Ok(Ok(stream)) => {
+                            let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                            (Stream::Tls(Box::new(stream)), h2)
+                        }
+                        Ok(Err(e)) => {
+                            metrics::counter!("weir_tls_handshakes_failed_total").increment(1);
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            metrics::counter!("weir_connections_timed_out_total", "phase" => "handshake").increment(1);
+                            return;
+                        }
+                    }
+                }
+            };
+            let secure = matches!(stream, Stream::Tls(_));
+            let activity = Arc::new(Activity {
+                first_head_only: h2,
+                ..Activity::default()
+            });
+            let io = TokioIo::new(Tracked {
+                stream,
+                activity: activity.clone(),
+            });
+            let watched = activity.clone();
+            let accepted = Accepted {
+                io,
+                peer,
+                activity,
+                h2,
+                secure,
+            };
+            let connection = serve(accepted, watcher);
             let watchdog = async {
                 let mut tick = tokio::time::interval(Duration::from_millis(250));
                 let mut watch = Watch::new(Instant::now());

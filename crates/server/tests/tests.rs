@@ -9,6 +9,7 @@ mod fuzz;
 mod gateway;
 mod hardening;
 mod rollout;
+mod tls;
 mod usage;
 
 use std::net::SocketAddr;

@@ -56,6 +56,59 @@ impl Certs {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+
+    /// A TLS client that trusts this CA, offers `alpn`, and shows the client
+    /// certificate when `client` is true.
+    pub fn connector(&self, client: bool, alpn: &[&[u8]]) -> tokio_rustls::TlsConnector {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(&self.read("ca.pem")) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        #[allow(deprecated)]
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+        let mut config = match client {
+            true => {
+                let chain = CertificateDer::pem_slice_iter(&self.read("client.pem"))
+                    .map(Result::unwrap)
+                    .collect();
+                let key = PrivateKeyDer::from_pem_slice(&self.read("client-key.pem")).unwrap();
+                builder.with_client_auth_cert(chain, key).unwrap()
+            }
+            false => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        // Every connection a full handshake: a resumed session shows the
+        // certificate of the one it resumes.
+        config.resumption = rustls::client::Resumption::disabled();
+        tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+    }
+
+    /// One HTTP/1.1 exchange over TLS with `addr` (as `localhost`): the
+    /// whole answer, or what went wrong.
+    pub async fn request(
+        &self,
+        addr: std::net::SocketAddr,
+        client: bool,
+        raw: &str,
+    ) -> Result<String, std::io::Error> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut tls = self
+            .connector(client, &[b"http/1.1"])
+            .connect(name, tcp)
+            .await?;
+        tls.write_all(raw.as_bytes()).await?;
+        let mut answer = Vec::new();
+        tls.read_to_end(&mut answer).await?;
+        Ok(String::from_utf8_lossy(&answer).into_owned())
+    }
 }
 
 impl Drop for Certs {

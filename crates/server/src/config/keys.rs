@@ -70,6 +70,11 @@ pub(super) fn store() -> &'static [&'static str] {
     fields::<super::store::Raw>()
 }
 
+/// `[server.tls]`'s keys (and `internal_tls`'s, `grpc_tls`'s).
+fn tls() -> &'static [&'static str] {
+    fields::<super::server::RawTls>()
+}
+
 /// `[telemetry]`'s keys.
 pub(super) fn telemetry() -> &'static [&'static str] {
     fields::<super::server::RawTelemetry>()
@@ -90,7 +95,16 @@ pub(super) fn check(table: &Spanned<DeTable<'_>>, report: &mut Report<'_>) {
             _ => continue,
         };
         match value.get_ref() {
-            DeValue::Table(table) => unknown(table, known, place, report),
+            DeValue::Table(table) => {
+                unknown(table, known, place, report);
+                if place == "[server]" {
+                    for name in super::server::TLS_TABLES {
+                        if let Some(DeValue::Table(inner)) = table.get(name).map(Spanned::get_ref) {
+                            unknown(inner, tls(), &format!("[server.{name}]"), report);
+                        }
+                    }
+                }
+            }
             DeValue::Array(items) => {
                 for (i, item) in items.iter().enumerate() {
                     if let DeValue::Table(table) = item.get_ref() {

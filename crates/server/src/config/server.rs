@@ -50,6 +50,13 @@ pub struct ServerConfig {
     pub access_log_identity: bool,
     /// `[telemetry]`: OpenTelemetry spans over OTLP; none: off.
     pub telemetry: Option<Telemetry>,
+    /// `[server.tls]`: TLS on `listen`; none: plaintext. The paths are read
+    /// at start; the files again whenever they change.
+    pub tls: Option<crate::tls::TlsFiles>,
+    /// `[server.internal_tls]`: TLS on `internal`.
+    pub internal_tls: Option<crate::tls::TlsFiles>,
+    /// `[server.grpc_tls]`: TLS on `grpc`.
+    pub grpc_tls: Option<crate::tls::TlsFiles>,
 }
 
 /// `[telemetry]`: where spans go, and whether they may name identities.
@@ -118,6 +125,58 @@ pub(super) struct Raw {
     log_level: Option<Spanned<String>>,
     access_log: Option<Spanned<bool>>,
     access_log_identity: Option<Spanned<bool>>,
+    tls: Option<Spanned<RawTls>>,
+    internal_tls: Option<Spanned<RawTls>>,
+    grpc_tls: Option<Spanned<RawTls>>,
+}
+
+/// `[server.tls]` (and `internal_tls`, `grpc_tls`) as written.
+#[derive(Debug, Deserialize)]
+pub(super) struct RawTls {
+    cert: Option<Spanned<String>>,
+    key: Option<Spanned<String>>,
+    client_ca: Option<Spanned<String>>,
+}
+
+/// The TLS tables of `[server]`.
+pub(super) const TLS_TABLES: [&str; 3] = ["tls", "internal_tls", "grpc_tls"];
+
+/// A listener's TLS: its files, loaded once now so that an error names the
+/// file; `serves` is whether the listener it is for is configured.
+fn tls(
+    raw: Option<&Spanned<RawTls>>,
+    table: &str,
+    serves: bool,
+    report: &mut Report<'_>,
+) -> Option<crate::tls::TlsFiles> {
+    let raw = raw?;
+    let place = format!("[server.{table}]");
+    let (Some(cert), Some(key)) = (&raw.get_ref().cert, &raw.get_ref().key) else {
+        report.error(&raw.span(), &place, "needs cert and key (PEM files)");
+        return None;
+    };
+    if !serves {
+        let listener = table.strip_suffix("_tls").unwrap_or("listen");
+        let message = format!("there is no [server] {listener} listener for it");
+        report.error(&raw.span(), &place, message);
+        return None;
+    }
+    let files = crate::tls::TlsFiles {
+        cert: cert.get_ref().into(),
+        key: key.get_ref().into(),
+        client_ca: raw.get_ref().client_ca.as_ref().map(|c| c.get_ref().into()),
+    };
+    let alpn = match table {
+        "grpc_tls" => crate::tls::Alpn::Grpc,
+        _ => crate::tls::Alpn::Http,
+    };
+    match crate::tls::Tls::new(&files, alpn) {
+        Ok(_) => Some(files),
+        Err(e) => {
+            report.error(&cert.span(), &place, e);
+            None
+        }
+    }
 }
 
 /// `[telemetry]` as written.
@@ -203,7 +262,21 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
         .map(|v| u32::try_from(*v.get_ref()).unwrap_or(u32::MAX).max(1));
     let admin_token = admin_token(raw.admin_token.clone(), token_env, report);
     let (json_logs, log_level) = logs(&raw, report);
+    let tls_of = |raw: &Option<Spanned<RawTls>>, table, serves, report: &mut Report<'_>| {
+        tls(raw.as_ref(), table, serves, report)
+    };
+    let internal_tls = tls_of(
+        &raw.internal_tls,
+        "internal_tls",
+        internal.is_some(),
+        report,
+    );
+    let grpc_tls = tls_of(&raw.grpc_tls, "grpc_tls", grpc.is_some(), report);
+    let tls = tls_of(&raw.tls, "tls", true, report);
     ServerConfig {
+        tls,
+        internal_tls,
+        grpc_tls,
         json_logs,
         log_level,
         access_log: raw.access_log.is_some_and(|a| *a.get_ref()),
