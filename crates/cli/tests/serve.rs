@@ -25,10 +25,14 @@ impl Server {
 
     /// [`Server::start`] with the process's address space capped at `kib`
     /// KiB (`ulimit -v`): an allocation past it fails, and the server dies.
+    /// glibc's malloc arenas are capped too: each reserves 64 MiB of address
+    /// space, and threads contending on a busy machine make more of them,
+    /// which would measure the machine's load rather than weir's memory.
     pub(crate) fn start_capped(kib: u64, args: &[&str]) -> Self {
         let mut sh = Command::new("sh");
         let script = format!("ulimit -v {kib} && exec \"$0\" \"$@\"");
-        sh.args(["-c", &script, env!("CARGO_BIN_EXE_weir")]);
+        sh.args(["-c", &script, env!("CARGO_BIN_EXE_weir")])
+            .env("MALLOC_ARENA_MAX", "2");
         Self::spawn(sh, args)
     }
 
@@ -485,6 +489,7 @@ fn hostile_playground_requests_are_answered_within_a_memory_cap() {
     let plot = temp("hostile.svg", "");
     let out = Command::new("sh")
         .args(["-c", "ulimit -v 1048576 && exec \"$0\" \"$@\""])
+        .env("MALLOC_ARENA_MAX", "2")
         .arg(env!("CARGO_BIN_EXE_weir"))
         .args(["simulate", "--compare", "--policy", policies[0], "--plot"])
         .arg(&plot)
