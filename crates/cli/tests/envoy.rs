@@ -235,3 +235,80 @@ fn the_envoy_llm_example_charges_the_tokens_of_each_answer() {
     // Another tenant is untouched.
     assert_eq!(ask("other", 10).0, 200);
 }
+
+/// The mTLS variant of the Envoy example (`docs/envoy/*-mtls.*`): the same
+/// files but for TLS to weir, with Envoy's client certificate; run with a
+/// real Envoy and certificates the test makes.
+#[test]
+fn the_envoy_example_runs_over_mtls() {
+    let yaml = include_str!("../../../docs/envoy/envoy.yaml");
+    let mtls_yaml = include_str!("../../../docs/envoy/envoy-mtls.yaml");
+    let (toml, mtls_toml) = (
+        include_str!("../../../docs/envoy/weir.toml"),
+        include_str!("../../../docs/envoy/weir-mtls.toml"),
+    );
+    // Only TLS differs: the weir cluster's transport socket, and one table.
+    let tls = mtls_yaml.find("    # TLS to weir").unwrap();
+    let end = "trusted_ca: { filename: /etc/weir/tls/ca.pem }\n";
+    let after = mtls_yaml.find(end).unwrap() + end.len();
+    let without = [&mtls_yaml[..tls], &mtls_yaml[after..]].concat();
+    assert!(
+        without.ends_with(yaml),
+        "envoy-mtls.yaml is envoy.yaml and TLS"
+    );
+    assert!(
+        mtls_toml.starts_with(toml.trim_end()),
+        "weir-mtls.toml is weir.toml and TLS"
+    );
+
+    let certs = weir_testkit::Certs::new("envoy-mtls");
+    let paths = |text: &str| {
+        [
+            ("/etc/weir/tls/weir.pem", "server.pem"),
+            ("/etc/weir/tls/weir-key.pem", "server-key.pem"),
+            ("/etc/weir/tls/envoy.pem", "client.pem"),
+            ("/etc/weir/tls/envoy-key.pem", "client-key.pem"),
+            ("/etc/weir/tls/ca.pem", "ca.pem"),
+        ]
+        .iter()
+        .fold(text.to_owned(), |text, (from, to)| {
+            text.replace(from, certs.path(to).to_str().unwrap())
+        })
+    };
+    let redis = RedisServer::start(&[]);
+    let (grpc, ingress, upstream) = (free_port(), free_port(), upstream());
+    let yaml = paths(mtls_yaml)
+        .replace("port_value: 9000", &format!("port_value: {upstream}"))
+        .replace("port_value: 8081", &format!("port_value: {grpc}"));
+    let Some(envoy) = envoy("envoy-mtls", &yaml, ingress) else {
+        return;
+    };
+    let toml = paths(mtls_toml).replace("redis://127.0.0.1:6379", &redis.url());
+    let weir = Server::start(&[
+        "--config",
+        temp("envoy-mtls.toml", &toml).to_str().unwrap(),
+        "--grpc",
+        &format!("127.0.0.1:{grpc}"),
+    ]);
+    let started = Instant::now();
+    while get(
+        ingress,
+        "/sellers/warm-up/stock",
+        "x-seller-id: warm-up\r\n",
+    )
+    .0 != 200
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "Envoy did not reach weir over mTLS"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let statuses: Vec<u16> = (0..25)
+        .map(|_| get(ingress, "/sellers/42/stock", "x-seller-id: 42\r\n").0)
+        .collect();
+    let admitted = statuses.iter().filter(|s| **s == 200).count();
+    assert!((20..25).contains(&admitted), "{statuses:?}");
+    assert!(statuses.contains(&429), "{statuses:?}");
+    drop((weir, envoy));
+}

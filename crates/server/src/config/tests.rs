@@ -260,11 +260,13 @@ fn every_documented_key_is_accepted() {
             ));
         }
     }
-    // The example with every commented `# key = value` line set.
+    // The example with every commented `# key = value` line set, and
+    // every commented `# [table]` opened.
     let example: String = EXAMPLE
         .lines()
         .map(|l| match l.strip_prefix("# ") {
             Some(set) if set.split_once(" = ").is_some_and(|(k, _)| !k.contains(' ')) => set,
+            Some(table) if table.starts_with('[') && table.ends_with(']') => table,
             _ => l,
         })
         .map(|l| format!("{l}\n"))
