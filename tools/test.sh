@@ -28,6 +28,13 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
     exit 1
   }
 fi
+# Sentinel, for the failover test (Debian packages it apart).
+if ! command -v redis-sentinel >/dev/null; then
+  apt_install redis-sentinel || {
+    echo "tools/test.sh: the tests need redis-sentinel: install it with your package manager, then run this again" >&2
+    exit 1
+  }
+fi
 
 # Headless Chromium and ChromeDriver for the dashboard's browser test; the
 # test says SKIPPED where there are none.
