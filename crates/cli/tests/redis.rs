@@ -245,3 +245,76 @@ fn redis_keys(
         .unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Through Sentinel, the master killed under load: no request fails, every
+/// answer comes within the store timeout and a margin, answers are degraded
+/// only until the promotion, weir is on the new master within 1 s of it,
+/// and `/readyz` names it.
+#[test]
+fn a_sentinel_failover_under_load_is_followed() {
+    let mut group = weir_testkit::Sentinels::start();
+    let config = format!(
+        "[store]\nurl = \"{}\"\ntimeout = \"50ms\"\n\n[policies.api]\nalgorithm = \"gcra\"\nburst = 1000000\nrate = \"100000/s\"\n",
+        group.url()
+    );
+    let path = crate::serve::temp("sentinel.toml", &config);
+    let server = crate::serve::Server::start(&["--config", path.to_str().unwrap()]);
+    server.wait_for_log("store connected");
+    let (_, ready) = server.request("GET", "/readyz", "");
+    let first = group.nodes[0].port;
+    assert!(
+        ready.contains(&format!("\"master\":\"127.0.0.1:{first}\"")),
+        "{ready}"
+    );
+
+    // One client, a check after another, each answer timed and noted.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (addr, stop) = (server.addr.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut answers = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let started = Instant::now();
+                let body = r#"{"policy":"api","key":"k"}"#;
+                let answer = crate::serve::request_at(&addr, "POST", "/v1/check", "", body);
+                answers.push((started, started.elapsed(), answer));
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            answers
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let killed = Instant::now();
+    group.nodes[0].kill();
+    let replica = group.nodes[1].port;
+    while group.master_port() != Some(replica) {
+        assert!(killed.elapsed().as_secs() < 30, "no failover within 30 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let promoted = Instant::now();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answers = load.join().unwrap();
+
+    let back = promoted + std::time::Duration::from_secs(1);
+    for (at, took, answer) in &answers {
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        // 50 ms of store timeout, and a margin for a loaded debug build.
+        assert!(took.as_millis() < 750, "{took:?}: {answer}");
+        let degraded = answer.contains("\"degraded\":true");
+        assert!(
+            !degraded || (*at >= killed && *at <= back),
+            "degraded outside the failover: {:?} after the kill",
+            at.duration_since(killed)
+        );
+    }
+    assert!(
+        answers.iter().any(|(at, _, _)| *at > back),
+        "answers after the promotion"
+    );
+    let (_, ready) = server.request("GET", "/readyz", "");
+    assert!(
+        ready.contains(&format!("\"master\":\"127.0.0.1:{replica}\"")),
+        "{ready}"
+    );
+}

@@ -23,6 +23,10 @@ pub struct Access {
     pub username: Option<String>,
     /// The password, which replaces one inside the URL.
     pub password: Option<String>,
+    /// The sentinels' user, where it is not the master's.
+    pub sentinel_username: Option<String>,
+    /// The sentinels' password, where it is not the master's.
+    pub sentinel_password: Option<String>,
 }
 
 impl fmt::Debug for Access {
@@ -34,6 +38,11 @@ impl fmt::Debug for Access {
             .field("tls_insecure_skip_verify", &self.tls_insecure_skip_verify)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("sentinel_username", &self.sentinel_username)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "<redacted>"),
+            )
             .finish()
     }
 }
@@ -57,22 +66,54 @@ pub fn redacted(url: &str) -> String {
     format!("{scheme}://{}", nodes.join(","))
 }
 
-/// The nodes a URL names: one for `redis://`, `rediss://`, `valkey://` and
-/// `valkeys://`; each of a `redis-cluster://h:p,h:p` (with `cluster` true).
-pub(crate) fn nodes(url: &str) -> RedisResult<(bool, Vec<ConnectionInfo>)> {
-    match url.strip_prefix("redis-cluster://") {
-        Some(nodes) => {
-            let nodes = nodes
-                .split(',')
-                .map(|n| format!("redis://{n}").as_str().into_connection_info())
-                .collect::<RedisResult<_>>()?;
-            Ok((true, nodes))
-        }
-        None => Ok((false, vec![url.into_connection_info()?])),
+/// What a URL names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `redis://`, `rediss://`, `valkey://`, `valkeys://`: one node.
+    Single,
+    /// `redis-cluster://h:p,h:p`: a cluster seeded by these nodes.
+    Cluster,
+    /// `redis-sentinel://h:p,h:p/MASTER`: these sentinels, and the name of
+    /// the master they watch.
+    Sentinel(String),
+}
+
+/// What a URL names, and its nodes (a cluster's seeds, or the sentinels).
+pub(crate) fn nodes(url: &str) -> RedisResult<(Kind, Vec<ConnectionInfo>)> {
+    let several = |nodes: &str| {
+        nodes
+            .split(',')
+            .map(|n| format!("redis://{n}").as_str().into_connection_info())
+            .collect::<RedisResult<Vec<_>>>()
+    };
+    if let Some(nodes) = url.strip_prefix("redis-cluster://") {
+        return Ok((Kind::Cluster, several(nodes)?));
     }
+    if let Some(rest) = url.strip_prefix("redis-sentinel://") {
+        let (nodes, name) = rest.split_once('/').unwrap_or((rest, ""));
+        if name.is_empty() || name.contains('/') {
+            let message = "a sentinel URL ends with the master's name: redis-sentinel://HOST:PORT,HOST:PORT/NAME";
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                message,
+            )));
+        }
+        return Ok((Kind::Sentinel(name.to_owned()), several(nodes)?));
+    }
+    Ok((Kind::Single, vec![url.into_connection_info()?]))
 }
 
 impl Access {
+    /// The access to the sentinels: the same TLS, their own credentials
+    /// where given.
+    pub(crate) fn to_sentinels(&self) -> Self {
+        Self {
+            username: self.sentinel_username.clone().or(self.username.clone()),
+            password: self.sentinel_password.clone().or(self.password.clone()),
+            ..self.clone()
+        }
+    }
+
     /// Whether a node is reached over TLS.
     pub(crate) fn tls_for(&self, node: &ConnectionInfo) -> bool {
         self.tls || matches!(node.addr(), ConnectionAddr::TcpTls { .. })

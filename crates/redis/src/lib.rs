@@ -19,6 +19,7 @@ mod access;
 mod batch;
 pub mod cluster;
 mod refusals;
+mod sentinel;
 
 pub use access::{Access, redacted};
 pub use refusals::CHANNEL as RESETS_CHANNEL;
@@ -31,6 +32,10 @@ use weir_core::{AllDecision, CheckError, Decision, NANOS_PER_SEC, Nanos, Policy}
 
 /// The script: see its header for the KEYS/ARGV contract.
 pub const SCRIPT: &str = include_str!("weir.lua");
+
+/// How long one sentinel may take to name the master before the next is
+/// asked.
+const SENTINEL_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// The longest key accepted by default, in bytes (before escaping): the
 /// same bound as the in-process limiter's.
@@ -49,6 +54,9 @@ pub enum StoreError {
     /// The script answered something else than a decision.
     #[error("unexpected reply from the weir script")]
     Reply,
+    /// No sentinel named a master of that name.
+    #[error("no sentinel answered with the address of master `{0}`")]
+    NoMaster(String),
     /// Redis refused the credentials given.
     #[error(
         "Redis refused the credentials of user `{user}`: check [store] username and password_file (or WEIR_REDIS_PASSWORD, or the URL's)"
@@ -225,6 +233,8 @@ pub struct RedisStore {
     timeout: std::time::Duration,
     marker: bool,
     max_key_len: usize,
+    /// Through Sentinel: the master connected to (`host:port`).
+    master: Option<String>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -263,14 +273,20 @@ impl RedisStore {
             },
             _ => StoreError::Redis(e),
         };
-        let (cluster, nodes) = access::nodes(url)?;
-        let (connection, per_thread) = match cluster {
-            true => {
+        let (kind, mut nodes) = access::nodes(url)?;
+        let mut master = None;
+        if let access::Kind::Sentinel(name) = &kind {
+            let found = sentinel::master(&nodes, name, access, SENTINEL_TIMEOUT).await?;
+            master = Some(sentinel::address(&found));
+            nodes = vec![found];
+        }
+        let (connection, per_thread) = match kind {
+            access::Kind::Cluster => {
                 let client = access.cluster(&nodes)?;
                 let connection = client.get_async_connection().await.map_err(denied)?;
                 (Connection::Cluster(connection), None)
             }
-            false => {
+            access::Kind::Single | access::Kind::Sentinel(_) => {
                 // Reconnect quickly after a restart: short, capped backoff.
                 let config = redis::aio::ConnectionManagerConfig::new()
                     .set_min_delay(std::time::Duration::from_millis(25))
@@ -314,7 +330,25 @@ impl RedisStore {
             timeout,
             marker: false,
             max_key_len: DEFAULT_MAX_KEY_LEN,
+            master,
         })
+    }
+
+    /// Through Sentinel (`redis-sentinel://`): the master this store is
+    /// connected to, `host:port`.
+    pub fn master(&self) -> Option<&str> {
+        self.master.as_deref()
+    }
+
+    /// Through Sentinel: the master the sentinels name now (`None` for a
+    /// URL of another kind) — when it is not [`RedisStore::master`], a
+    /// failover happened, and a store connected anew follows it.
+    pub async fn master_now(url: &str, access: &Access) -> Result<Option<String>, StoreError> {
+        let (access::Kind::Sentinel(name), sentinels) = access::nodes(url)? else {
+            return Ok(None);
+        };
+        let found = sentinel::master(&sentinels, &name, access, SENTINEL_TIMEOUT).await?;
+        Ok(Some(sentinel::address(&found)))
     }
 
     /// Keeps a generation marker ([`MARKER`]) so that a loss of the store's

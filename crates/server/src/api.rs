@@ -365,6 +365,9 @@ struct Ready {
     /// On a cluster, each master: its slots go to Redis while it is up.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     nodes: Vec<NodeBody>,
+    /// Through Sentinel: the master in use.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    master: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -399,6 +402,7 @@ pub(crate) async fn readyz(State(state): State<Arc<AppState>>) -> Response {
             degraded: None,
             local_keys: None,
             nodes: Vec::new(),
+            master: None,
         },
         Some(remote) => Ready {
             ready: true,
@@ -408,6 +412,7 @@ pub(crate) async fn readyz(State(state): State<Arc<AppState>>) -> Response {
             degraded: None,
             local_keys: Some(keys),
             nodes: nodes(remote),
+            master: remote.master(),
         },
     };
     if let Some(remote) = shared.backend.remote() {

@@ -220,6 +220,35 @@ impl Remote {
         self.breaker.is_up()
     }
 
+    /// Through Sentinel: the master in use (`host:port`).
+    pub fn master(&self) -> Option<String> {
+        let store = self.store.load();
+        store.as_ref().and_then(|s| s.master().map(str::to_owned))
+    }
+
+    /// Through Sentinel: whether the sentinels now name another master than
+    /// the one in use — after a failover — in which case the store is
+    /// dropped and the breaker opened, so that the next probe connects to
+    /// the new one.
+    async fn follow_master(&self) {
+        let Some(store) = self.store.load_full() else {
+            return;
+        };
+        let Some(used) = store.master() else {
+            return;
+        };
+        let Ok(Some(named)) = RedisStore::master_now(&self.url, &self.access).await else {
+            return;
+        };
+        if named != used {
+            tracing::warn!(url = %self.shown, from = %used, to = %named, "the sentinels name a new master: connecting to it");
+            self.store.store(None);
+            if self.breaker.set_up(false) {
+                self.logged(false);
+            }
+        }
+    }
+
     /// Waits until connected or `within` has passed; whether it is up.
     pub async fn wait_up(&self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
@@ -335,12 +364,17 @@ async fn supervise(remote: Weak<Remote>) {
         let Some(remote) = remote.upgrade() else {
             return;
         };
+        tended += 1;
+        // Through Sentinel: where the master is, asked at every probe while
+        // the store is down, every half second while it is up.
+        if !remote.is_up() || tended % 5 == 0 {
+            remote.follow_master().await;
+        }
         if remote.is_up() {
             let Some(store) = remote.store.load_full() else {
                 continue;
             };
             if store.is_cluster() {
-                tended += 1;
                 tend(&remote, &store, tended).await;
             } else if store.ping().await.is_err() {
                 // A connection that Redis closed (a restart, a failover)

@@ -14,5 +14,5 @@ pub mod tls;
 
 pub use http_client::{Reply, send};
 pub use llm::Llm;
-pub use redis::{Cluster, RedisServer, free_port, require};
+pub use redis::{Cluster, RedisServer, Sentinels, free_port, require};
 pub use tls::Certs;

@@ -407,3 +407,114 @@ mod tests {
         }
     }
 }
+
+/// A Sentinel group: a master, one replica, and three sentinels watching
+/// them as [`Sentinels::NAME`] (quorum 2, the master deemed down after
+/// 500 ms).
+#[derive(Debug)]
+pub struct Sentinels {
+    /// The master, then the replica.
+    pub nodes: Vec<RedisServer>,
+    sentinels: Vec<Child>,
+    /// The sentinels' ports.
+    pub ports: Vec<u16>,
+    dir: PathBuf,
+}
+
+impl Sentinels {
+    /// The name the sentinels know the master by.
+    pub const NAME: &'static str = "weir";
+
+    /// Starts them, and waits until the sentinels know the replica and one
+    /// another (a failover can happen from then on).
+    pub fn start() -> Self {
+        require("redis-sentinel");
+        let master = RedisServer::start(&[]);
+        let port = master.port.to_string();
+        let replica = RedisServer::start(&["--replicaof", "127.0.0.1", &port]);
+        let dir =
+            std::env::temp_dir().join(format!("weir-sentinels-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let sentinels = ports
+            .iter()
+            .map(|p| {
+                let conf = dir.join(format!("sentinel-{p}.conf"));
+                std::fs::write(
+                    &conf,
+                    format!(
+                        "port {p}\nbind 127.0.0.1\ndir {}\nsentinel monitor {name} 127.0.0.1 {port} 2\nsentinel down-after-milliseconds {name} 500\nsentinel failover-timeout {name} 3000\n",
+                        dir.display(),
+                        name = Self::NAME,
+                    ),
+                )
+                .unwrap();
+                Command::new("redis-sentinel")
+                    .arg(&conf)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("redis-sentinel starts")
+            })
+            .collect();
+        let group = Self {
+            nodes: vec![master, replica],
+            sentinels,
+            ports,
+            dir,
+        };
+        let ready = || {
+            group.ports.iter().all(|p| {
+                let ask = |what: &str| group.sentinel(*p, &["SENTINEL", what, Self::NAME]);
+                ask("replicas").contains("127.0.0.1")
+                    && ask("sentinels").matches("127.0.0.1").count() >= 2
+            })
+        };
+        for _ in 0..300 {
+            if ready() {
+                return group;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the sentinels did not find the replica and one another within 30 s");
+    }
+
+    /// `redis-cli -p PORT ARGS…` to a sentinel.
+    pub fn sentinel(&self, port: u16, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &port.to_string()])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The master's port as the first sentinel names it.
+    pub fn master_port(&self) -> Option<u16> {
+        let said = self.sentinel(
+            self.ports[0],
+            &["SENTINEL", "get-master-addr-by-name", Self::NAME],
+        );
+        said.lines().nth(1)?.trim().parse().ok()
+    }
+
+    /// `redis-sentinel://127.0.0.1:P,…/weir`.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis-sentinel://{}/{}", hosts.join(","), Self::NAME)
+    }
+}
+
+impl Drop for Sentinels {
+    fn drop(&mut self) {
+        for child in &mut self.sentinels {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

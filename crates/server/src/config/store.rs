@@ -68,6 +68,8 @@ pub(super) struct Raw {
     tls_insecure_skip_verify: Option<Spanned<bool>>,
     username: Option<Spanned<String>>,
     password_file: Option<Spanned<String>>,
+    sentinel_username: Option<Spanned<String>>,
+    sentinel_password_file: Option<Spanned<String>>,
 }
 
 pub(super) fn parse(raw: Raw, env: &super::Env, report: &mut Report<'_>) -> StoreConfig {
@@ -82,6 +84,7 @@ pub(super) fn parse(raw: Raw, env: &super::Env, report: &mut Report<'_>) -> Stor
                 "valkey://",
                 "valkeys://",
                 "redis-cluster://",
+                "redis-sentinel://",
             ]
             .iter()
             .any(|scheme| text.starts_with(scheme));
@@ -90,7 +93,7 @@ pub(super) fn parse(raw: Raw, env: &super::Env, report: &mut Report<'_>) -> Stor
                     &url.span(),
                     "[store] url",
                     format!(
-                        "`{}` is not a store (valid: \"memory\", \"redis://HOST:PORT\", \"rediss://HOST:PORT\" (TLS), \"redis-cluster://HOST:PORT,HOST:PORT\"; valkey:// and valkeys:// alike)",
+                        "`{}` is not a store (valid: \"memory\", \"redis://HOST:PORT\", \"rediss://HOST:PORT\" (TLS), \"redis-cluster://HOST:PORT,HOST:PORT\", \"redis-sentinel://HOST:PORT,HOST:PORT/MASTER\"; valkey:// and valkeys:// alike)",
                         weir_redis::redacted(text)
                     ),
                 );
@@ -200,18 +203,20 @@ fn access(raw: &Raw, env: &super::Env, redis: bool, report: &mut Report<'_>) -> 
             None
         }
     };
-    let password = match &raw.password_file {
-        Some(path) => match std::fs::read_to_string(path.get_ref()) {
-            // The file's first line: a trailing newline is not the password's.
+    // A password file's first line: a trailing newline is not the password's.
+    let mut secret = |key: &str, path: &Option<Spanned<String>>| {
+        let path = path.as_ref()?;
+        match std::fs::read_to_string(path.get_ref()) {
             Ok(text) => Some(text.lines().next().unwrap_or_default().to_owned()),
             Err(e) => {
                 let message = format!("cannot read `{}`: {e}", path.get_ref());
-                report.error(&path.span(), "[store] password_file", message);
+                report.error(&path.span(), &format!("[store] {key}"), message);
                 None
             }
-        },
-        None => env.redis_password.clone(),
+        }
     };
+    let password = secret("password_file", &raw.password_file).or(env.redis_password.clone());
+    let sentinel_password = secret("sentinel_password_file", &raw.sentinel_password_file);
     let access = weir_redis::Access {
         tls: raw.tls.as_ref().is_some_and(|t| *t.get_ref()),
         tls_ca,
@@ -222,6 +227,8 @@ fn access(raw: &Raw, env: &super::Env, redis: bool, report: &mut Report<'_>) -> 
             .is_some_and(|t| *t.get_ref()),
         username: raw.username.as_ref().map(|u| u.get_ref().clone()),
         password: password.filter(|p| !p.is_empty()),
+        sentinel_username: raw.sentinel_username.as_ref().map(|u| u.get_ref().clone()),
+        sentinel_password: sentinel_password.filter(|p| !p.is_empty()),
     };
     if !redis {
         let given = [
@@ -237,6 +244,14 @@ fn access(raw: &Raw, env: &super::Env, redis: bool, report: &mut Report<'_>) -> 
             (
                 "password_file",
                 raw.password_file.as_ref().map(Spanned::span),
+            ),
+            (
+                "sentinel_username",
+                raw.sentinel_username.as_ref().map(Spanned::span),
+            ),
+            (
+                "sentinel_password_file",
+                raw.sentinel_password_file.as_ref().map(Spanned::span),
             ),
         ];
         for (key, span) in given {
