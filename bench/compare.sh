@@ -5,7 +5,7 @@
 # (user + system, from /proc; on Redis, Redis's included), which unlike the
 # rates does not depend on what the load generator beside them takes.
 #
-#   bench/compare.sh [library] [redis] [gateway] [rls] [hyper] [pingora]
+#   bench/compare.sh [library] [redis] [gateway] [tls] [rls] [hyper] [pingora]
 #                              (default: all but hyper and pingora)
 #
 # Needs: a Rust toolchain; redis-server and redis-benchmark (redis-tools) for
@@ -23,7 +23,7 @@ OUT=${OUT:-target/compare}
 SECONDS_EACH=${SECONDS_EACH:-8}
 mkdir -p "$OUT"
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(library redis gateway rls)
+[ ${#sections[@]} -eq 0 ] && sections=(library redis gateway tls rls)
 want() { [[ " ${sections[*]} " == *" $1 "* ]]; }
 
 . bench/need.sh
@@ -209,6 +209,46 @@ if want gateway || want pingora || want hyper; then
       esac
       row "$what" "$peer" "$pr" "$wr" "$p50 / $p99" "$w50 / $w99" "wrk -t1 -c32 --latency -s $script" "$pcpu" "$wcpu"
     done
+  done
+fi
+
+# --- the gateway over TLS against nginx over TLS, one certificate ----------
+# Keep-alive requests, and a new connection (a full handshake) per request.
+if want tls; then
+  need nginx nginx-light
+  need wrk wrk
+  need openssl openssl
+  mkdir -p /tmp/weir-bench/tls
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+    -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
+    -keyout /tmp/weir-bench/tls/key.pem -out /tmp/weir-bench/tls/cert.pem 2>/dev/null
+  if ! want gateway; then
+    nginx -c "$PWD/docs/bench/upstream.conf" -g 'daemon off;' &
+    pids+=($!)
+  fi
+  nginx -c "$PWD/docs/bench/nginx-tls.conf" -g 'daemon off;' &
+  pids+=($!)
+  nginx_tls=$!
+  target/release/weir serve --config docs/bench/weir-tls.toml --no-watch >"$OUT/weir-tls.log" 2>&1 &
+  pids+=($!)
+  weir_tls=$!
+  sleep 1
+  for mode in keep-alive handshake; do
+    script=docs/bench/gateway.lua
+    [ $mode = handshake ] && script=docs/bench/gateway-handshake.lua
+    : >"$OUT/tls-nginx-$mode.txt"
+    : >"$OUT/tls-weir-$mode.txt"
+    for _ in $(seq "$REPEAT"); do
+      # shellcheck disable=SC2046
+      wrk_run $script https://127.0.0.1:19011/ $(with_children "$nginx_tls") >>"$OUT/tls-nginx-$mode.txt"
+      # shellcheck disable=SC2046
+      wrk_run $script https://127.0.0.1:19012/ $(with_children "$weir_tls") >>"$OUT/tls-weir-$mode.txt"
+    done
+    read -r pr p50 p99 pcpu <<<"$(median <"$OUT/tls-nginx-$mode.txt")"
+    read -r wr w50 w99 wcpu <<<"$(median <"$OUT/tls-weir-$mode.txt")"
+    what="gateway over TLS, keep-alive"
+    [ $mode = handshake ] && what="gateway over TLS, a handshake per request"
+    row "$what" "nginx limit_req + proxy_pass, TLS" "$pr" "$wr" "$p50 / $p99" "$w50 / $w99" "wrk -t1 -c32 --latency -s $script https://…" "$pcpu" "$wcpu"
   done
 fi
 
