@@ -317,4 +317,14 @@ fn a_sentinel_failover_under_load_is_followed() {
         ready.contains(&format!("\"master\":\"127.0.0.1:{replica}\"")),
         "{ready}"
     );
+    let (_, stats) = server.request("GET", "/v1/stats", "");
+    assert!(
+        stats.contains(&format!("\"master\":\"127.0.0.1:{replica}\"")),
+        "{stats}"
+    );
+    let (_, metrics) = server.request("GET", "/metrics", "");
+    for (node, up) in [(replica, 1), (first, 0)] {
+        let line = format!("weir_store_node_up{{node=\"127.0.0.1:{node}\"}} {up}");
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
 }

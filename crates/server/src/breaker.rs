@@ -242,6 +242,7 @@ impl Remote {
         };
         if named != used {
             tracing::warn!(url = %self.shown, from = %used, to = %named, "the sentinels name a new master: connecting to it");
+            metrics::gauge!("weir_store_node_up", "node" => used.to_owned()).set(0.0);
             self.store.store(None);
             if self.breaker.set_up(false) {
                 self.logged(false);
@@ -406,6 +407,11 @@ async fn supervise(remote: Weak<Remote>) {
                                 tracing::debug!(error = %e, "generation marker not checked");
                                 continue;
                             }
+                        }
+                        if let Some(master) = store.master() {
+                            // Through Sentinel: the master in use is the node up.
+                            let node = master.to_owned();
+                            metrics::gauge!("weir_store_node_up", "node" => node).set(1.0);
                         }
                         let store = Arc::new(store);
                         remote.store.store(Some(store.clone()));

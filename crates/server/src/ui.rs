@@ -81,6 +81,9 @@ struct Store {
     local_keys: usize,
     /// On a cluster, each master and its breaker.
     nodes: Vec<crate::api::NodeBody>,
+    /// Through Sentinel: the master in use.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    master: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -97,9 +100,14 @@ struct PolicyStats<'a> {
 pub(crate) async fn stats(State(state): State<Arc<AppState>>) -> Response {
     use crate::live::Counted;
     let shared = state.current();
-    let (kind, up, nodes) = match &shared.backend {
-        Backend::Memory(_) => ("memory", true, Vec::new()),
-        Backend::Redis { remote, .. } => ("redis", remote.is_up(), crate::api::nodes(remote)),
+    let (kind, up, nodes, master) = match &shared.backend {
+        Backend::Memory(_) => ("memory", true, Vec::new(), None),
+        Backend::Redis { remote, .. } => (
+            "redis",
+            remote.is_up(),
+            crate::api::nodes(remote),
+            remote.master(),
+        ),
     };
     let policies = shared
         .table
@@ -125,6 +133,7 @@ pub(crate) async fn stats(State(state): State<Arc<AppState>>) -> Response {
             breaker: if up { "closed" } else { "open" },
             local_keys: shared.backend.local().limiter.len(),
             nodes,
+            master,
         },
         latency_us: shared.meters.latency.read(),
         policies,

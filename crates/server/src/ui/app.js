@@ -53,7 +53,9 @@ function human(us) {
 
 function showStore(stats) {
   const s = stats.store;
-  $("store-kind").textContent = s.kind === "redis" ? "Redis (shared)" : "in process";
+  $("store-kind").textContent = s.kind === "redis"
+    ? "Redis (shared)" + (s.master ? ", master " + s.master + " (Sentinel)" : "")
+    : "in process";
   $("store-state").textContent = s.up ? "up" : "degraded: policies decide by on_store_error";
   $("store-breaker").textContent = s.nodes.length === 0 ? s.breaker
     : s.nodes.map((n) => n.node + " " + (n.up ? "closed" : "open") + " (" + n.slots + " slots)").join(" · ");
