@@ -234,3 +234,26 @@ async fn the_rate_limit_service_answers_over_mtls_only() {
     };
     assert!(refused, "no client certificate, no answer");
 }
+
+/// A client that connects to a TLS port and never finishes its handshake is
+/// closed at `header_timeout`, as one that never finishes a head is.
+#[tokio::test]
+async fn a_stalled_handshake_is_closed_at_the_header_timeout() {
+    let certs = Certs::new("listener-stall");
+    let text = format!(
+        "[server]\nheader_timeout = \"1s\"\n\n{}",
+        config(&certs, false, upstream().await)
+    );
+    let (addr, _) = start(&text).await;
+    let mut stalled = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(10), stalled.read(&mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "closed: {read:?}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900),
+        "not before the timeout: {took:?}"
+    );
+    assert!(took < Duration::from_secs(5), "at the timeout: {took:?}");
+}

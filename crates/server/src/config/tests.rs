@@ -315,3 +315,59 @@ fn admin_token(token: &str) -> Env {
         ..Env::default()
     }
 }
+
+#[test]
+fn redis_credentials_come_from_the_file_or_the_environment_and_tls_keys_need_redis() {
+    let dir = std::env::temp_dir().join(format!("weir-store-secrets-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("password");
+    std::fs::write(&file, "from-the-file\n").unwrap();
+    let policy = "\n[policies.api]\nalgorithm = \"gcra\"\nburst = 1\nrate = \"1/s\"\n";
+    let env = Env {
+        redis_password: Some("from-the-environment".into()),
+        ..Env::default()
+    };
+    let store = |extra: &str| {
+        let text =
+            format!("[store]\nurl = \"redis://:in-the-url@127.0.0.1:6379\"\n{extra}{policy}");
+        parse(&text, &env).unwrap().store
+    };
+    let access = store("").access;
+    assert_eq!(access.password.as_deref(), Some("from-the-environment"));
+    let with_file = format!(
+        "password_file = \"{}\"\nusername = \"weir\"\n",
+        file.display()
+    );
+    let access = store(&with_file).access;
+    assert_eq!(
+        access.password.as_deref(),
+        Some("from-the-file"),
+        "no trailing newline"
+    );
+    assert_eq!(access.username.as_deref(), Some("weir"));
+    // Shown, the URL's password is not.
+    let shown = store("").url.to_string();
+    assert_eq!(shown, "redis://:***@127.0.0.1:6379");
+    // TLS keys on the in-process store would be ignored: an error.
+    let errors = parse(&format!("[store]\ntls = true\n{policy}"), &env)
+        .unwrap_err()
+        .0;
+    assert!(
+        errors[0]
+            .to_string()
+            .contains("applies to a Redis store only"),
+        "{}",
+        errors[0]
+    );
+    // An unknown key of a TLS table is named as such.
+    let errors = parse(&format!("[server.tls]\nkey_file = \"x\"\n{policy}"), &env)
+        .unwrap_err()
+        .0;
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.to_string().contains("[server.tls] key_file: unknown key")),
+        "{errors:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
