@@ -97,6 +97,25 @@ fn envoy(test: &str, yaml: &str, ingress: u16) -> Option<Envoy> {
     Some(Envoy(child))
 }
 
+/// Waits until Envoy is up and has found weir healthy: a seller gets
+/// through.
+fn warmed_up(ingress: u16) {
+    let started = Instant::now();
+    while get(
+        ingress,
+        "/sellers/warm-up/stock",
+        "x-seller-id: warm-up\r\n",
+    )
+    .0 != 200
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "Envoy did not come up, or did not reach weir"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[test]
 fn the_envoy_example_runs_as_written() {
     let redis = RedisServer::start(&[]);
@@ -116,21 +135,7 @@ fn the_envoy_example_runs_as_written() {
         &format!("127.0.0.1:{grpc}"),
     ]);
 
-    // Envoy is up and has found weir healthy once a seller gets through.
-    let started = Instant::now();
-    while get(
-        ingress,
-        "/sellers/warm-up/stock",
-        "x-seller-id: warm-up\r\n",
-    )
-    .0 != 200
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "Envoy did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    warmed_up(ingress);
 
     // A seller: a burst of 20, then 429 with weir's fields and Retry-After.
     let statuses: Vec<(u16, String)> = (0..25)
@@ -290,20 +295,7 @@ fn the_envoy_example_runs_over_mtls() {
         "--grpc",
         &format!("127.0.0.1:{grpc}"),
     ]);
-    let started = Instant::now();
-    while get(
-        ingress,
-        "/sellers/warm-up/stock",
-        "x-seller-id: warm-up\r\n",
-    )
-    .0 != 200
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "Envoy did not reach weir over mTLS"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    warmed_up(ingress);
     let statuses: Vec<u16> = (0..25)
         .map(|_| get(ingress, "/sellers/42/stock", "x-seller-id: 42\r\n").0)
         .collect();
