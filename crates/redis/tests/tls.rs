@@ -139,3 +139,39 @@ fn an_acl_user_with_exactly_weirs_rule_is_enough() {
         .unwrap_err();
     assert!(wrong.to_string().contains("user `weir`"), "{wrong}");
 }
+
+/// A Redis Cluster speaking TLS only: `tls = true` with `redis-cluster://`
+/// reaches every master (the slots of several identities), client
+/// certificate shown.
+#[test]
+fn a_tls_cluster_is_reached_with_tls_on() {
+    let certs = Certs::new("cluster-tls");
+    let cluster = weir_testkit::Cluster::start_tls(&certs);
+    let seeds: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let url = format!("redis-cluster://{}", seeds.join(","));
+    let runtime = runtime();
+    let access = Access {
+        tls: true,
+        ..full(&certs)
+    };
+    let store = runtime
+        .block_on(RedisStore::connect_with(&url, &access))
+        .unwrap();
+    // Identities whose slots fall on every master.
+    for _ in 0..12 {
+        decides(&runtime, &store);
+    }
+    // Without TLS the same seeds do not answer.
+    let plain = runtime.block_on(async {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(3),
+            RedisStore::connect_with(&url, &full(&certs)),
+        )
+        .await
+    });
+    assert!(!matches!(plain, Ok(Ok(_))), "connected without TLS");
+}

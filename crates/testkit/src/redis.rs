@@ -54,6 +54,9 @@ pub struct RedisServer {
     dir: PathBuf,
     /// Over TLS only (no plaintext port).
     tls: bool,
+    /// What `redis-cli` needs to reach it (over TLS: the CA and a client
+    /// certificate).
+    cli_args: Vec<String>,
 }
 
 impl RedisServer {
@@ -77,7 +80,17 @@ impl RedisServer {
         .flat_map(|(flag, value)| [flag.to_owned(), value])
         .collect();
         args.extend(extra.iter().map(|s| (*s).to_owned()));
-        Self::launch(args, true)
+        let mut server = Self::launch(args, true);
+        server.cli_args = vec![
+            "--tls".to_owned(),
+            "--cacert".to_owned(),
+            path("ca.pem"),
+            "--cert".to_owned(),
+            path("client.pem"),
+            "--key".to_owned(),
+            path("client-key.pem"),
+        ];
+        server
     }
 
     fn launch(extra: Vec<String>, tls: bool) -> Self {
@@ -91,6 +104,7 @@ impl RedisServer {
             extra,
             dir,
             tls,
+            cli_args: Vec::new(),
         };
         server.spawn();
         server
@@ -166,6 +180,7 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> String {
         require("redis-cli");
         let out = Command::new("redis-cli")
+            .args(&self.cli_args)
             .args(["-p", &self.port.to_string()])
             .args(args)
             .output()
@@ -248,15 +263,34 @@ impl Cluster {
     /// `masters` masters with `replicas` replicas each (`nodes` holds them
     /// all, as `redis-cli --cluster create` paired them).
     pub fn with_replicas(masters: usize, replicas: usize) -> Self {
-        require("redis-cli");
-        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
+        let nodes = (0..masters * (1 + replicas))
             .map(|_| RedisServer::start(CLUSTER_NODE))
             .collect();
+        Self::create(nodes, replicas)
+    }
+
+    /// Three masters speaking TLS only, among themselves too (`certs`'
+    /// server certificate, clients' certificates required).
+    pub fn start_tls(certs: &crate::Certs) -> Self {
+        let node: Vec<&str> = CLUSTER_NODE
+            .iter()
+            .copied()
+            .chain(["--tls-cluster", "yes"])
+            .collect();
+        let nodes = (0..3)
+            .map(|_| RedisServer::start_tls(certs, &node))
+            .collect();
+        Self::create(nodes, 0)
+    }
+
+    fn create(nodes: Vec<RedisServer>, replicas: usize) -> Self {
+        require("redis-cli");
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
         let created = Command::new("redis-cli")
+            .args(&nodes[0].cli_args)
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
