@@ -175,3 +175,23 @@ fn a_tls_cluster_is_reached_with_tls_on() {
     });
     assert!(!matches!(plain, Ok(Ok(_))), "connected without TLS");
 }
+
+/// The same least-privilege rule on a Redis Cluster: the ACL user decides
+/// on every master.
+#[test]
+fn the_acl_rule_is_enough_on_a_cluster() {
+    let user = format!("weir on >weir-pw {ACL}");
+    let args: Vec<&str> = std::iter::once("--user").chain(user.split(' ')).collect();
+    let cluster = weir_testkit::Cluster::start_with(&args);
+    let seeds: Vec<String> = (cluster.nodes.iter())
+        .map(|n| format!("weir:weir-pw@127.0.0.1:{}", n.port))
+        .collect();
+    let url = format!("redis-cluster://{}", seeds.join(","));
+    let runtime = runtime();
+    let store = runtime
+        .block_on(RedisStore::connect_with(&url, &Access::default()))
+        .unwrap();
+    for _ in 0..12 {
+        decides(&runtime, &store);
+    }
+}

@@ -269,6 +269,13 @@ impl Cluster {
         Self::create(nodes, replicas)
     }
 
+    /// Three masters, each started with `extra` arguments too.
+    pub fn start_with(extra: &[&str]) -> Self {
+        let node: Vec<&str> = CLUSTER_NODE.iter().chain(extra).copied().collect();
+        let nodes = (0..3).map(|_| RedisServer::start(&node)).collect();
+        Self::create(nodes, 0)
+    }
+
     /// Three masters speaking TLS only, among themselves too (`certs`'
     /// server certificate, clients' certificates required).
     pub fn start_tls(certs: &crate::Certs) -> Self {
