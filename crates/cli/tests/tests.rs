@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod cluster;
 mod crawler;
+mod deploy;
 mod envoy;
 mod faults;
 mod redis;

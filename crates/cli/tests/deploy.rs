@@ -1,0 +1,72 @@
+//! The deployment files under `deploy/`, checked by the real tools where
+//! they are installed (a test says SKIPPED, and why, where one is not).
+
+use std::path::Path;
+use std::process::Command;
+
+fn root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+/// Whether `program` runs; says SKIPPED for `test` when it does not.
+fn installed(program: &str, test: &str) -> bool {
+    let found = Command::new(program).arg("--version").output();
+    let ok = found.is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("SKIPPED {test}: no `{program}` on PATH (tools/test.sh installs it)");
+    }
+    ok
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_and_name_metrics_weir_exports() {
+    let dir = root().join("deploy/prometheus");
+    let rules = std::fs::read_to_string(dir.join("alerts.yml")).unwrap();
+    // Every metric an alert reads is one weir exports (named in its source).
+    let source: String = [
+        "crates/server/src",
+        "crates/redis/src",
+        "crates/limiter/src",
+    ]
+    .iter()
+    .flat_map(|d| std::fs::read_dir(root().join(d)).unwrap())
+    .map(|e| e.unwrap().path())
+    .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+    .map(|p| std::fs::read_to_string(p).unwrap())
+    .collect();
+    let metrics: Vec<&str> = rules
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("weir_"))
+        .collect();
+    assert!(metrics.len() >= 6, "{metrics:?}");
+    for metric in metrics {
+        assert!(
+            source.contains(&format!("\"{metric}\"")),
+            "{metric} is not a metric of weir"
+        );
+    }
+    if !installed("promtool", "the_alert_rules_pass_promtool") {
+        return;
+    }
+    let check = Command::new("promtool")
+        .args(["check", "rules", "alerts.yml"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    let test = Command::new("promtool")
+        .args(["test", "rules", "alerts.test.yml"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        test.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&test.stdout),
+        String::from_utf8_lossy(&test.stderr)
+    );
+}
