@@ -70,3 +70,51 @@ fn the_alert_rules_pass_promtool_and_name_metrics_weir_exports() {
         String::from_utf8_lossy(&test.stderr)
     );
 }
+
+/// The systemd unit verifies without a warning (its `ExecStart` pointed at
+/// the binary under test), and its sandboxing scores better than "medium".
+#[test]
+fn the_systemd_unit_verifies_and_is_sandboxed() {
+    if !installed(
+        "systemd-analyze",
+        "the_systemd_unit_verifies_and_is_sandboxed",
+    ) {
+        return;
+    }
+    let unit = std::fs::read_to_string(root().join("deploy/systemd/weir.service")).unwrap();
+    assert!(unit.contains("ExecStart=/usr/local/bin/weir serve --config /etc/weir/weir.toml"));
+    assert!(unit.contains("ExecReload=/bin/kill -HUP $MAINPID"));
+    let dir = std::env::temp_dir().join(format!("weir-systemd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("weir.service");
+    std::fs::write(
+        &path,
+        unit.replace("/usr/local/bin/weir", env!("CARGO_BIN_EXE_weir")),
+    )
+    .unwrap();
+    let verify = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    assert!(verify.status.success() && said.trim().is_empty(), "{said}");
+    let security = Command::new("systemd-analyze")
+        .args(["security", "--offline=true", "--no-pager"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&security.stdout);
+    let score: f64 = said
+        .split("Overall exposure level for weir.service: ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no exposure level in {said}"));
+    assert!(score < 7.0, "exposure {score}: {said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
