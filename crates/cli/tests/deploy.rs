@@ -118,3 +118,78 @@ fn the_systemd_unit_verifies_and_is_sandboxed() {
     assert!(score < 7.0, "exposure {score}: {said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every Kubernetes manifest validates against the Kubernetes schemas
+/// (strict: no unknown field), the Deployment's grace period is above the
+/// config's shutdown_timeout, and the ConfigMap's weir.toml passes `weir
+/// config check` with the Secret's password file in place.
+#[test]
+fn the_kubernetes_manifests_validate_and_their_config_checks() {
+    let dir = root().join("deploy/kubernetes");
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+    // The config, as the ConfigMap holds it.
+    let configmap = read("configmap.yaml");
+    let toml: String = configmap
+        .split_once("weir.toml: |\n")
+        .unwrap()
+        .1
+        .lines()
+        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
+        .collect();
+    let password = crate::serve::temp("k8s-redis-password", "change-me\n");
+    let toml = toml.replace(
+        "/etc/weir/secrets/redis-password",
+        password.to_str().unwrap(),
+    );
+    let checked = crate::serve::weir()
+        .args(["config", "check"])
+        .arg(crate::serve::temp("k8s-weir.toml", &toml))
+        .output()
+        .unwrap();
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    // Requests in flight finish before the kubelet kills the pod.
+    let grace: u64 = read("deployment.yaml")
+        .split("terminationGracePeriodSeconds: ")
+        .nth(1)
+        .and_then(|s| s.lines().next()?.trim().parse().ok())
+        .unwrap();
+    let shutdown: u64 = toml
+        .split("shutdown_timeout = \"")
+        .nth(1)
+        .and_then(|s| s.split("s\"").next()?.parse().ok())
+        .unwrap();
+    assert!(
+        grace > shutdown,
+        "grace {grace} s, shutdown_timeout {shutdown} s"
+    );
+    if !installed("kubernetes-validate", "the_kubernetes_manifests_validate") {
+        return;
+    }
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        // A custom resource (no schema) and an Envoy snippet.
+        if !name.ends_with(".yaml") || name == "podmonitor.yaml" || name.ends_with(".snippet.yaml")
+        {
+            continue;
+        }
+        let out = Command::new("kubernetes-validate")
+            .args(["--strict", "--quiet"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && said.trim().is_empty(),
+            "{name}: {said}"
+        );
+    }
+}
