@@ -8,6 +8,12 @@ fn root() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
 
+/// What a finished command printed, standard output then error.
+fn said(out: &std::process::Output) -> String {
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    text(&out.stdout) + &text(&out.stderr)
+}
+
 /// Whether `program` runs; says SKIPPED for `test` when it does not.
 fn installed(program: &str, test: &str) -> bool {
     let found = Command::new(program).arg("--version").output();
@@ -53,22 +59,13 @@ fn the_alert_rules_pass_promtool_and_name_metrics_weir_exports() {
         .current_dir(&dir)
         .output()
         .unwrap();
-    assert!(
-        check.status.success(),
-        "{}",
-        String::from_utf8_lossy(&check.stdout)
-    );
+    assert!(check.status.success(), "{}", said(&check));
     let test = Command::new("promtool")
         .args(["test", "rules", "alerts.test.yml"])
         .current_dir(&dir)
         .output()
         .unwrap();
-    assert!(
-        test.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&test.stdout),
-        String::from_utf8_lossy(&test.stderr)
-    );
+    assert!(test.status.success(), "{}", said(&test));
 }
 
 /// The systemd unit verifies without a warning (its `ExecStart` pointed at
@@ -97,11 +94,7 @@ fn the_systemd_unit_verifies_and_is_sandboxed() {
         .arg(&path)
         .output()
         .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&verify.stdout),
-        String::from_utf8_lossy(&verify.stderr)
-    );
+    let said = said(&verify);
     assert!(verify.status.success() && said.trim().is_empty(), "{said}");
     let security = Command::new("systemd-analyze")
         .args(["security", "--offline=true", "--no-pager"])
@@ -146,11 +139,7 @@ fn the_kubernetes_manifests_validate_and_their_config_checks() {
         .arg(crate::serve::temp("k8s-weir.toml", &toml))
         .output()
         .unwrap();
-    assert!(
-        checked.status.success(),
-        "{}",
-        String::from_utf8_lossy(&checked.stderr)
-    );
+    assert!(checked.status.success(), "{}", said(&checked));
     // Requests in flight finish before the kubelet kills the pod.
     let grace: u64 = read("deployment.yaml")
         .split("terminationGracePeriodSeconds: ")
@@ -182,11 +171,7 @@ fn the_kubernetes_manifests_validate_and_their_config_checks() {
             .arg(&path)
             .output()
             .unwrap();
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let said = said(&out);
         assert!(
             out.status.success() && said.trim().is_empty(),
             "{name}: {said}"

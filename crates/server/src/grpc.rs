@@ -19,7 +19,6 @@ use std::time::Duration;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioExecutor;
 use hyper_util::server::graceful::Watcher;
 use tokio::net::TcpListener;
 use tower_service::Service;
@@ -192,7 +191,7 @@ pub(crate) async fn serve_grpc(
             activity: accepted.activity,
         };
         let connection =
-            crate::serve::http2(TokioExecutor::new()).serve_connection(accepted.io, counted);
+            crate::serve::http2(crate::serve::GRPC_STREAMS).serve_connection(accepted.io, counted);
         watcher.watch(connection)
     };
     listen(listener, limits, open, shutdown, protocol, http2).await

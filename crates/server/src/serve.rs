@@ -20,6 +20,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_util::either::Either;
 use tower_service::Service;
 
 use axum::extract::ConnectInfo;
@@ -148,51 +149,8 @@ impl Watch {
     }
 }
 
-/// A connection's bytes: plain TCP, or TLS over it.
-pub(crate) enum Stream {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-}
-
-impl AsyncRead for Stream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Self::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Self::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Stream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Self::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Self::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Self::Plain(s) => Pin::new(s).poll_flush(cx),
-            Self::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Self::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Self::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
+/// A connection's bytes: plain TCP (`Left`), or TLS over it (`Right`).
+pub(crate) type Stream = Either<TcpStream, Box<tokio_rustls::server::TlsStream<TcpStream>>>;
 
 /// The socket, noting every read and write for the watchdog.
 pub(crate) struct Tracked {
@@ -409,7 +367,7 @@ async fn serve_counted(
         };
         if accepted.h2 {
             // HTTP/2 over TLS (ALPN): bounded as the HTTP/1.1 heads are.
-            let connection = http2(TokioExecutor::new()).serve_connection(accepted.io, service);
+            let connection = http2(HTTP_STREAMS).serve_connection(accepted.io, service);
             return futures_util::future::Either::Left(watcher.watch(connection));
         }
         // No timer: hyper's own header timeout (30 s once a timer is set)
@@ -430,23 +388,28 @@ async fn serve_counted(
     listen(listener, limits, open, shutdown, protocol, http).await
 }
 
-/// An HTTP/2 server connection with the hardening bounds: streams at once
-/// per connection, the header list's size, and resets a client may cause
-/// (the "rapid reset" attack).
-pub(crate) fn http2(executor: TokioExecutor) -> hyper::server::conn::http2::Builder<TokioExecutor> {
-    let mut builder = hyper::server::conn::http2::Builder::new(executor);
+/// An HTTP/2 server connection with the hardening bounds: at most
+/// `streams` at once, each head within [`crate::MAX_HEADER_BYTES`] (so a
+/// connection holds at most `streams` × 32 KiB of heads), and resets a
+/// client may cause (the "rapid reset" attack).
+pub(crate) fn http2(streams: u32) -> hyper::server::conn::http2::Builder<TokioExecutor> {
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
-        .max_concurrent_streams(MAX_STREAMS)
+        .max_concurrent_streams(streams)
         .max_header_list_size(u32::try_from(crate::MAX_HEADER_BYTES).unwrap_or(u32::MAX))
         .max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
         .max_local_error_reset_streams(Some(MAX_PENDING_RESETS));
     builder
 }
 
-/// Streams one HTTP/2 connection may have open at once (Envoy multiplexes
-/// its rate limit calls on few connections).
-const MAX_STREAMS: u32 = 256;
+/// Streams one HTTP/2 connection of the public or internal listener may
+/// have open at once: 1 MiB of heads at most, as 16 HTTP/1.1 connections.
+pub(crate) const HTTP_STREAMS: u32 = 32;
+
+/// Streams one gRPC connection may have open at once: Envoy multiplexes
+/// its rate limit calls on few connections.
+pub(crate) const GRPC_STREAMS: u32 = 256;
 
 /// Streams a client may reset before they are accepted, and errors it may
 /// provoke, before its connection is closed.
@@ -514,8 +477,8 @@ where
         tokio::spawn(async move {
             let _slot = slot;
             let (stream, h2) = match protocol {
-                Protocol::Http1 { .. } => (Stream::Plain(stream), false),
-                Protocol::Http2 => (Stream::Plain(stream), true),
+                Protocol::Http1 { .. } => (Either::Left(stream), false),
+                Protocol::Http2 => (Either::Left(stream), true),
                 Protocol::Tls(tls) | Protocol::Http2Tls(tls) => {
                     // A stalled handshake is a stalled head; a plaintext
                     // request fails it, and is closed.
@@ -523,7 +486,7 @@ where
                     match tokio::time::timeout(limits.header_timeout, handshake).await {
                         Ok(Ok(stream)) => {
                             let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
-                            (Stream::Tls(Box::new(stream)), h2)
+                            (Either::Right(Box::new(stream)), h2)
                         }
                         Ok(Err(e)) => {
                             metrics::counter!("weir_tls_handshakes_failed_total").increment(1);
@@ -537,7 +500,7 @@ where
                     }
                 }
             };
-            let secure = matches!(stream, Stream::Tls(_));
+            let secure = matches!(stream, Either::Right(_));
             let activity = Arc::new(Activity {
                 first_head_only: h2,
                 ..Activity::default()

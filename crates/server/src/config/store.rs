@@ -170,12 +170,7 @@ fn access(raw: &Raw, env: &super::Env, redis: bool, report: &mut Report<'_>) -> 
     let mut pem = |key: &str, path: &Option<Spanned<String>>| {
         let path = path.as_ref()?;
         match std::fs::read(path.get_ref()) {
-            Ok(bytes)
-                if bytes.starts_with(b"-----BEGIN")
-                    || bytes.windows(10).any(|w| w == b"-----BEGIN") =>
-            {
-                Some(bytes)
-            }
+            Ok(bytes) if bytes.windows(10).any(|w| w == b"-----BEGIN") => Some(bytes),
             Ok(_) => {
                 let message = format!("`{}` is not a PEM file (-----BEGIN …)", path.get_ref());
                 report.error(&path.span(), &format!("[store] {key}"), message);
