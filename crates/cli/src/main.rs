@@ -2,6 +2,7 @@
 //! errors into a message and an exit status (2 for bad input).
 
 mod bench;
+mod healthcheck;
 mod policy_flags;
 mod serve;
 mod simulate;
@@ -45,6 +46,9 @@ enum Command {
     /// Print an example config, or check one.
     #[command(subcommand)]
     Config(serve::ConfigCommand),
+    /// Ask a URL of weir and exit 0 if it answers 2xx (the container's
+    /// health check: no shell or curl needed).
+    Healthcheck(healthcheck::Args),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +58,11 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Config(command) => serve::config(&command),
+        Command::Healthcheck(args) => match healthcheck::run(&args) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::FAILURE,
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
