@@ -72,6 +72,7 @@ pub(crate) fn handle() -> PrometheusHandle {
                 "weir_upstream_errors_total",
                 "Requests the upstream could not answer, by route"
             );
+            metrics::describe_gauge!("weir_connections_open", "Connections open now, on every listener");
             metrics::describe_gauge!("weir_keys", "Keys stored in process (the store, or the fallback on Redis)");
             metrics::describe_gauge!("weir_max_keys", "The in-process key budget ([store] max_keys)");
             process().describe();

@@ -55,8 +55,15 @@ struct Slot {
     ip: IpAddr,
 }
 
+/// `weir_connections_open`: admitted connections of every listener.
+fn connections_open() -> &'static metrics::Gauge {
+    static GAUGE: std::sync::OnceLock<metrics::Gauge> = std::sync::OnceLock::new();
+    GAUGE.get_or_init(|| metrics::gauge!("weir_connections_open"))
+}
+
 impl Drop for Slot {
     fn drop(&mut self) {
+        connections_open().decrement(1.0);
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         open.total -= 1;
         if let Some(n) = open.per_ip.get_mut(&self.ip) {
@@ -76,6 +83,7 @@ fn admit(open: &Arc<Mutex<Open>>, ip: IpAddr, limits: &ConnectionLimits) -> Opti
     }
     guard.total += 1;
     *guard.per_ip.entry(ip).or_default() += 1;
+    connections_open().increment(1.0);
     Some(Slot {
         open: open.clone(),
         ip,
