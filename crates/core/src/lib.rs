@@ -1,7 +1,8 @@
 //! weir's core: rate-limiting policies and their exact decisions.
 //!
 //! Every algorithm of weir's docs/SPEC.md — token bucket, GCRA, fixed window,
-//! sliding-window log, sliding-window counter and the leaky-bucket shaper —
+//! sliding-window log, sliding-window counter, the leaky-bucket shaper, and
+//! the concurrency limit ([`algo::Concurrency`], not a [`Policy`] yet) —
 //! is a pure transition over `(state, now, cost)`: integer nanoseconds, no
 //! floating point, no clock reads, no I/O. Stores (in-process, Redis) and
 //! faces (simulator, HTTP, Envoy) are shells around these functions, which is
