@@ -18,6 +18,13 @@ fn said(out: &std::process::Output) -> String {
     text(&out.stdout) + &text(&out.stderr)
 }
 
+/// Runs `command`, which must succeed; its standard output.
+fn run(command: &mut Command) -> String {
+    let out = command.output().unwrap();
+    assert!(out.status.success(), "{command:?}: {}", said(&out));
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// Whether `program` runs; says SKIPPED for `test` when it does not.
 fn installed(program: &str, test: &str) -> bool {
     let found = Command::new(program).arg("--version").output();
@@ -64,18 +71,12 @@ fn the_alert_rules_pass_promtool_and_name_metrics_weir_exports() {
     if !installed("promtool", "the_alert_rules_pass_promtool") {
         return;
     }
-    let check = Command::new("promtool")
-        .args(["check", "rules", "alerts.yml"])
-        .current_dir(&dir)
-        .output()
-        .unwrap();
-    assert!(check.status.success(), "{}", said(&check));
-    let test = Command::new("promtool")
-        .args(["test", "rules", "alerts.test.yml"])
-        .current_dir(&dir)
-        .output()
-        .unwrap();
-    assert!(test.status.success(), "{}", said(&test));
+    for args in [
+        ["check", "rules", "alerts.yml"],
+        ["test", "rules", "alerts.test.yml"],
+    ] {
+        run(Command::new("promtool").args(args).current_dir(&dir));
+    }
 }
 
 /// The systemd unit verifies without a warning (its `ExecStart` pointed at
@@ -136,12 +137,9 @@ fn the_kubernetes_manifests_validate_and_their_config_checks() {
         "/run/secrets/weir/redis-password",
         password.to_str().unwrap(),
     );
-    let checked = crate::serve::weir()
+    run(crate::serve::weir()
         .args(["config", "check"])
-        .arg(crate::serve::temp("k8s-weir.toml", &toml))
-        .output()
-        .unwrap();
-    assert!(checked.status.success(), "{}", said(&checked));
+        .arg(crate::serve::temp("k8s-weir.toml", &toml)));
     // Requests in flight finish before the kubelet kills the pod.
     let grace: u64 = read("deployment.yaml")
         .split("terminationGracePeriodSeconds: ")
@@ -236,12 +234,9 @@ fn static_weir() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
         let target = root().join("target/static");
-        let built = Command::new(root().join("tools/static.sh"))
+        run(Command::new(root().join("tools/static.sh"))
             .arg("--target-dir")
-            .arg(&target)
-            .output()
-            .unwrap();
-        assert!(built.status.success(), "tools/static.sh: {}", said(&built));
+            .arg(&target));
         target.join("x86_64-unknown-linux-gnu/release/weir")
     })
 }
@@ -300,9 +295,7 @@ struct Image {
 
 /// Runs `podman ARGS`; its standard output.
 fn podman(args: &[&str]) -> String {
-    let out = Command::new("podman").args(args).output().unwrap();
-    assert!(out.status.success(), "podman {args:?}: {}", said(&out));
-    String::from_utf8(out.stdout).unwrap()
+    run(Command::new("podman").args(args))
 }
 
 impl Image {
@@ -351,25 +344,27 @@ impl Image {
         }
     }
 
-    /// Serves the image's default config, its listeners moved to free
-    /// loopback ports, as the image's user; and the internal listener.
+    /// Serves the image's default config (as [`serve_in`]) and checks a
+    /// request.
     fn serve(&self) -> (Server, String) {
-        let internal = format!("127.0.0.1:{}", free_port());
-        let grpc = format!("127.0.0.1:{}", free_port());
-        let args = [
-            "--config",
-            "/etc/weir/weir.toml",
-            "--internal",
-            &internal,
-            "--grpc",
-            &grpc,
-        ];
-        let server = Server::spawn(in_root(&self.root, "/weir"), &args);
-        assert_eq!(uid(server.child.id()), "65532");
+        let (server, internal) = serve_in(&self.root);
         let check = r#"{"policy":"api","key":"me"}"#;
         assert_eq!(status(&internal, "POST", "/v1/check", check), 200);
         (server, internal)
     }
+}
+
+/// Serves `/etc/weir/weir.toml` of the filesystem `root` as user 65532,
+/// its listeners moved to free loopback ports (it shares the host's
+/// network); and the internal listener's address.
+fn serve_in(root: &Path) -> (Server, String) {
+    let internal = format!("127.0.0.1:{}", free_port());
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let config = "/etc/weir/weir.toml";
+    let args = ["--config", config, "--internal", &internal, "--grpc", &grpc];
+    let server = Server::spawn(in_root(root, "/weir"), &args);
+    assert_eq!(uid(server.child.id()), "65532");
+    (server, internal)
 }
 
 /// The image built from the host's static binary, once; None (SKIPPED)
@@ -415,11 +410,7 @@ fn the_dockerfile_builds_weir_from_source_where_its_builder_can_be_pulled() {
     }
     let image = Image::build(root(), &[], "image-from-source");
     let (_server, internal) = image.serve();
-    let ready = in_root(&image.root, "/weir")
-        .args(["healthcheck", &format!("http://{internal}/readyz")])
-        .output()
-        .unwrap();
-    assert!(ready.status.success(), "{}", said(&ready));
+    run(in_root(&image.root, "/weir").args(["healthcheck", &format!("http://{internal}/readyz")]));
 }
 
 /// The files under `dir`, relative to it, sorted.
@@ -529,21 +520,7 @@ fn the_deployment_runs_in_the_image_against_a_redis_that_requires_a_password() {
     std::os::unix::fs::chown(&file, Some(0), Some(65532)).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o440)).unwrap();
-    // The pod's ports, moved to free loopback ports (the host's network).
-    let internal = format!("127.0.0.1:{}", free_port());
-    let grpc = format!("127.0.0.1:{}", free_port());
-    let server = Server::spawn(
-        in_root(&pod, "/weir"),
-        &[
-            "--config",
-            "/etc/weir/weir.toml",
-            "--internal",
-            &internal,
-            "--grpc",
-            &grpc,
-        ],
-    );
-    assert_eq!(uid(server.child.id()), "65532");
+    let (server, internal) = serve_in(&pod);
     answers_ok(&server.addr, "/healthz");
     answers_ok(&internal, "/readyz");
     let check = r#"{"policy":"api","key":"pod"}"#;
@@ -603,12 +580,7 @@ fn the_compose_file_runs_the_envoy_example_with_configs_that_check() {
     let command = &services["weir"]["command"];
     assert_eq!(command[2], "/etc/weir/weir.toml");
     let config = mount("weir", "/etc/weir/weir.toml");
-    let checked = crate::serve::weir()
-        .args(["config", "check"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(checked.status.success(), "{}", said(&checked));
+    run(crate::serve::weir().args(["config", "check"]).arg(&config));
     let toml = std::fs::read_to_string(&config).unwrap();
     // Its health check asks a listener of that config.
     let health = services["weir"]["healthcheck"]["test"].as_array().unwrap();
@@ -629,12 +601,9 @@ fn the_compose_file_runs_the_envoy_example_with_configs_that_check() {
     if !installed("envoy", test) {
         return;
     }
-    let validated = Command::new("envoy")
+    run(Command::new("envoy")
         .args(["--mode", "validate", "-c"])
-        .arg(&envoy_yaml)
-        .output()
-        .unwrap();
-    assert!(validated.status.success(), "{}", said(&validated));
+        .arg(&envoy_yaml));
 }
 
 /// A real Prometheus scraping `target` every second (its data in a
