@@ -803,3 +803,23 @@ upstream = "http://127.0.0.1:1"
         .collect();
     assert!(empty.is_empty(), "no data for {empty:#?}");
 }
+
+/// `weir healthcheck` against what it cannot ask: a URL over TLS is bad
+/// input (exit 2, saying what to point it at); nobody listening is a failed
+/// check (exit 1, saying why).
+#[test]
+fn healthcheck_says_why_it_fails() {
+    let tls = crate::serve::weir()
+        .args(["healthcheck", "https://127.0.0.1:9090/readyz"])
+        .output()
+        .unwrap();
+    assert_eq!(tls.status.code(), Some(2), "{}", said(&tls));
+    assert!(said(&tls).contains("plain HTTP"), "{}", said(&tls));
+    let url = format!("http://127.0.0.1:{}/readyz", free_port());
+    let down = crate::serve::weir()
+        .args(["healthcheck", &url, "--timeout", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(down.status.code(), Some(1), "{}", said(&down));
+    assert!(said(&down).contains(&url), "{}", said(&down));
+}
