@@ -9,7 +9,8 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use weir_core::{Nanos, Policy};
+use weir_core::algo::{Concurrency, LeaseId, LeaseState};
+use weir_core::{NANOS_PER_SEC, Nanos, Policy};
 
 fn transitions(c: &mut Criterion) {
     let mut group = c.benchmark_group("decision");
@@ -35,5 +36,26 @@ fn transitions(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, transitions);
+/// The concurrency limit (not a `Policy` yet): a check that takes a lease
+/// and the release of the one taken five checks before, so five are in
+/// flight, as a steady stream of requests that each run a while.
+fn leases(c: &mut Criterion) {
+    let policy = Concurrency::new(10, 30 * NANOS_PER_SEC).expect("a valid limit");
+    c.bench_function("decision/concurrency check+release", |b| {
+        let mut state = LeaseState::default();
+        let (mut now, mut id): (Nanos, LeaseId) = (0, 0);
+        for _ in 0..5 {
+            id += 1;
+            policy.check(&mut state, now, 1, id);
+        }
+        b.iter(|| {
+            now += 1_000_000;
+            id += 1;
+            black_box(policy.check(&mut state, black_box(now), 1, id));
+            black_box(policy.release(&mut state, now, id - 5))
+        });
+    });
+}
+
+criterion_group!(benches, transitions, leases);
 criterion_main!(benches);
