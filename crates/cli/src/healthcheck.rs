@@ -13,7 +13,7 @@ use hyper_util::rt::TokioExecutor;
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// The URL to ask, over plain HTTP: /healthz (up) or /readyz (up and
-    /// its store reachable), e.g. http://127.0.0.1:9091/readyz.
+    /// its store reachable), e.g. http://127.0.0.1:9090/readyz.
     #[arg(value_name = "URL")]
     url: hyper::Uri,
     /// How long to wait for the answer, in seconds.
