@@ -301,9 +301,10 @@ fn a_sentinel_failover_under_load_is_followed() {
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         // 50 ms of store timeout, and a margin for a loaded debug build.
         assert!(took.as_millis() < 750, "{took:?}: {answer}");
+        // A check sent just before the kill may be decided after it.
         let degraded = answer.contains("\"degraded\":true");
         assert!(
-            !degraded || (*at >= killed && *at <= back),
+            !degraded || (*at + *took >= killed && *at <= back),
             "degraded outside the failover: {:?} after the kill",
             at.duration_since(killed)
         );
