@@ -8,6 +8,7 @@
 //! latest time the key has seen), so the newest is always the last.
 
 use std::collections::VecDeque;
+use std::collections::vec_deque::Iter;
 
 use crate::Nanos;
 use crate::decision::Decision;
@@ -43,6 +44,8 @@ pub struct LeaseState {
     /// In order of expiry, oldest first; some may have expired and not been
     /// dropped yet.
     leases: VecDeque<Lease>,
+    /// The cost of `leases`.
+    used: u64,
 }
 
 impl LeaseState {
@@ -67,7 +70,8 @@ impl LeaseState {
     fn advance(&mut self, now: Nanos) -> Nanos {
         let t = now.max(self.seen);
         self.seen = t;
-        while self.leases.front().is_some_and(|l| l.expires <= t) {
+        while let Some(gone) = self.leases.front().filter(|l| l.expires <= t) {
+            self.used -= gone.cost;
             self.leases.pop_front();
         }
         t
@@ -76,7 +80,15 @@ impl LeaseState {
     /// Removes the live lease `id`.
     fn take(&mut self, id: LeaseId) -> Option<Lease> {
         let at = self.leases.iter().position(|l| l.id == id)?;
-        self.leases.remove(at)
+        let lease = self.leases.remove(at)?;
+        self.used -= lease.cost;
+        Some(lease)
+    }
+
+    /// Adds a lease that expires after every other.
+    fn push(&mut self, lease: Lease) {
+        self.used += lease.cost;
+        self.leases.push_back(lease);
     }
 }
 
@@ -101,9 +113,9 @@ impl Concurrency {
     /// (none for cost 0). `cost` must be in `0..=limit`.
     pub fn check(&self, state: &mut LeaseState, now: Nanos, cost: u64, id: LeaseId) -> Decision {
         let t = state.advance(now);
-        let decision = self.decide(t, state.leases.iter(), cost, true);
+        let decision = self.decide(t, state.used, state.leases.iter(), cost, true);
         if decision.allowed && cost > 0 {
-            state.leases.push_back(Lease {
+            state.push(Lease {
                 id,
                 cost,
                 expires: t.saturating_add(self.lease),
@@ -125,7 +137,7 @@ impl Concurrency {
         let t = state.advance(now);
         let live = match state.take(id) {
             Some(lease) => {
-                state.leases.push_back(Lease {
+                state.push(Lease {
                     expires: t.saturating_add(self.lease),
                     ..lease
                 });
@@ -140,14 +152,16 @@ impl Concurrency {
     /// state (for all-or-nothing checks over several policies).
     pub fn peek(&self, state: &LeaseState, now: Nanos, cost: u64) -> Decision {
         let t = now.max(state.seen);
-        let live = state.leases.iter().filter(|l| l.expires > t);
-        self.decide(t, live, cost, true)
+        let gone = state.leases.iter().take_while(|l| l.expires <= t);
+        let (count, cost_gone) = gone.fold((0, 0), |(n, c), l| (n + 1, c + l.cost));
+        let live = state.leases.range(count..);
+        self.decide(t, state.used - cost_gone, live, cost, true)
     }
 
     /// A release's or a renewal's answer: the standing after it, with the
     /// wait a check of cost 1 would get.
     fn answer(&self, t: Nanos, state: &LeaseState, live: bool) -> Decision {
-        let standing = self.decide(t, state.leases.iter(), 1, false);
+        let standing = self.decide(t, state.used, state.leases.iter(), 1, false);
         Decision {
             allowed: live,
             ..standing
@@ -155,17 +169,19 @@ impl Concurrency {
     }
 
     /// Decides a check of `cost` at `t` beside the `live` leases (in order
-    /// of expiry), answering the standing after it; with `charge` false,
-    /// the standing as it is, with the wait a check of `cost` would get.
-    fn decide<'a>(
+    /// of expiry, costing `used` in all), answering the standing after it;
+    /// with `charge` false, the standing as it is, with the wait a check of
+    /// `cost` would get. Only a refusal walks the leases.
+    fn decide(
         &self,
         t: Nanos,
-        live: impl Iterator<Item = &'a Lease> + Clone,
+        used: u64,
+        live: Iter<'_, Lease>,
         cost: u64,
         charge: bool,
     ) -> Decision {
-        let used: u128 = live.clone().map(|l| u128::from(l.cost)).sum();
-        let reset = live.clone().last().map_or(0, |l| l.expires - t);
+        let used = u128::from(used);
+        let reset = live.clone().next_back().map_or(0, |l| l.expires - t);
         let remaining = u64::try_from(u128::from(self.limit).saturating_sub(used)).unwrap_or(0);
         let need = used + u128::from(cost);
         if need <= u128::from(self.limit) && !charge {
