@@ -1,7 +1,8 @@
 # weir's container image: one static binary in an empty image, run as a
 # non-root user, with a health check that needs no shell.
 #
-#   docker build -t weir .          # or: podman build -t weir .
+#   docker build -t weir .     # or: podman build --format docker -t weir .
+#                              (OCI images, podman's default, have no HEALTHCHECK)
 #   docker run -p 8080:8080 -p 8081:8081 -p 9090:9090 weir
 #   docker run -v ./weir.toml:/etc/weir/weir.toml:ro … weir
 #
