@@ -18,7 +18,8 @@ pub(crate) struct PolicyFlags {
     /// token-bucket, gcra, leaky-bucket: N/DURATION or N/UNIT (2/s, 120/m, 10/1500ms).
     #[arg(long, value_name = "R")]
     rate: Option<String>,
-    /// fixed-window, sliding-log, sliding-counter: admitted cost per window.
+    /// fixed-window, sliding-log, sliding-counter: admitted cost per window;
+    /// concurrency: cost in flight at once.
     #[arg(long, value_name = "L")]
     limit: Option<String>,
     /// fixed-window, sliding-log, sliding-counter: window length (60s, 1500ms, 1m).
@@ -27,6 +28,9 @@ pub(crate) struct PolicyFlags {
     /// leaky-bucket: slots that may wait.
     #[arg(long, value_name = "Q")]
     queue: Option<String>,
+    /// concurrency: how long a lease lives unless released or renewed (30s, 10m).
+    #[arg(long, value_name = "D")]
+    lease: Option<String>,
 }
 
 impl PolicyFlags {
@@ -39,6 +43,7 @@ impl PolicyFlags {
             ("limit", &self.limit),
             ("window", &self.window),
             ("queue", &self.queue),
+            ("lease", &self.lease),
         ];
         let given = flags
             .iter()

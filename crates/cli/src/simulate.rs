@@ -12,6 +12,7 @@ use clap::builder::PossibleValuesParser;
 use crate::policy_flags::PolicyFlags;
 use weir_core::Policy;
 use weir_core::units::parse_duration;
+use weir_redis::LeaseOp;
 use weir_sim::compare::{compare, default_burst_window, write_table};
 use weir_sim::scenario::{SCENARIOS, Scenario};
 use weir_sim::{Arrival, Format, TraceError, TraceReader, plot::render};
@@ -181,13 +182,22 @@ fn simulate_on_redis(
         .map_or(0, |d| d.as_nanos());
     let name = format!("simulate-{}-{stamp}", std::process::id());
     let mut rows = weir_sim::RowWriter::new(out, format);
+    let mut leases = weir_sim::LeaseNames::default();
     let result = arrivals.into_iter().try_for_each(|arrival| {
         let arrival = arrival?;
-        let report = arrival.op == Some(weir_sim::Op::Report);
         let at = Some(arrival.time);
-        let decided = match report {
-            true => runtime.block_on(store.report(&name, &policy, &arrival.key, arrival.cost, at)),
-            false => {
+        let on_lease = |op| store.on_lease(&name, &policy, &arrival.key, op, at);
+        let decided = match arrival.op {
+            Some(weir_sim::Op::Report) => {
+                runtime.block_on(store.report(&name, &policy, &arrival.key, arrival.cost, at))
+            }
+            Some(weir_sim::Op::Release) => {
+                runtime.block_on(on_lease(LeaseOp::Release(leases.of(&arrival))))
+            }
+            Some(weir_sim::Op::Renew) => {
+                runtime.block_on(on_lease(LeaseOp::Renew(leases.of(&arrival))))
+            }
+            Some(weir_sim::Op::Check) | None => {
                 if arrival.cost > 0 {
                     policy
                         .validate_cost(arrival.cost)
@@ -197,6 +207,7 @@ fn simulate_on_redis(
             }
         };
         let decision = decided.map_err(|e| anyhow!("line {}: {e}", arrival.line))?;
+        leases.took(&arrival, &decision);
         rows.row(&arrival, &decision)?;
         Ok::<_, anyhow::Error>(())
     });

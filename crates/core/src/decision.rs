@@ -1,6 +1,7 @@
 //! The one flat answer every algorithm gives.
 
 use crate::Nanos;
+use crate::algo::LeaseId;
 
 /// What a check decided, with every duration measured from the time the
 /// check was evaluated at (`max(now, last_seen)`), in nanoseconds.
@@ -22,6 +23,10 @@ pub struct Decision {
     /// The wait before an admitted request is released: only the leaky
     /// bucket delays; 0 everywhere else and for every rejection.
     pub delay: Nanos,
+    /// The lease an admitted check of a concurrency policy took (its
+    /// holder releases or renews it by this identity); `None` everywhere
+    /// else, and for a check of cost 0.
+    pub lease: Option<LeaseId>,
 }
 
 impl Decision {
@@ -33,6 +38,7 @@ impl Decision {
             retry_after,
             reset,
             delay: 0,
+            lease: None,
         }
     }
 
@@ -44,6 +50,7 @@ impl Decision {
             retry_after: 0,
             reset,
             delay: 0,
+            lease: None,
         }
     }
 }

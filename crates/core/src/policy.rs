@@ -13,6 +13,7 @@
 //! | every capacity, burst, limit and queue, and a rate's tokens | at most [`MAX_SIZE`] = 2^50 |
 //! | every window, and a rate's period in lowest terms | at most [`MAX_SPAN`] = 366 days |
 //! | a sliding log's limit | at most [`MAX_LOG_LIMIT`] = 1,000,000 (one entry per admission) |
+//! | a concurrency limit's lease | at most [`MAX_LEASE`] = 7 days |
 //!
 //! A wait too long for a signed 64-bit count of nanoseconds (292 years) is
 //! reported as [`MAX_WAIT`].
@@ -23,8 +24,8 @@ use std::str::FromStr;
 use thiserror::Error;
 
 use crate::algo::{
-    FixedWindow, FixedWindowState, LeakyBucket, LevelState, LogState, SlidingCounter,
-    SlidingCounterState, SlidingLog, TokenBucket,
+    Concurrency, FixedWindow, FixedWindowState, LeakyBucket, LeaseId, LeaseState, LevelState,
+    LogState, SlidingCounter, SlidingCounterState, SlidingLog, TokenBucket,
 };
 use crate::decision::{ceil_div, floor_div};
 use crate::units::{DisplayDuration, UnitError, parse_count, parse_duration};
@@ -39,6 +40,10 @@ pub const MAX_SIZE: u64 = 1 << 50;
 pub const MAX_SPAN: Nanos = 366 * 86_400 * crate::NANOS_PER_SEC;
 
 pub use crate::decision::MAX_WAIT;
+
+/// The longest lease of a concurrency limit: 7 days (a holder whose work
+/// runs longer renews its lease).
+pub const MAX_LEASE: Nanos = 7 * 86_400 * crate::NANOS_PER_SEC;
 
 /// The largest sliding-log limit: the log keeps one entry per admission.
 pub const MAX_LOG_LIMIT: u64 = 1_000_000;
@@ -58,17 +63,20 @@ pub enum Algorithm {
     SlidingCounter,
     /// `leaky-bucket`: `rate`, `queue`.
     LeakyBucket,
+    /// `concurrency`: `limit`, `lease` (cost in flight, not a rate).
+    Concurrency,
 }
 
 impl Algorithm {
     /// Every algorithm, in docs/SPEC.md's order.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::TokenBucket,
         Self::Gcra,
         Self::FixedWindow,
         Self::SlidingLog,
         Self::SlidingCounter,
         Self::LeakyBucket,
+        Self::Concurrency,
     ];
 
     /// The name used in configs, flags and output.
@@ -80,6 +88,7 @@ impl Algorithm {
             Self::SlidingLog => "sliding-log",
             Self::SlidingCounter => "sliding-counter",
             Self::LeakyBucket => "leaky-bucket",
+            Self::Concurrency => "concurrency",
         }
     }
 
@@ -95,6 +104,7 @@ impl Algorithm {
             Self::Gcra => &["burst", "rate"],
             Self::FixedWindow | Self::SlidingLog | Self::SlidingCounter => &["limit", "window"],
             Self::LeakyBucket => &["rate", "queue"],
+            Self::Concurrency => &["limit", "lease"],
         }
     }
 }
@@ -202,6 +212,15 @@ pub enum CostError {
         /// The parameter that bounds it.
         field: &'static str,
     },
+    /// A usage report on a concurrency policy: what it bounds is released,
+    /// not reported.
+    #[error(
+        "a concurrency policy takes no usage reports: its holders release their leases instead"
+    )]
+    NoReports,
+    /// A release or renewal on a policy other than a concurrency limit.
+    #[error("only a concurrency policy has leases to release or renew")]
+    NoLeases,
 }
 
 /// A validated policy: an algorithm with its parameters.
@@ -222,6 +241,8 @@ pub enum Policy {
     SlidingCounter(SlidingCounter),
     /// Leaky-bucket shaper.
     LeakyBucket(LeakyBucket),
+    /// Concurrency limit: leases, not a rate.
+    Concurrency(Concurrency),
 }
 
 /// The state of one key under one policy. [`Policy::new_state`] makes a new
@@ -238,6 +259,8 @@ pub enum State {
     /// Sliding log (boxed: it is the large one, and stores keep many small
     /// states of the other kinds side by side).
     Log(Box<LogState>),
+    /// Concurrency limit: its live leases.
+    Lease(Box<LeaseState>),
 }
 
 impl State {
@@ -249,6 +272,7 @@ impl State {
             Self::FixedWindow(s) => s.seen,
             Self::SlidingCounter(s) => s.seen,
             Self::Log(s) => s.seen(),
+            Self::Lease(s) => s.seen(),
         }
     }
 }
@@ -347,6 +371,25 @@ impl Policy {
         Ok(Self::LeakyBucket(LeakyBucket { rate, queue }))
     }
 
+    /// At most `limit` cost in flight, each lease held at most `lease`
+    /// unless renewed.
+    pub fn concurrency(limit: u64, lease: Nanos) -> Result<Self, PolicyError> {
+        check_size("limit", limit, MAX_SIZE)?;
+        positive("lease", lease)?;
+        if lease > MAX_LEASE {
+            return Err(out_of_bounds(
+                "lease",
+                format!(
+                    "{} is longer than 7 days: a holder whose work runs longer renews its lease",
+                    DisplayDuration(lease)
+                ),
+            ));
+        }
+        Concurrency::new(limit, lease)
+            .map(Self::Concurrency)
+            .ok_or_else(|| out_of_bounds("limit", "must be at least 1".to_owned()))
+    }
+
     /// Builds a policy from an algorithm name and `(parameter, value)` text
     /// pairs, as configs and flags give them; every parameter is required
     /// and none other is accepted.
@@ -415,6 +458,7 @@ impl Policy {
             Algorithm::SlidingLog => Self::sliding_log(count(0)?, duration(1)?),
             Algorithm::SlidingCounter => Self::sliding_counter(count(0)?, duration(1)?),
             Algorithm::LeakyBucket => Self::leaky_bucket(rate(0)?, count(1)?),
+            Algorithm::Concurrency => Self::concurrency(count(0)?, duration(1)?),
         }
     }
 
@@ -454,6 +498,7 @@ impl Policy {
             Self::FixedWindow(w) => Self::fixed_window(part(w.limit), w.window),
             Self::SlidingLog(l) => Self::sliding_log(part(l.limit), l.window),
             Self::SlidingCounter(c) => Self::sliding_counter(part(c.limit), c.window),
+            Self::Concurrency(c) => Self::concurrency(part(c.limit()), c.lease()),
         }
     }
 
@@ -466,13 +511,15 @@ impl Policy {
             Self::SlidingLog(_) => Algorithm::SlidingLog,
             Self::SlidingCounter(_) => Algorithm::SlidingCounter,
             Self::LeakyBucket(_) => Algorithm::LeakyBucket,
+            Self::Concurrency(_) => Algorithm::Concurrency,
         }
     }
 
     /// The quota `q` per window `w` (ns) that `RateLimit-Policy` shows: a
     /// token bucket's capacity over the time to refill it from empty; a
     /// window's limit per window; a shaper's queue and the slot being served
-    /// over the time to drain them. `w` is rounded down to the nanosecond.
+    /// over the time to drain them; a concurrency limit's limit per lease.
+    /// `w` is rounded down to the nanosecond.
     pub fn quota(&self) -> (u64, Nanos) {
         let level = |size: u64, rate: Rate| {
             let window = u128::from(size) * u128::from(rate.period()) / u128::from(rate.tokens());
@@ -484,11 +531,14 @@ impl Policy {
             Self::SlidingLog(l) => (l.limit(), l.window()),
             Self::SlidingCounter(c) => (c.limit(), c.window()),
             Self::LeakyBucket(l) => level(l.queue() + 1, l.rate()),
+            Self::Concurrency(c) => (c.limit(), c.lease()),
         }
     }
 
     /// The sustained rate: `count` per `period` ns (a bucket's or shaper's
-    /// rate, a window's limit per window), as Envoy's `requests_per_unit`.
+    /// rate, a window's limit per window), as Envoy's `requests_per_unit`;
+    /// a concurrency limit's limit per lease (no rate: starts are bounded
+    /// only by releases).
     pub fn sustained(&self) -> (u64, Nanos) {
         match self {
             Self::TokenBucket(b) | Self::Gcra(b) => (b.rate().tokens(), b.rate().period()),
@@ -496,12 +546,13 @@ impl Policy {
             Self::FixedWindow(w) => (w.limit(), w.window()),
             Self::SlidingLog(l) => (l.limit(), l.window()),
             Self::SlidingCounter(c) => (c.limit(), c.window()),
+            Self::Concurrency(c) => (c.limit(), c.lease()),
         }
     }
 
     /// The policy as the Redis script reads it (`weir-redis`'s `weir.lua`:
     /// `tb CAPACITY TOKENS PERIOD`, `lb QUEUE TOKENS PERIOD`, `fw|sc|sl
-    /// LIMIT WINDOW`). GCRA is the token bucket.
+    /// LIMIT WINDOW`, `cc LIMIT LEASE`). GCRA is the token bucket.
     pub fn script_spec(&self) -> String {
         match self {
             Self::TokenBucket(b) | Self::Gcra(b) => format!(
@@ -519,17 +570,21 @@ impl Policy {
             Self::FixedWindow(w) => format!("fw {} {}", w.limit(), w.window()),
             Self::SlidingCounter(c) => format!("sc {} {}", c.limit(), c.window()),
             Self::SlidingLog(l) => format!("sl {} {}", l.limit(), l.window()),
+            Self::Concurrency(c) => format!("cc {} {}", c.limit(), c.lease()),
         }
     }
 
     /// The window of a windowed algorithm (fixed window, sliding log,
-    /// sliding counter); `None` for the buckets and the shaper.
+    /// sliding counter); `None` for the buckets, the shaper and the
+    /// concurrency limit.
     pub fn window(&self) -> Option<Nanos> {
         match self {
             Self::FixedWindow(w) => Some(w.window()),
             Self::SlidingLog(l) => Some(l.window()),
             Self::SlidingCounter(c) => Some(c.window()),
-            Self::TokenBucket(_) | Self::Gcra(_) | Self::LeakyBucket(_) => None,
+            Self::TokenBucket(_) | Self::Gcra(_) | Self::LeakyBucket(_) | Self::Concurrency(_) => {
+                None
+            }
         }
     }
 
@@ -538,9 +593,11 @@ impl Policy {
     pub fn aligned_window(&self) -> Option<Nanos> {
         match self {
             Self::FixedWindow(_) | Self::SlidingCounter(_) => self.window(),
-            Self::SlidingLog(_) | Self::TokenBucket(_) | Self::Gcra(_) | Self::LeakyBucket(_) => {
-                None
-            }
+            Self::SlidingLog(_)
+            | Self::TokenBucket(_)
+            | Self::Gcra(_)
+            | Self::LeakyBucket(_)
+            | Self::Concurrency(_) => None,
         }
     }
 
@@ -553,6 +610,7 @@ impl Policy {
             Self::SlidingLog(l) => (l.limit(), "limit"),
             Self::SlidingCounter(c) => (c.limit(), "limit"),
             Self::LeakyBucket(l) => (l.queue(), "queue"),
+            Self::Concurrency(c) => (c.limit(), "limit"),
         }
     }
 
@@ -575,6 +633,7 @@ impl Policy {
             Self::FixedWindow(_) => State::FixedWindow(FixedWindowState::default()),
             Self::SlidingCounter(_) => State::SlidingCounter(SlidingCounterState::default()),
             Self::SlidingLog(_) => State::Log(Box::default()),
+            Self::Concurrency(_) => State::Lease(Box::default()),
         }
     }
 
@@ -588,6 +647,9 @@ impl Policy {
     /// Whether a report of `cost` is valid: at most [`Policy::max_report`]
     /// (a report's own bound, where a check's is [`Policy::max_cost`]).
     pub fn validate_report(&self, cost: u64) -> Result<(), CostError> {
+        if let Self::Concurrency(_) = self {
+            return Err(CostError::NoReports);
+        }
         let max = self.max_report();
         match cost > max {
             true => Err(CostError::TooLarge {
@@ -617,6 +679,8 @@ impl Policy {
                 *s = c.charge(*s, t, cost, max);
             }
             (Self::SlidingLog(l), State::Log(s)) => l.charge(s, t, cost, max),
+            // Refused by `validate_report` above.
+            (Self::Concurrency(_), _) => return Err(CostError::NoReports),
             _ => {
                 *state = self.new_state();
                 return self.report(state, now, cost);
@@ -630,6 +694,7 @@ impl Policy {
             retry_after: if probe.allowed { 0 } else { probe.retry_after },
             reset,
             delay: 0,
+            lease: None,
         })
     }
 
@@ -637,8 +702,25 @@ impl Policy {
     /// when allowed; a rejection only refreshes the key's accounting. A
     /// cost of 0 charges nothing and is allowed unless the key is in debt
     /// (after a report); it is never delayed.
+    ///
+    /// An admission by a concurrency policy takes a lease; its identity is
+    /// 0 (see [`Policy::acquire`] to choose it).
     #[inline(always)]
     pub fn check(&self, state: &mut State, now: Nanos, cost: u64) -> Result<Decision, CostError> {
+        self.acquire(state, now, cost, 0)
+    }
+
+    /// [`Policy::check`], naming the lease an admission by a concurrency
+    /// policy takes `lease` (its store chooses it, unique per key); for
+    /// every other policy, the same as [`Policy::check`].
+    #[inline(always)]
+    pub fn acquire(
+        &self,
+        state: &mut State,
+        now: Nanos,
+        cost: u64,
+        lease: LeaseId,
+    ) -> Result<Decision, CostError> {
         if cost > 0 {
             self.validate_cost(cost)?;
         }
@@ -657,11 +739,61 @@ impl Policy {
                 apply(s, |s| c.check(s, now, cost))
             }
             (Self::SlidingLog(l), State::Log(s)) => l.check(s, now, cost),
+            (Self::Concurrency(c), State::Lease(s)) => {
+                let decision = c.check(s, now, cost, lease);
+                Decision {
+                    lease: (decision.allowed && cost > 0).then_some(lease),
+                    ..decision
+                }
+            }
             _ => {
                 *state = self.new_state();
-                return self.check(state, now, cost);
+                return self.acquire(state, now, cost, lease);
             }
         })
+    }
+
+    /// Frees the lease `lease` of a concurrency policy (docs/SPEC.md):
+    /// allowed is whether it was live; the standing after it, with the wait
+    /// a check of cost 1 would get. Any other policy has no leases.
+    pub fn release(
+        &self,
+        state: &mut State,
+        now: Nanos,
+        lease: LeaseId,
+    ) -> Result<Decision, CostError> {
+        self.on_lease(state, now, lease, Concurrency::release)
+    }
+
+    /// Extends the live lease `lease` of a concurrency policy to its full
+    /// duration from now; allowed is whether it was live (an expired lease
+    /// stays expired).
+    pub fn renew(
+        &self,
+        state: &mut State,
+        now: Nanos,
+        lease: LeaseId,
+    ) -> Result<Decision, CostError> {
+        self.on_lease(state, now, lease, Concurrency::renew)
+    }
+
+    fn on_lease(
+        &self,
+        state: &mut State,
+        now: Nanos,
+        lease: LeaseId,
+        op: fn(&Concurrency, &mut LeaseState, Nanos, LeaseId) -> Decision,
+    ) -> Result<Decision, CostError> {
+        let Self::Concurrency(c) = self else {
+            return Err(CostError::NoLeases);
+        };
+        if !matches!(state, State::Lease(_)) {
+            *state = self.new_state();
+        }
+        match state {
+            State::Lease(s) => Ok(op(c, s, now, lease)),
+            _ => Err(CostError::NoLeases),
+        }
     }
 
     /// Whether the key is back to its idle, fully available state at `now`
@@ -683,6 +815,7 @@ impl Policy {
                 }
             }
             (Self::SlidingLog(l), State::Log(s)) => s.is_idle(t, l.window()),
+            (Self::Concurrency(_), State::Lease(s)) => s.is_idle(t),
             _ => true,
         }
     }
@@ -713,6 +846,7 @@ impl Policy {
                         return c.status(*s, now);
                     }
                     (Self::SlidingLog(l), State::Log(s)) => l.peek(s, now, never),
+                    (Self::Concurrency(c), State::Lease(s)) => c.peek(s, now, 0),
                     _ => return self.status(&self.new_state(), now),
                 };
                 (decision.remaining, decision.reset)
@@ -729,7 +863,15 @@ impl Policy {
                 }
                 Ok(l.peek(s, now, cost))
             }
-            (Self::SlidingLog(_), _) => self.check(&mut self.new_state(), now, cost),
+            (Self::Concurrency(c), State::Lease(s)) => {
+                if cost > 0 {
+                    self.validate_cost(cost)?;
+                }
+                Ok(c.peek(s, now, cost))
+            }
+            (Self::SlidingLog(_) | Self::Concurrency(_), _) => {
+                self.check(&mut self.new_state(), now, cost)
+            }
             _ => self.check(&mut state.clone(), now, cost),
         }
     }
@@ -777,6 +919,12 @@ impl fmt::Display for Policy {
                 )
             }
             Self::LeakyBucket(l) => write!(f, "{name} rate={} queue={}", l.rate(), l.queue()),
+            Self::Concurrency(c) => write!(
+                f,
+                "{name} limit={} lease={}",
+                c.limit(),
+                DisplayDuration(c.lease())
+            ),
         }
     }
 }

@@ -141,6 +141,7 @@ fn grain(policy: &Policy) -> Nanos {
         Policy::FixedWindow(w) => w.window(),
         Policy::SlidingLog(l) => l.window(),
         Policy::SlidingCounter(c) => c.window(),
+        Policy::Concurrency(c) => c.lease(),
     }
 }
 

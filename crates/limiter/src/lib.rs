@@ -51,6 +51,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use thiserror::Error;
+pub use weir_core::algo::LeaseId;
 pub use weir_core::{
     AllDecision, CheckError, Clock, CostError, Decision, FakeClock, Nanos, Policy, SystemClock,
 };
@@ -619,6 +620,31 @@ impl<C: Clock> Limiter<C> {
         });
         names.insert(name.to_owned(), slot);
         Ok(PolicyId(self.policies.len() + slot))
+    }
+
+    /// Releases the lease `lease` of `key` under a concurrency policy
+    /// (docs/SPEC.md): `allowed` is whether it was live, with the standing
+    /// after it. A lease is released once; an identity that is not a live
+    /// lease of this key (expired, released, or another key's) frees
+    /// nothing.
+    pub fn release(&self, policy: PolicyId, key: &str, lease: LeaseId) -> Result<Decision, Error> {
+        self.on_lease(policy, key, Op::Release(lease))
+    }
+
+    /// Extends the live lease `lease` of `key` to the policy's full lease
+    /// from now; `allowed` is whether it was live (an expired lease is not
+    /// brought back).
+    pub fn renew(&self, policy: PolicyId, key: &str, lease: LeaseId) -> Result<Decision, Error> {
+        self.on_lease(policy, key, Op::Renew(lease))
+    }
+
+    fn on_lease(&self, policy: PolicyId, key: &str, op: Op) -> Result<Decision, Error> {
+        let named = self.named(policy)?;
+        weir_core::check::check_key(key, self.max_key_len)?;
+        if !matches!(named.store.policy(), Policy::Concurrency(_)) {
+            return Err(cost_error(named, weir_core::CostError::NoLeases));
+        }
+        self.charge(named, Check::new(policy, key).cost(0), op)
     }
 
     /// The check as `weir-core` validates it, with its policy's name.

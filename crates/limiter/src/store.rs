@@ -47,6 +47,7 @@ use portable_atomic::AtomicU128;
 use compact_str::CompactString;
 use hashbrown::HashTable;
 use parking_lot::Mutex;
+use weir_core::algo::LeaseId;
 use weir_core::algo::{
     FixedWindow, FixedWindowState, LeakyBucket, LevelState, SlidingCounter, SlidingCounterState,
     TokenBucket,
@@ -125,12 +126,41 @@ impl Budget {
     }
 }
 
-/// What a call does to a key: decide a request, or charge usage after the
-/// fact (docs/SPEC.md's report: always charged, possibly into debt).
+/// What a call does to a key: decide a request, charge usage after the
+/// fact (docs/SPEC.md's report: always charged, possibly into debt), or
+/// release or renew a concurrency policy's lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
     Check,
     Report,
+    Release(LeaseId),
+    Renew(LeaseId),
+}
+
+/// A new lease's identity: random, so that an identity from another key,
+/// another policy or an earlier life of this key (deleted once idle) finds
+/// nothing to act on; never 0.
+fn new_lease(policy: &Policy) -> LeaseId {
+    match policy {
+        Policy::Concurrency(_) => fastrand::u64(1..),
+        _ => 0,
+    }
+}
+
+/// Decides `op` on a state that is not packed.
+fn decide_state(
+    policy: &Policy,
+    state: &mut State,
+    cost: u64,
+    now: Nanos,
+    op: Op,
+) -> Result<Decision, CostError> {
+    match op {
+        Op::Check => policy.acquire(state, now, cost, new_lease(policy)),
+        Op::Report => policy.report(state, now, cost),
+        Op::Release(lease) => policy.release(state, now, lease),
+        Op::Renew(lease) => policy.renew(state, now, lease),
+    }
 }
 
 /// The key budget is spent: no new key can be stored.
@@ -172,7 +202,7 @@ impl Packing {
                 let cap = w.limit().checked_add(1)?;
                 (bits > 0 && bits < 64 && cap < 1 << bits).then_some(Self::Window(w, bits))
             }
-            Policy::SlidingLog(_) | Policy::SlidingCounter(_) => None,
+            Policy::SlidingLog(_) | Policy::SlidingCounter(_) | Policy::Concurrency(_) => None,
         }
     }
 }
@@ -472,7 +502,7 @@ impl<A: Atom> Slot for Word<A> {
     #[inline(always)]
     fn decide(&self, rules: &Rules, cost: u64, now: Nanos, op: Op) -> Result<Decision, CostError> {
         let Some(packing) = A::packing(rules) else {
-            return rules.policy.check(&mut rules.policy.new_state(), now, cost);
+            return decide_state(&rules.policy, &mut rules.policy.new_state(), cost, now, op);
         };
         match op {
             Op::Check => Ok(packing.check(self, now, cost)),
@@ -481,6 +511,10 @@ impl<A: Atom> Slot for Word<A> {
                 let decision = rules.policy.report(&mut state, t, cost)?;
                 (decision, packing.pack(&state))
             })),
+            // A packed policy has no leases: the policy's error.
+            Op::Release(_) | Op::Renew(_) => {
+                decide_state(&rules.policy, &mut rules.policy.new_state(), cost, now, op)
+            }
         }
     }
 
@@ -507,10 +541,7 @@ impl Slot for Mutex<State> {
 
     #[inline(always)]
     fn decide(&self, rules: &Rules, cost: u64, now: Nanos, op: Op) -> Result<Decision, CostError> {
-        match op {
-            Op::Check => rules.policy.check(&mut self.lock(), now, cost),
-            Op::Report => rules.policy.report(&mut self.lock(), now, cost),
-        }
+        decide_state(&rules.policy, &mut self.lock(), cost, now, op)
     }
 
     fn peek(&self, rules: &Rules, cost: u64, now: Nanos) -> Result<Decision, CostError> {
@@ -621,7 +652,13 @@ impl<S: Slot> ShardMap<S> {
     ) -> Result<Decision, CostError> {
         match self.get(key) {
             Some(slot) => slot.decide(rules, cost, now, Op::Check),
-            None => rules.policy.check(&mut rules.policy.new_state(), now, cost),
+            None => decide_state(
+                &rules.policy,
+                &mut rules.policy.new_state(),
+                cost,
+                now,
+                Op::Check,
+            ),
         }
     }
 }

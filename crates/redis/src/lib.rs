@@ -28,6 +28,7 @@ use redis::Script;
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use thiserror::Error;
+use weir_core::algo::LeaseId;
 use weir_core::{AllDecision, CheckError, Decision, NANOS_PER_SEC, Nanos, Policy};
 
 /// The script: see its header for the KEYS/ARGV contract.
@@ -164,6 +165,22 @@ pub struct Check<'a> {
     /// is refused, storing nothing ([`Checked::new_key_refused`]) — for a
     /// client that has created its share of new keys.
     pub no_new_key: bool,
+    /// On a concurrency policy: the lease an admission takes (chosen by
+    /// [`Check::from`], random), or the lease a release or renewal acts on.
+    pub lease: LeaseOp,
+}
+
+/// What a check does with a concurrency policy's leases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseOp {
+    /// A check: an admission takes this lease (random, so that identities
+    /// are unique across every weir sharing the store, and an identity from
+    /// another key or an earlier life of this one finds nothing; never 0).
+    Take(LeaseId),
+    /// Frees this lease if it is live (docs/SPEC.md's release).
+    Release(LeaseId),
+    /// Extends this lease if it is live (docs/SPEC.md's renew).
+    Renew(LeaseId),
 }
 
 impl<'a> From<weir_core::Check<'a>> for Check<'a> {
@@ -174,6 +191,10 @@ impl<'a> From<weir_core::Check<'a>> for Check<'a> {
             shadow: false,
             report: false,
             no_new_key: false,
+            lease: LeaseOp::Take(match check.policy {
+                Policy::Concurrency(_) => fastrand::u64(1..),
+                _ => 0,
+            }),
         }
     }
 }
@@ -600,11 +621,19 @@ impl RedisStore {
             Sender::Shared(batcher) => batcher.submit(request),
         }
         .ok_or(StoreError::Reply)?;
-        let checked = match tokio::time::timeout(self.timeout, answer).await {
+        let mut checked = match tokio::time::timeout(self.timeout, answer).await {
             Ok(Ok(answer)) => answer?,
             Ok(Err(_)) => return Err(StoreError::Reply),
             Err(_) => return Err(StoreError::Timeout(self.timeout)),
         };
+        // An admission that was charged took its lease.
+        if checked.all.allowed && mode != Mode::Peek {
+            for (decision, check) in checked.all.decisions.iter_mut().zip(checks) {
+                if let (true, LeaseOp::Take(id @ 1..)) = (decision.allowed, check.lease) {
+                    decision.lease = (check.check.cost > 0).then_some(id);
+                }
+            }
+        }
         if let (Some(cache), Some(key), [decision], [late]) = (
             cached,
             cache_key,
@@ -664,6 +693,38 @@ impl RedisStore {
         only(self.decide(&[check], at, mode).await?)
     }
 
+    /// Releases (or with `renew`, renews) the lease `lease` of `identity`
+    /// under a concurrency policy: allowed is whether it was live, with the
+    /// standing after it (docs/SPEC.md).
+    pub async fn on_lease(
+        &self,
+        name: &str,
+        policy: &Policy,
+        identity: &str,
+        op: LeaseOp,
+        at: Option<Nanos>,
+    ) -> Result<Decision, StoreError> {
+        if !matches!(policy, Policy::Concurrency(_)) || matches!(op, LeaseOp::Take(_)) {
+            return Err(StoreError::Invalid(weir_core::CheckError::Cost {
+                policy: name.to_owned(),
+                error: weir_core::CostError::NoLeases,
+            }));
+        }
+        let check = Check {
+            lease: op,
+            ..Check::from(weir_core::Check {
+                name,
+                policy,
+                key: identity,
+                cost: 0,
+            })
+        };
+        let mode = Mode::Charge {
+            max_delay: Nanos::MAX,
+        };
+        only(self.decide(&[check], at, mode).await?)
+    }
+
     /// One policy, one identity.
     pub async fn check(
         &self,
@@ -714,6 +775,13 @@ fn spec(c: &Check<'_>) -> String {
     if c.no_new_key {
         spec.push_str(" n");
     }
+    if let Policy::Concurrency(_) = c.check.policy {
+        let _ = match c.lease {
+            LeaseOp::Take(id) => write!(spec, " i={id}"),
+            LeaseOp::Release(id) => write!(spec, " x={id}"),
+            LeaseOp::Renew(id) => write!(spec, " w={id}"),
+        };
+    }
     let _ = write!(spec, " c={}", c.check.cost);
     spec
 }
@@ -755,6 +823,7 @@ fn parse(reply: &[i64], count: usize) -> Result<Checked, StoreError> {
             retry_after: n(d[2])?,
             reset: n(d[3])?,
             delay: n(d[4])?,
+            lease: None,
         });
         late.push(n(d[5])?);
     }

@@ -38,6 +38,9 @@ pub(crate) const MAX_ENTRIES: usize = 100_000;
 pub(crate) fn cacheable(checks: &[crate::Check<'_>], mode: crate::Mode) -> bool {
     matches!(mode, crate::Mode::Charge { .. })
         && matches!(checks, [c] if c.check.cost == 1 && !(c.report || c.shadow))
+        // A concurrency refusal's wait is an upper bound: a release frees
+        // room before it.
+        && !matches!(checks[0].check.policy, Policy::Concurrency(_))
 }
 
 /// Which clock a time is on: Redis's (read locally as elapsed time since
@@ -112,6 +115,7 @@ impl Refusals {
             retry_after: refusal.until - at,
             reset: refusal.idle_at.saturating_sub(at),
             delay: 0,
+            lease: None,
         })
     }
 

@@ -25,6 +25,9 @@
 --          "lb Q n p"  leaky bucket: queue Q, rate n/p
 --          "fw L W"    fixed window      "sc L W" sliding counter
 --          "sl L W"    sliding log       (W in ns)
+--          "cc L D"    concurrency limit: at most L in flight, leases of D ns;
+--                      " i=ID" the lease a check takes, " x=ID" a release and
+--                      " w=ID" a renewal of lease ID (cost ignored)
 -- Returns, request after request, {all_allowed, state_lost, then per check:
 -- allowed, remaining, retry_after, reset, delay, late, created} (durations
 -- in ns; `late`: how far the key's latest time moved the check's time
@@ -53,6 +56,8 @@
 --       previous, varint cost), or "#" and entries (the gap as varint
 --       seconds and varint nanoseconds, varint cost) for windows of 2^51 ns
 --       or more
+--   cc: then per lease, in order of expiry, "|id cost expires_s expires_ns"
+--       (ids are decimal text: 64-bit, never arithmetic)
 
 local E9 = 1000000000
 local BIG = 9007199254740992 -- 2^53
@@ -395,10 +400,12 @@ local function parse(arg)
   if not p then
     local spec = {}
     for w in string.gmatch(arg, '%S+') do spec[#spec + 1] = w end
-    p = { spec[1], tonumber(spec[2]), tonumber(spec[3]), tonumber(spec[4]), 1, false, false, false, false }
+    p = { spec[1], tonumber(spec[2]), tonumber(spec[3]), tonumber(spec[4]), 1, false, false, false, false, false }
     local flags = (spec[1] == 'tb' or spec[1] == 'lb') and 5 or 4
     for k = flags, #spec do
-      if spec[k] == 'e' then p[6] = true
+      local flag = string.sub(spec[k], 1, 2)
+      if flag == 'i=' or flag == 'x=' or flag == 'w=' then p[10] = spec[k]
+      elseif spec[k] == 'e' then p[6] = true
       elseif spec[k] == 's' then p[7] = true
       elseif spec[k] == 'n' then p[9] = true
       elseif string.sub(spec[k], 1, 2) == 'r=' then p[8] = tonumber(string.sub(spec[k], 3))
@@ -406,7 +413,7 @@ local function parse(arg)
     end
     parsed[arg] = p
   end
-  return p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]
+  return p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10]
 end
 
 -- A check's three numbers as wide integers, for the checks decided wide.
@@ -431,6 +438,8 @@ local function is_wide(kind, a, b, c, s3, s5, s6, cost, report)
     return not ((a + 1) * c < LIM and b < LIM and (s3 or 0) < LIM and (not report or report * c < LIM))
   elseif kind == 'sc' then
     return not (b < LIM and math.max(a, (s5 or 0) + cost, s6 or 0, report or 0) * b < LIM)
+  elseif kind == 'cc' then
+    return false -- a limit and a lease below 2^51
   end
   return not (b < LIM)
 end
@@ -710,6 +719,76 @@ local function sliding_log(L, W_, wide, cost, report, raw, s3, s4, blob, ts, tn)
   return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
 end
 
+-- Concurrency limit (`cc`): at most L cost held by live leases, each live
+-- for D ns after it was taken or last renewed (`algo/lease.rs`). `lease`:
+-- "i=ID" for a check taking lease ID, "x=ID" to release it, "w=ID" to renew
+-- it. A release or renewal answers whether the lease was live, with the
+-- standing after it and the wait of a check of cost 1.
+local function concurrency(L, D, cost, lease, blob, ts, tn)
+  local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
+  local ids, costs, ess, ens, used = {}, {}, {}, {}, 0
+  for id, c, es, en in string.gmatch(blob, '|(%d+) (%d+) (%d+) (%d+)') do
+    es, en = tonumber(es), tonumber(en)
+    if es > ts or (es == ts and en > tn) then -- live: expires > t
+      local k = #ids + 1
+      ids[k], costs[k], ess[k], ens[k] = id, tonumber(c), es, en
+      used = used + costs[k]
+    end
+  end
+  local op, id = string.sub(lease or 'i=0', 1, 1), string.sub(lease or 'i=0', 3)
+  local function encode(extra)
+    local parts = { fmt(ts) .. ' ' .. fmt(tn) }
+    for k = 1, #ids do parts[#parts + 1] = '|' .. ids[k] .. ' ' .. fmt3(costs[k], ess[k], ens[k]) end
+    if extra then parts[#parts + 1] = extra end
+    return table.concat(parts)
+  end
+  local function last() -- the wait until the last live lease expires
+    if #ids == 0 then return 0 end
+    return diff(ess[#ids], ens[#ids], ts, tn)
+  end
+  -- The first expiry at which the freed cost reaches `excess`.
+  local function wait_for(excess)
+    local freed = 0
+    for k = 1, #ids do
+      freed = freed + costs[k]
+      if freed >= excess then return diff(ess[k], ens[k], ts, tn) end
+    end
+    return 0
+  end
+  left0, idle0 = math.max(L - used, 0), last()
+  fresh = encode(nil)
+  if op == 'i' then
+    if used + cost <= L then
+      allowed, remaining, reset = 1, L - used - cost, idle0
+      if cost > 0 then
+        local es, en = add(ts, tn, D)
+        new, reset = encode('|' .. id .. ' ' .. fmt3(cost, es, en)), D
+      else new = fresh end
+    else
+      remaining, retry, reset = left0, wait_for(used + cost - L), idle0
+    end
+    return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
+  end
+  -- A release or a renewal: the lease, if live, leaves the list (a renewal
+  -- puts it back last, expiring D from now).
+  local at
+  for k = 1, #ids do if ids[k] == id and id ~= '0' then at = k end end
+  if at then
+    allowed = 1
+    local c = costs[at]
+    table.remove(ids, at); table.remove(costs, at); table.remove(ess, at); table.remove(ens, at)
+    if op == 'w' then
+      local k = #ids + 1
+      ids[k], costs[k] = id, c
+      ess[k], ens[k] = add(ts, tn, D)
+    else used = used - c end
+  end
+  new = encode(nil)
+  remaining, reset = math.max(L - used, 0), last()
+  if used + 1 > L then retry = wait_for(used + 1 - L) end
+  return allowed, remaining, retry, reset, delay, new, new, remaining, reset
+end
+
 -- The checks of the request being decided, thirteen slots each from
 -- `checks[13 * (i - 1)]`, reused by the next request: allowed, remaining,
 -- retry, reset, whether the delay is over the longest allowed; the state
@@ -736,6 +815,10 @@ local function load(raw, kind, a, b, c, arg, lost_at_s, lost_at_ns)
     if kind == 'tb' then s1, s2, s3 = gs, gn, a * c
     elseif kind == 'lb' then s1, s2, s3 = gs, gn, (a + 1) * c
     elseif kind == 'sl' then s1, s2, s3, s4, blob = gs, gn, gs, gn, '|' .. varint(0) .. varint(a)
+    elseif kind == 'cc' then
+      -- Leases unknown: the whole limit held, until a lease would expire.
+      local es, en = add(gs, gn, b)
+      s1, s2, blob = gs, gn, '|0 ' .. fmt3(a, es, en)
     elseif kind == 'fw' or kind == 'sc' then
       local wide = false
       if b >= LIM then wide = select(2, wide_params(arg)) end
@@ -750,7 +833,7 @@ end
 -- them, in wide integers: allowed, remaining, retry, reset, delay, the
 -- state text if charged (`new`) and the refreshed one if not (`fresh`), and
 -- the standing with no request (remaining, reset).
-local function algorithm(arg, kind, a, b, c, cost, report, standing, raw, s1, s2, s3, s4, s5, s6, blob, ts, tn)
+local function algorithm(arg, kind, a, b, c, cost, report, standing, raw, s1, s2, s3, s4, s5, s6, blob, ts, tn, lease)
   local wide = is_wide(kind, a, b, c, s3, s5, s6, cost, report)
   local wb, wc
   if wide then wb, wc = select(2, wide_params(arg)) end
@@ -776,6 +859,8 @@ local function algorithm(arg, kind, a, b, c, cost, report, standing, raw, s1, s2
     return sliding_counter(a, b, cost, report, ss, sn, left, cur, prev, ts, tn)
   elseif kind == 'sl' then
     return sliding_log(a, b, wide and wb, cost, report, raw, s3, s4, blob, ts, tn)
+  elseif kind == 'cc' then
+    return concurrency(a, b, cost, lease, blob, ts, tn)
   end
   error('weir: unknown policy kind ' .. tostring(kind))
 end
@@ -842,7 +927,7 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
 
   for i = 1, n do
     local arg = ARGV[a + i]
-    local kind, a, b, c, cost, empty, shadow, report, no_new = parse(arg)
+    local kind, a, b, c, cost, empty, shadow, report, no_new, lease = parse(arg)
     local standing = cost == 0 or n > 1
     local raw = redis.call('GET', KEYS[k + i])
     local missing = 0
@@ -852,8 +937,9 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
     local ts, tn = now_s, now_ns
     if raw then ts, tn = later(now_s, now_ns, s1, s2) end
     local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
-      algorithm(arg, kind, a, b, c, cost, report, standing, raw, s1, s2, s3, s4, s5, s6, blob, ts, tn)
-    if cost == 0 and not report then
+      algorithm(arg, kind, a, b, c, cost, report, standing, raw, s1, s2, s3, s4, s5, s6, blob, ts, tn, lease)
+    local on_lease = lease and string.sub(lease, 1, 1) ~= 'i'
+    if cost == 0 and not report and not on_lease then
       -- Charges nothing: the standing, or a refusal while in debt. It moves
       -- the key's latest time, as any check does.
       if allowed == 1 then remaining, retry, reset, delay = left0, 0, idle0, 0 end

@@ -59,18 +59,12 @@ const CHARGE: weir_redis::Mode = weir_redis::Mode::Charge { max_delay: 0 };
 
 /// A request of one check of cost 1 of `key` under `policy`.
 fn one_check<'a>(policy: &'a Policy, key: &'a str) -> [weir_redis::Check<'a>; 1] {
-    [weir_redis::Check {
-        check: weir_core::Check {
-            name: "one",
-            policy,
-            key,
-            cost: 1,
-        },
-        on_loss: weir_redis::OnLoss::Full,
-        shadow: false,
-        report: false,
-        no_new_key: false,
-    }]
+    [weir_redis::Check::from(weir_core::Check {
+        name: "one",
+        policy,
+        key,
+        cost: 1,
+    })]
 }
 
 /// The script says which keys it created, and a check that must not create

@@ -608,16 +608,14 @@ fn shadows(table: &PolicyTable, checks: &[Check<'_>]) -> Few<bool> {
 fn redis_check<'a>(table: &'a PolicyTable, check: &Check<'a>) -> weir_redis::Check<'a> {
     let entry = table.get(check.policy);
     weir_redis::Check {
-        check: weir_core::Check {
+        on_loss: entry.on_state_loss,
+        shadow: entry.shadow,
+        ..weir_redis::Check::from(weir_core::Check {
             name: &entry.stored_as,
             policy: &entry.policy,
             key: check.key,
             cost: check.cost,
-        },
-        on_loss: entry.on_state_loss,
-        shadow: entry.shadow,
-        report: false,
-        no_new_key: false,
+        })
     }
 }
 

@@ -223,6 +223,9 @@ fn unit_length(unit: i32) -> Option<(Nanos, &'static str)> {
     }
 }
 
+/// Why a concurrency policy cannot serve Envoy.
+pub const NO_RELEASE: &str = "a concurrency policy cannot serve Envoy: Envoy's rate limit protocol has no release, so every lease would be held until it expires";
+
 /// `base`'s algorithm with its quota replaced by `count` per `period`: a
 /// bucket's capacity and rate, a window's limit per window of `period`, a
 /// shaper's rate; without a base, a fixed window.
@@ -235,6 +238,7 @@ pub fn with_limit(base: Option<Policy>, count: u64, period: Nanos) -> Result<Pol
         Some(Policy::SlidingLog(_)) => Policy::sliding_log(count, period),
         Some(Policy::SlidingCounter(_)) => Policy::sliding_counter(count, period),
         Some(Policy::LeakyBucket(l)) => Policy::leaky_bucket(rate()?, l.queue()),
+        Some(Policy::Concurrency(_)) => return Err(NO_RELEASE.to_owned()),
     }
     .map_err(|e| e.to_string())
 }

@@ -107,7 +107,8 @@ impl Entry {
             | Policy::Gcra(_)
             | Policy::FixedWindow(_)
             | Policy::SlidingLog(_)
-            | Policy::SlidingCounter(_) => None,
+            | Policy::SlidingCounter(_)
+            | Policy::Concurrency(_) => None,
         };
         Self {
             refused: weir_tower::error_body("RATE_LIMITED", &name).into(),

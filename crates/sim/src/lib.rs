@@ -17,7 +17,7 @@ use std::io::{Read, Write};
 use thiserror::Error;
 use weir_core::{CostError, Policy};
 
-pub use simulate::{Format, Outcome, RowWriter, Simulator};
+pub use simulate::{Format, LeaseNames, Outcome, RowWriter, Simulator};
 pub use trace::{Arrival, Op, TraceError, TraceReader};
 
 /// Why a simulation stopped.

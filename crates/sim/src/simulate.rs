@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
+use weir_core::algo::LeaseId;
 use weir_core::units::Seconds;
 use weir_core::{CostError, Decision, Nanos, Policy, State};
 
@@ -16,6 +17,32 @@ use crate::trace::{Arrival, Op};
 pub struct Simulator {
     policy: Policy,
     keys: HashMap<String, State>,
+    leases: LeaseNames,
+    /// The identity the next lease takes.
+    next: LeaseId,
+}
+
+/// A trace's lease names (per key) and the identities their store chose.
+#[derive(Debug, Default)]
+pub struct LeaseNames(HashMap<(String, String), LeaseId>);
+
+impl LeaseNames {
+    /// The identity of the lease `arrival` names; 0 (no lease) for a name
+    /// no admission took.
+    pub fn of(&self, arrival: &Arrival) -> LeaseId {
+        let name = arrival.lease.clone().unwrap_or_default();
+        self.0
+            .get(&(arrival.key.clone(), name))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Records the lease a check's admission took under the row's name.
+    pub fn took(&mut self, arrival: &Arrival, decision: &Decision) {
+        if let (Some(id), Some(name)) = (decision.lease, &arrival.lease) {
+            self.0.insert((arrival.key.clone(), name.clone()), id);
+        }
+    }
 }
 
 /// A decision and the time it was evaluated at (`max(now, last_seen)`).
@@ -35,6 +62,8 @@ impl Simulator {
         Self {
             policy,
             keys: HashMap::new(),
+            leases: LeaseNames::default(),
+            next: 1,
         }
     }
 
@@ -53,9 +82,17 @@ impl Simulator {
                 .or_insert_with(|| self.policy.new_state()),
         };
         let at = arrival.time.max(state.seen());
+        let (now, cost) = (arrival.time, arrival.cost);
         let decision = match arrival.op {
-            Some(Op::Report) => self.policy.report(state, arrival.time, arrival.cost)?,
-            Some(Op::Check) | None => self.policy.check(state, arrival.time, arrival.cost)?,
+            Some(Op::Report) => self.policy.report(state, now, cost)?,
+            Some(Op::Release) => self.policy.release(state, now, self.leases.of(arrival))?,
+            Some(Op::Renew) => self.policy.renew(state, now, self.leases.of(arrival))?,
+            Some(Op::Check) | None => {
+                let decision = self.policy.acquire(state, now, cost, self.next)?;
+                self.next += 1;
+                self.leases.took(arrival, &decision);
+                decision
+            }
         };
         Ok(Outcome {
             at,
@@ -85,6 +122,7 @@ pub struct RowWriter<W: Write> {
 
 const HEADER: &str = "time,key,cost,allowed,remaining,retry_after,reset,delay";
 const HEADER_OP: &str = "time,key,cost,op,allowed,remaining,retry_after,reset,delay";
+const HEADER_LEASE: &str = "time,key,cost,op,lease,allowed,remaining,retry_after,reset,delay";
 
 impl<W: Write> RowWriter<W> {
     /// A writer; the CSV header is written with the first row (or on finish).
@@ -96,12 +134,14 @@ impl<W: Write> RowWriter<W> {
         }
     }
 
-    fn start(&mut self, op: bool) -> io::Result<()> {
+    fn start(&mut self, op: bool, lease: bool) -> io::Result<()> {
         if !self.started && self.format == Format::Csv {
-            match op {
+            match (op, lease) {
+                // A trace with a `lease` column: echoed after `op`.
+                (_, true) => writeln!(self.out, "{HEADER_LEASE}")?,
                 // A trace with an `op` column: echoed after `cost`.
-                true => writeln!(self.out, "{HEADER_OP}")?,
-                false => writeln!(self.out, "{HEADER}")?,
+                (true, false) => writeln!(self.out, "{HEADER_OP}")?,
+                (false, false) => writeln!(self.out, "{HEADER}")?,
             }
         }
         self.started = true;
@@ -110,11 +150,24 @@ impl<W: Write> RowWriter<W> {
 
     /// Writes one decision row.
     pub fn row(&mut self, arrival: &Arrival, decision: &Decision) -> io::Result<()> {
-        self.start(arrival.op.is_some())?;
-        let op = arrival.op.map_or(String::new(), |op| match self.format {
-            Format::Csv => format!(",{}", op.name()),
-            Format::Json => format!(r#","op":"{}""#, op.name()),
+        self.start(arrival.op.is_some(), arrival.lease.is_some())?;
+        let name = match (arrival.op, &arrival.lease) {
+            (None, None) => None,
+            (op, _) => Some(op.unwrap_or(Op::Check).name()),
+        };
+        let mut op = name.map_or(String::new(), |name| match self.format {
+            Format::Csv => format!(",{name}"),
+            Format::Json => format!(r#","op":"{name}""#),
         });
+        if let Some(lease) = &arrival.lease {
+            match self.format {
+                Format::Csv => op.push_str(&format!(",{}", csv_field(lease))),
+                Format::Json => op.push_str(&format!(
+                    r#","lease":{}"#,
+                    serde_json::Value::from(lease.as_str())
+                )),
+            }
+        }
         let d = decision;
         let (retry, reset, delay) = (Seconds(d.retry_after), Seconds(d.reset), Seconds(d.delay));
         match self.format {
@@ -141,7 +194,7 @@ impl<W: Write> RowWriter<W> {
 
     /// Writes the header if no row was written, and flushes.
     pub fn finish(&mut self) -> io::Result<()> {
-        self.start(false)?;
+        self.start(false, false)?;
         self.out.flush()
     }
 }

@@ -1,8 +1,10 @@
 //! Reading traces: CSV with a header naming `time` (seconds, decimal, at most
 //! nine fractional digits) and optionally `cost` (whole number, default 1),
-//! `key` (default `default`) and `op` (`check` or `report`, default `check`),
-//! in any order. Rows are taken in file order. An empty `cost`, `key` or `op`
-//! field takes the column's default.
+//! `key` (default `default`), `op` (`check`, `report`, `release` or `renew`,
+//! default `check`) and `lease` (a concurrency policy's lease: the one a
+//! check would take, or the one a release or renewal acts on), in any order.
+//! Rows are taken in file order. An empty `cost`, `key` or `op` field takes
+//! the column's default.
 
 use std::io::Read;
 
@@ -27,6 +29,9 @@ pub struct Arrival {
     /// A check or a report; `None` when the trace has no `op` column (the
     /// output then has none either).
     pub op: Option<Op>,
+    /// The lease's name; `None` when the trace has no `lease` column (the
+    /// output then has none either), empty when the row names none.
+    pub lease: Option<String>,
     /// The line of the trace it came from (1 is the header).
     pub line: u64,
 }
@@ -38,6 +43,10 @@ pub enum Op {
     Check,
     /// Usage charged after the fact, always.
     Report,
+    /// Frees a concurrency policy's lease (its cost is ignored).
+    Release,
+    /// Extends a concurrency policy's lease (its cost is ignored).
+    Renew,
 }
 
 impl Op {
@@ -46,6 +55,8 @@ impl Op {
         match self {
             Self::Check => "check",
             Self::Report => "report",
+            Self::Release => "release",
+            Self::Renew => "renew",
         }
     }
 }
@@ -59,6 +70,7 @@ impl Arrival {
             key: key.to_owned(),
             cost,
             op: None,
+            lease: None,
             line: 0,
         }
     }
@@ -80,6 +92,7 @@ struct Columns {
     cost: Option<usize>,
     key: Option<usize>,
     op: Option<usize>,
+    lease: Option<usize>,
 }
 
 /// Reads arrivals one by one, so a long trace is never held in memory and
@@ -118,13 +131,14 @@ fn read_header<R: Read>(reader: &mut csv::Reader<R>) -> Result<Columns, TraceErr
         .headers()
         .map_err(|e| header_error(format!("cannot read the header: {e}")))?
         .clone();
-    let (mut time, mut cost, mut key, mut op) = (None, None, None, None);
+    let (mut time, mut cost, mut key, mut op, mut lease) = (None, None, None, None, None);
     for (i, name) in headers.iter().enumerate() {
         let slot = match name {
             "time" => &mut time,
             "cost" => &mut cost,
             "key" => &mut key,
             "op" => &mut op,
+            "lease" => &mut lease,
             "" if headers.len() == 1 => {
                 return Err(header_error(
                     "the trace is empty: expected a header with a `time` column".into(),
@@ -132,7 +146,7 @@ fn read_header<R: Read>(reader: &mut csv::Reader<R>) -> Result<Columns, TraceErr
             }
             other => {
                 return Err(header_error(format!(
-                    "unknown column `{other}` (valid columns: time, cost, key, op)"
+                    "unknown column `{other}` (valid columns: time, cost, key, op, lease)"
                 )));
             }
         };
@@ -141,13 +155,14 @@ fn read_header<R: Read>(reader: &mut csv::Reader<R>) -> Result<Columns, TraceErr
         }
     }
     let time = time.ok_or_else(|| {
-        header_error("the header has no `time` column (columns: time, cost, key, op)".into())
+        header_error("the header has no `time` column (columns: time, cost, key, op, lease)".into())
     })?;
     Ok(Columns {
         time,
         cost,
         key,
         op,
+        lease,
     })
 }
 
@@ -214,12 +229,23 @@ fn parse_row(
         (None, _) => None,
         (Some(_), None | Some("check")) => Some(Op::Check),
         (Some(_), Some("report")) => Some(Op::Report),
+        (Some(_), Some("release")) => Some(Op::Release),
+        (Some(_), Some("renew")) => Some(Op::Renew),
         (Some(_), Some(other)) => {
             return Err(error(format!(
-                "`op` \"{other}\": expected \"check\" or \"report\""
+                "`op` \"{other}\": expected \"check\", \"report\", \"release\" or \"renew\""
             )));
         }
     };
+    let lease = columns
+        .lease
+        .map(|_| field(columns.lease).unwrap_or_default().to_owned());
+    if matches!(op, Some(Op::Release | Op::Renew)) && lease.as_deref().is_none_or(str::is_empty) {
+        return Err(error(format!(
+            "`op` \"{}\" needs the lease it acts on in a `lease` column",
+            op.map_or("", Op::name)
+        )));
+    }
     let key = field(columns.key).unwrap_or(DEFAULT_KEY).to_owned();
     Ok(Arrival {
         time_text: time_text.to_owned(),
@@ -227,6 +253,7 @@ fn parse_row(
         key,
         cost,
         op,
+        lease,
         line,
     })
 }
@@ -262,13 +289,15 @@ mod tests {
         assert_eq!(
             read("time,colour\n0,red\n"),
             vec![Err(
-                "line 1: unknown column `colour` (valid columns: time, cost, key, op)".into()
+                "line 1: unknown column `colour` (valid columns: time, cost, key, op, lease)"
+                    .into()
             )]
         );
         assert_eq!(
             read("cost\n1\n"),
             vec![Err(
-                "line 1: the header has no `time` column (columns: time, cost, key, op)".into()
+                "line 1: the header has no `time` column (columns: time, cost, key, op, lease)"
+                    .into()
             )]
         );
         let rows = read("time\n0\nsoon\n1\n");
@@ -288,7 +317,8 @@ mod tests {
         assert_eq!(
             read(""),
             vec![Err(
-                "line 1: the header has no `time` column (columns: time, cost, key, op)".into()
+                "line 1: the header has no `time` column (columns: time, cost, key, op, lease)"
+                    .into()
             )]
         );
         assert!(
