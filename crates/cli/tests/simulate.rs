@@ -27,7 +27,7 @@ fn text(bytes: &[u8]) -> String {
 }
 
 /// The table of testdata/vectors/README.md.
-const VECTORS: [(&str, &str, &str); 13] = [
+const VECTORS: [(&str, &str, &str); 14] = [
     (
         "token-bucket.expected.csv",
         "token-bucket.csv",
@@ -92,6 +92,11 @@ const VECTORS: [(&str, &str, &str); 13] = [
         "sliding-counter-report.expected.csv",
         "usage-report-window.csv",
         "--algorithm sliding-counter --limit 120 --window 60s",
+    ),
+    (
+        "concurrency.expected.csv",
+        "concurrency.csv",
+        "--algorithm concurrency --limit 3 --lease 30s",
     ),
 ];
 
