@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use weir_core::{Nanos, State};
-use weir_limiter::{Check, CheckError, Decision, Error, FakeClock, Limiter, Policy};
+use weir_limiter::{Check, CheckError, Clock, Decision, Error, FakeClock, Limiter, Policy};
 
 fn policies() -> impl Strategy<Value = Policy> {
     prop::sample::select(vec![
@@ -559,4 +559,122 @@ proptest! {
             prop_assert_eq!(got.allowed, both.allowed);
         }
     }
+}
+
+/// A concurrency trace step: a check of a cost, or a release or renewal of
+/// the n-th lease taken so far (of any key: another key's finds nothing).
+#[derive(Debug, Clone, Copy)]
+enum LeaseStep {
+    Check(u64),
+    Release(usize),
+    Renew(usize),
+}
+
+proptest! {
+    /// Checks, releases and renewals decide as the core, with sweeps in
+    /// between (a key with live leases is never swept; an idle one is).
+    #[test]
+    fn leases_decide_as_the_core(
+        limit in 1u64..=4,
+        trace in prop::collection::vec((0i64..700, 0u8..3, prop_oneof![
+            4 => (0u64..=4).prop_map(LeaseStep::Check),
+            2 => (0usize..40).prop_map(LeaseStep::Release),
+            1 => (0usize..40).prop_map(LeaseStep::Renew),
+        ]), 1..80),
+    ) {
+        let policy = Policy::parse(&format!("concurrency limit={limit} lease=1s")).unwrap();
+        let clock = FakeClock::at(5_000_000_000);
+        let limiter = Limiter::builder().policy("p", policy).clock(clock.clone()).build().unwrap();
+        let id = limiter.policy("p").unwrap();
+        let mut reference: HashMap<String, State> = HashMap::new();
+        let mut taken: Vec<(u64, u64)> = Vec::new();
+        for (i, &(gap, key, step)) in trace.iter().enumerate() {
+            clock.advance(gap as u64 * 3_000_000);
+            let now = clock.now();
+            let key = format!("k{key}");
+            let state = reference.entry(key.clone()).or_insert_with(|| policy.new_state());
+            let lease = |n: usize| taken.get(n).copied().unwrap_or_default();
+            let (expected, got) = match step {
+                LeaseStep::Check(cost) => {
+                    let cost = cost.min(limit);
+                    let expected = policy.acquire(state, now, cost, i as u64 + 1).unwrap();
+                    let got = limiter.check_one(Check::new(id, &key).cost(cost)).unwrap();
+                    prop_assert_eq!(got.lease.is_some(), expected.lease.is_some());
+                    if let Some(ours) = got.lease {
+                        taken.push((ours, i as u64 + 1));
+                    }
+                    (expected, got)
+                }
+                LeaseStep::Release(n) => (
+                    policy.release(state, now, lease(n).1).unwrap(),
+                    limiter.release(id, &key, lease(n).0).unwrap(),
+                ),
+                LeaseStep::Renew(n) => (
+                    policy.renew(state, now, lease(n).1).unwrap(),
+                    limiter.renew(id, &key, lease(n).0).unwrap(),
+                ),
+            };
+            let bare = |d: Decision| Decision { lease: None, ..d };
+            prop_assert_eq!(bare(got), bare(expected), "at {} {} {:?}", now, key, step);
+            if i % 7 == 0 {
+                limiter.sweep();
+            }
+        }
+    }
+}
+
+/// A concurrency policy among others: its lease is taken only when every
+/// policy admits, a shadow concurrency policy that would refuse takes none,
+/// and leases are never reported.
+#[test]
+fn a_lease_is_taken_only_when_every_policy_admits() {
+    let limiter = Limiter::builder()
+        .policy(
+            "slots",
+            Policy::parse("concurrency limit=1 lease=1m").unwrap(),
+        )
+        .policy(
+            "rate",
+            Policy::parse("fixed-window limit=2 window=1h").unwrap(),
+        )
+        .clock(FakeClock::at(0))
+        .build()
+        .unwrap();
+    let (slots, rate) = (
+        limiter.policy("slots").unwrap(),
+        limiter.policy("rate").unwrap(),
+    );
+    let both = |k| [Check::new(slots, k), Check::new(rate, k)];
+    let first = limiter.check_all(&both("a")).unwrap();
+    let lease = first.decisions[0].lease.expect("admitted: a lease");
+    assert_eq!(first.decisions[1].lease, None);
+    // The slot is held: refused, the rate not charged.
+    assert!(!limiter.check_all(&both("a")).unwrap().allowed);
+    assert!(limiter.release(slots, "a", lease).unwrap().allowed);
+    assert!(
+        !limiter.release(slots, "a", lease).unwrap().allowed,
+        "released once"
+    );
+    let second = limiter.check_all(&both("a")).unwrap();
+    assert!(second.allowed && second.decisions[1].remaining == 0);
+    // The rate refuses: no lease taken, the slot stays free.
+    let refused = limiter.check_all(&both("a")).unwrap();
+    assert!(!refused.allowed && refused.decisions[0].lease.is_none());
+    let held = limiter.peek(Check::new(slots, "a")).unwrap().0;
+    assert_eq!(held.remaining, 0, "the second admission's lease");
+    // Shadow: would refuse, takes nothing, lets the request through.
+    let shadowed = limiter
+        .check_all(&[Check::new(slots, "a").shadow()])
+        .unwrap();
+    assert!(
+        shadowed.allowed && !shadowed.decisions[0].allowed && shadowed.decisions[0].lease.is_none()
+    );
+    assert!(matches!(
+        limiter.report(Check::new(slots, "a")),
+        Err(Error::Invalid(CheckError::Cost { .. }))
+    ));
+    assert!(matches!(
+        limiter.release(rate, "a", 1),
+        Err(Error::Invalid(CheckError::Cost { .. }))
+    ));
 }

@@ -890,3 +890,116 @@ fn a_reset_reaches_every_cache() {
     }
     assert!(check().allowed);
 }
+
+/// One operation of a concurrency trace: a check of a cost, or a release
+/// or renewal of the n-th lease taken so far (of any key: another key's
+/// lease finds nothing).
+#[derive(Debug, Clone, Copy)]
+enum LeaseStep {
+    Check(u64),
+    Release(usize),
+    Renew(usize),
+}
+
+/// Checks, releases and renewals through Redis and the core, at explicit
+/// times: the same decisions to the nanosecond, and a lease exactly when
+/// the core takes one.
+#[test]
+fn leases_decide_as_the_core() {
+    let shared = shared();
+    let case = AtomicU64::new(0);
+    let step = prop_oneof![
+        4 => (0u64..=4).prop_map(LeaseStep::Check),
+        2 => (0usize..40).prop_map(LeaseStep::Release),
+        1 => (0usize..40).prop_map(LeaseStep::Renew),
+    ];
+    let strategy = (
+        prop::sample::select(vec![
+            "concurrency limit=3 lease=1s",
+            "concurrency limit=4 lease=1500ms",
+            "concurrency limit=1 lease=250ms",
+        ]),
+        prop::collection::vec((gap(), 0u8..2, step), 1..60),
+    );
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 64,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&strategy, |(policy, trace)| {
+            let case = 2_000_000 + case.fetch_add(1, Ordering::SeqCst);
+            let policy = Policy::parse(policy).unwrap();
+            let name = format!("p{case}");
+            let mut reference: HashMap<String, State> = HashMap::new();
+            // (the key, the store's identity, the core's) of each lease taken.
+            let mut taken: Vec<(String, u64, u64)> = Vec::new();
+            let mut now: Nanos = 1_796_000_000 * NANOS_PER_SEC + 123_456_789;
+            for (i, &(gap, key, step)) in trace.iter().enumerate() {
+                now = now.saturating_add_signed(gap * 1_000_000 + i64::from(key) * 7);
+                let identity = format!("c{case}-k{key}");
+                let state = reference
+                    .entry(identity.clone())
+                    .or_insert_with(|| policy.new_state());
+                // Another key's lease, or none: acts on nothing here.
+                let lease = |n: usize| taken.get(n).cloned().unwrap_or_default();
+                let on = |op| {
+                    shared
+                        .runtime
+                        .block_on(
+                            shared
+                                .store
+                                .on_lease(&name, &policy, &identity, op, Some(now)),
+                        )
+                        .unwrap()
+                };
+                let (expected, got) = match step {
+                    LeaseStep::Check(cost) => {
+                        let cost = cost.min(policy.max_cost().0);
+                        let core_id = i as u64 + 1;
+                        let expected = policy.acquire(state, now, cost, core_id).unwrap();
+                        let got = shared
+                            .runtime
+                            .block_on(shared.store.check(
+                                &name,
+                                &policy,
+                                &identity,
+                                cost,
+                                Some(now),
+                            ))
+                            .unwrap();
+                        prop_assert_eq!(got.lease.is_some(), expected.lease.is_some());
+                        if let Some(id) = got.lease {
+                            taken.push((identity.clone(), id, core_id));
+                        }
+                        (expected, got)
+                    }
+                    LeaseStep::Release(n) => {
+                        let (_, ours, core) = lease(n);
+                        (
+                            policy.release(state, now, core).unwrap(),
+                            on(weir_redis::LeaseOp::Release(ours)),
+                        )
+                    }
+                    LeaseStep::Renew(n) => {
+                        let (_, ours, core) = lease(n);
+                        (
+                            policy.renew(state, now, core).unwrap(),
+                            on(weir_redis::LeaseOp::Renew(ours)),
+                        )
+                    }
+                };
+                let bare = |d: weir_core::Decision| weir_core::Decision { lease: None, ..d };
+                prop_assert_eq!(
+                    bare(got),
+                    bare(expected),
+                    "{} at {}, {}, {:?}",
+                    policy,
+                    now,
+                    identity,
+                    step
+                );
+            }
+            Ok(())
+        })
+        .unwrap();
+}
