@@ -329,3 +329,131 @@ fn a_sentinel_failover_under_load_is_followed() {
         assert!(metrics.contains(&line), "{line} in {metrics}");
     }
 }
+
+/// A concurrency policy through the decision API of two weir processes
+/// sharing one Redis: a lease taken at one is held at both, released at the
+/// other, renewed, and useless on another key or policy.
+#[test]
+fn leases_taken_at_one_weir_are_released_at_the_other() {
+    let redis = weir_testkit::RedisServer::start(&[]);
+    let config = format!(
+        r#"
+[store]
+url = "{}"
+
+[policies.jobs]
+algorithm = "concurrency"
+limit = 2
+lease = "10m"
+
+[policies.exports]
+algorithm = "concurrency"
+limit = 1
+lease = "10m"
+"#,
+        redis.url()
+    );
+    let path = crate::serve::temp("leases-redis.toml", &config);
+    let path = path.to_str().unwrap();
+    let (a, b) = (
+        crate::serve::Server::start(&["--config", path]),
+        crate::serve::Server::start(&["--config", path]),
+    );
+    leases_through_the_api(&a, &b);
+}
+
+/// The lease API's contract, with `a` and `b` serving one store (or `a`
+/// twice, in process).
+pub(crate) fn leases_through_the_api(a: &crate::serve::Server, b: &crate::serve::Server) {
+    let json = |(status, body): (u16, String)| {
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    let check = |s: &crate::serve::Server, policy: &str, key: &str| {
+        let body = format!(r#"{{"policy":"{policy}","key":"{key}"}}"#);
+        json(s.request_with("POST", "/v1/check", "", &body))
+    };
+    let on = |s: &crate::serve::Server, op: &str, policy: &str, key: &str, lease: &str| {
+        let body = format!(r#"{{"policy":"{policy}","key":"{key}","lease":"{lease}"}}"#);
+        s.request_with("POST", &format!("/v1/{op}"), "", &body)
+    };
+    let first = check(a, "jobs", "acme");
+    assert_eq!(
+        (first["allowed"].as_bool(), first["remaining"].as_u64()),
+        (Some(true), Some(1))
+    );
+    let lease = first["lease"]
+        .as_str()
+        .expect("an admission answers its lease")
+        .to_owned();
+    let second = check(b, "jobs", "acme");
+    let other = second["lease"].as_str().unwrap().to_owned();
+    assert_ne!(lease, other);
+    let full = check(a, "jobs", "acme");
+    assert_eq!(full["allowed"], false, "two in flight: {full}");
+    assert!(full.get("lease").is_none());
+    assert_eq!(
+        full["retry_after_ms"].as_u64().map(|ms| ms > 590_000),
+        Some(true),
+        "{full}"
+    );
+    // Another key or policy: the lease finds nothing there.
+    assert_eq!(
+        json(on(b, "release", "jobs", "other", &lease))["allowed"],
+        false
+    );
+    assert_eq!(
+        json(on(b, "release", "exports", "acme", &lease))["allowed"],
+        false
+    );
+    assert_eq!(check(a, "jobs", "acme")["allowed"], false, "still held");
+    // Released at the other weir: room for one.
+    let released = json(on(b, "release", "jobs", "acme", &lease));
+    assert_eq!(
+        (
+            released["allowed"].as_bool(),
+            released["remaining"].as_u64()
+        ),
+        (Some(true), Some(1))
+    );
+    assert_eq!(
+        json(on(a, "release", "jobs", "acme", &lease))["allowed"],
+        false,
+        "released once"
+    );
+    let renewed = json(on(a, "renew", "jobs", "acme", &other));
+    assert_eq!(renewed["allowed"], true, "{renewed}");
+    assert_eq!(renewed["reset_ms"], 600_000);
+    let third = check(b, "jobs", "acme");
+    assert_eq!(third["allowed"], true);
+    // Bad input: a clear 422 that names the field.
+    let (status, body) = on(a, "release", "jobs", "acme", "not-a-lease");
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("lease"), "{body}");
+    let (status, body) = a.request_with(
+        "POST",
+        "/v1/report",
+        "",
+        r#"{"policy":"jobs","key":"acme"}"#,
+    );
+    assert_eq!(status, 422, "a concurrency policy takes no reports: {body}");
+}
+
+/// The same contract on the in-process store: one weir.
+#[test]
+fn leases_through_the_api_in_process() {
+    let config = r#"
+[policies.jobs]
+algorithm = "concurrency"
+limit = 2
+lease = "10m"
+
+[policies.exports]
+algorithm = "concurrency"
+limit = 1
+lease = "10m"
+"#;
+    let path = crate::serve::temp("leases-memory.toml", config);
+    let a = crate::serve::Server::start(&["--config", path.to_str().unwrap()]);
+    leases_through_the_api(&a, &a);
+}

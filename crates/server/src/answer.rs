@@ -7,6 +7,7 @@ use axum::body::{Body, Bytes, to_bytes};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use serde::Serialize;
+use weir_core::algo::LeaseId;
 use weir_core::{CheckError, CostError, Decision, Nanos};
 
 use crate::backend::Undecided;
@@ -288,6 +289,29 @@ pub(crate) struct DecisionBody<'a> {
     /// A shadow policy that would have refused this request.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub(crate) shadow_limited: bool,
+    /// The lease an admission by a concurrency policy took: release it with
+    /// `POST /v1/release` when the work ends.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) lease: Option<String>,
+}
+
+/// A lease as clients see it: its identity in hex, marked `m` when the
+/// in-process fallback took it (the shared store was down), so that its
+/// release goes where it lives.
+pub(crate) fn lease_token(lease: LeaseId, degraded: bool) -> String {
+    let mark = if degraded { "m" } else { "" };
+    format!("{mark}{lease:016x}")
+}
+
+/// A lease from its token: the identity, and whether the fallback holds it.
+pub(crate) fn read_lease(token: &str) -> Option<(LeaseId, bool)> {
+    let (hex, local) = match token.strip_prefix('m') {
+        Some(hex) => (hex, true),
+        None => (token, false),
+    };
+    let valid = hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit());
+    let id = LeaseId::from_str_radix(hex, 16).ok().filter(|_| valid)?;
+    (id != 0).then_some((id, local))
 }
 
 impl<'a> DecisionBody<'a> {
@@ -302,6 +326,28 @@ impl<'a> DecisionBody<'a> {
             reset_ms: ms(d.reset),
             delay_ms: ms(d.delay),
             shadow_limited: false,
+            lease: d.lease.map(|id| lease_token(id, degraded)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_tokens_read_back() {
+        for (id, degraded) in [(1, false), (u64::MAX, true), (0xf000_0000_0000_0001, false)] {
+            assert_eq!(read_lease(&lease_token(id, degraded)), Some((id, degraded)));
+        }
+        for bad in [
+            "",
+            "0000000000000000",
+            "m12",
+            "+000000000000001",
+            "x0000000000000001",
+        ] {
+            assert_eq!(read_lease(bad), None, "{bad}");
         }
     }
 }

@@ -13,10 +13,12 @@ use serde::{Deserialize, Serialize};
 use weir_core::Nanos;
 use weir_tower::{Part, append_fields};
 
-use crate::answer::{ApiError, DecisionBody, ms, read_body};
+use crate::answer::{ApiError, DecisionBody, ms, read_body, read_lease};
 use crate::backend::{Check, Few, scoped_key};
 use crate::config::{Identity, OnStoreError, PolicyId};
 use crate::state::{AppState, Shared};
+use weir_core::algo::LeaseId;
+use weir_redis::LeaseOp;
 
 /// The client's address, when the listener knows it.
 pub(crate) struct Peer(pub(crate) Option<IpAddr>);
@@ -280,6 +282,77 @@ pub(crate) async fn check(
     let style = shared.config.server.headers;
     append_fields(style, &parts, response.headers_mut());
     Ok(response)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseRequest {
+    policy: String,
+    key: String,
+    lease: String,
+}
+
+/// `POST /v1/release`: frees a concurrency policy's lease when the work
+/// ends; `allowed` says whether it was live (a lease released twice, or
+/// expired, or of another key or policy, frees nothing), with the standing
+/// after it.
+pub(crate) async fn release(
+    State(state): State<Arc<AppState>>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    on_lease(&state, body, LeaseOp::Release).await
+}
+
+/// `POST /v1/renew`: extends a live lease to the policy's full lease from
+/// now, for work that outlasts it.
+pub(crate) async fn renew(
+    State(state): State<Arc<AppState>>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    on_lease(&state, body, LeaseOp::Renew).await
+}
+
+async fn on_lease(
+    state: &AppState,
+    body: Body,
+    op: fn(LeaseId) -> LeaseOp,
+) -> Result<Response, ApiError> {
+    let shared = state.current();
+    let deadline = shared.config.server.limits.body_deadline;
+    let bytes = read_body(body, MAX_BODY, deadline).await?;
+    let request: LeaseRequest = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::InvalidRequest(format!(
+            "expected {{\"policy\":…,\"key\":…,\"lease\":…}} with the lease a check answered ({e})"
+        ))
+    })?;
+    let id = shared
+        .table
+        .find(&request.policy)
+        .ok_or_else(|| ApiError::UnknownPolicy(request.policy.clone()))?;
+    let id = shared.table.resolve(id, &request.key);
+    let (lease, local) = read_lease(&request.lease).ok_or_else(|| {
+        ApiError::InvalidRequest(format!(
+            "`lease` {:?} is not a lease this API answered (16 hex digits)",
+            request.lease.chars().take(40).collect::<String>()
+        ))
+    })?;
+    let key = scoped_key(API_SCOPE, &request.key)?;
+    let check = Check {
+        policy: id,
+        key: &key,
+        cost: 0,
+    };
+    let decision = shared
+        .backend
+        .on_lease(&shared.table, &check, op(lease), local)
+        .await?;
+    let entry = shared.table.get(id);
+    let body = DecisionBody::new(entry, &decision, local);
+    Ok(Json(Single {
+        decision: body,
+        degraded: local,
+    })
+    .into_response())
 }
 
 #[derive(Debug, Serialize)]

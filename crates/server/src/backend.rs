@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use weir_core::{AllDecision, CheckError, Decision, MAX_IDENTITY, Nanos};
 use weir_limiter::Limiter;
+use weir_redis::LeaseOp;
 use weir_redis::{Mode, StoreError};
 
 use crate::breaker::Remote;
@@ -565,6 +566,38 @@ impl Backend {
                 Ok((decision, exists.map_err(refusal)?))
             }
         }
+    }
+
+    /// Releases or renews a concurrency policy's lease where it was taken:
+    /// the shared store, or (`local`: taken while the store was down) the
+    /// in-process fallback. `allowed` is whether it was live.
+    pub(crate) async fn on_lease(
+        &self,
+        table: &PolicyTable,
+        check: &Check<'_>,
+        op: LeaseOp,
+        local: bool,
+    ) -> Result<Decision, Undecided> {
+        let remote = match self {
+            Self::Redis { remote, .. } if !local => remote,
+            _ => {
+                let fallback = self.local();
+                let id = fallback.check(table, check)?.policy;
+                return Ok(match op {
+                    LeaseOp::Release(lease) => fallback.limiter.release(id, check.key, lease),
+                    LeaseOp::Renew(lease) => fallback.limiter.renew(id, check.key, lease),
+                    LeaseOp::Take(_) => fallback.limiter.release(id, check.key, 0),
+                }?);
+            }
+        };
+        let store = remote
+            .available()
+            .ok_or(Undecided::Unavailable { denied: true })?;
+        let entry = table.get(check.policy);
+        let decided = store
+            .on_lease(&entry.stored_as, &entry.policy, check.key, op, None)
+            .await;
+        decided.map_err(refusal)
     }
 
     /// Forgets `key` under `policy` (the admin `DELETE`), in the shared

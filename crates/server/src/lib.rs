@@ -64,10 +64,12 @@ pub enum Face {
 /// does not serve: the decision API, admin, metrics and the dashboard. One
 /// list, from which [`app`] builds the router and [`App::gateway`] tells the
 /// API's paths from the gateway routes'.
-fn api_routes() -> [(&'static str, MethodRouter<Arc<AppState>>); 13] {
+fn api_routes() -> [(&'static str, MethodRouter<Arc<AppState>>); 15] {
     [
         ("/v1/check", post(api::check)),
         ("/v1/report", post(api::report)),
+        ("/v1/release", post(api::release)),
+        ("/v1/renew", post(api::renew)),
         ("/v1/policies", get(api::policies)),
         (
             "/v1/keys/{policy}/{key}",
