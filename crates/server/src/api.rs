@@ -257,6 +257,14 @@ pub(crate) async fn check(
         )
         .await?;
     shared.created(peer, verdict.created);
+    for (id, lease) in asked
+        .ids
+        .iter()
+        .zip(verdict.decisions())
+        .filter_map(|(id, d)| Some((id, d.lease?)))
+    {
+        shared.table.get(*id).lease_taken(lease);
+    }
     let degraded = verdict.degraded;
     let bodies = asked
         .ids
@@ -347,6 +355,11 @@ async fn on_lease(
         .on_lease(&shared.table, &check, op(lease), local)
         .await?;
     let entry = shared.table.get(id);
+    match op(lease) {
+        LeaseOp::Release(_) => entry.lease_released(lease, decision.allowed),
+        _ if decision.allowed => entry.lease_taken(lease),
+        _ => {}
+    }
     let body = DecisionBody::new(entry, &decision, local);
     Ok(Json(Single {
         decision: body,

@@ -580,15 +580,7 @@ impl Backend {
     ) -> Result<Decision, Undecided> {
         let remote = match self {
             Self::Redis { remote, .. } if !local => remote,
-            _ => {
-                let fallback = self.local();
-                let id = fallback.check(table, check)?.policy;
-                return Ok(match op {
-                    LeaseOp::Release(lease) => fallback.limiter.release(id, check.key, lease),
-                    LeaseOp::Renew(lease) => fallback.limiter.renew(id, check.key, lease),
-                    LeaseOp::Take(_) => fallback.limiter.release(id, check.key, 0),
-                }?);
-            }
+            _ => return self.on_local_lease(table, check, op),
         };
         let store = remote
             .available()
@@ -598,6 +590,23 @@ impl Backend {
             .on_lease(&entry.stored_as, &entry.policy, check.key, op, None)
             .await;
         decided.map_err(refusal)
+    }
+
+    /// [`Backend::on_lease`] on the in-process store (or fallback), at
+    /// once.
+    pub(crate) fn on_local_lease(
+        &self,
+        table: &PolicyTable,
+        check: &Check<'_>,
+        op: LeaseOp,
+    ) -> Result<Decision, Undecided> {
+        let local = self.local();
+        let id = local.check(table, check)?.policy;
+        Ok(match op {
+            LeaseOp::Release(lease) => local.limiter.release(id, check.key, lease),
+            LeaseOp::Renew(lease) => local.limiter.renew(id, check.key, lease),
+            LeaseOp::Take(_) => local.limiter.release(id, check.key, 0),
+        }?)
     }
 
     /// Forgets `key` under `policy` (the admin `DELETE`), in the shared

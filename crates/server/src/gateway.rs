@@ -15,13 +15,14 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderName, Method, Version, header};
 use ipnet::IpNet;
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
-use weir_core::Nanos;
+use weir_core::{Nanos, Policy};
 use weir_tower::{Limited, Part, append_fields};
 
 use crate::RouteLabel;
 use crate::answer::ApiError;
 use crate::backend::{Check, Few, scoped_key};
 use crate::config::{Cost, Identity, OnStoreError, PolicyId, Route, Segment, Usage};
+use crate::leases::{Held, Leased};
 use crate::metrics::Meters;
 use crate::state::{AppState, Shared};
 use crate::telemetry::Traced;
@@ -393,7 +394,12 @@ async fn through(
         .map(|&policy| Check {
             policy,
             key: &key,
-            cost,
+            // A concurrency policy holds one slot per request, unless the
+            // route says otherwise.
+            cost: match shared.table.get(policy).policy {
+                Policy::Concurrency(_) => route.concurrency_cost.unwrap_or(cost),
+                _ => cost,
+            },
         })
         .collect();
     let new_keys = match shared.may_create(&checks, client) {
@@ -440,6 +446,14 @@ async fn through(
         }
         return response;
     }
+    // Held until the answer's body ends, the client goes away or the
+    // upstream fails (this future, or the body, is then dropped).
+    let held = Held::take(shared, &key, &ids, &verdict);
+    if let Some(held) = &held {
+        for &(id, lease) in &held.leases {
+            shared.table.get(id).lease_taken(lease);
+        }
+    }
     let delay = verdict.delay();
     let logged = server
         .access_log
@@ -464,6 +478,9 @@ async fn through(
     // Boxed: the refusing path (most of a flood) then moves a small future.
     let forwarded = Box::pin(send(shared, route, path, request, peer, charge));
     let mut response = forwarded.await;
+    if let Some(held) = held {
+        response = response.map(|body| Body::new(Leased::new(body, held)));
+    }
     append_fields(server.headers, &parts, response.headers_mut());
     if let Some(logged) = logged {
         response.extensions_mut().insert(logged);

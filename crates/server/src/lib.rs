@@ -22,6 +22,7 @@ pub mod config;
 pub mod envoy;
 mod gateway;
 mod grpc;
+mod leases;
 pub use grpc::run_grpc;
 mod live;
 mod metrics;

@@ -73,6 +73,9 @@ pub(crate) fn handle() -> PrometheusHandle {
                 "Requests the upstream could not answer, by route"
             );
             metrics::describe_gauge!("weir_connections_open", "Connections open now, on every listener");
+            metrics::describe_gauge!("weir_leases_in_use", "A concurrency policy's leases this weir granted that are neither released nor expired");
+            metrics::describe_counter!("weir_leases_expired_total", "A concurrency policy's leases that expired unreleased: a holder that crashed or forgot");
+            metrics::describe_counter!("weir_lease_releases_total", "Releases of a concurrency policy's leases: released, or not_live (already expired or released)");
             metrics::describe_gauge!("weir_keys", "Keys stored in process (the store, or the fallback on Redis)");
             metrics::describe_gauge!("weir_max_keys", "The in-process key budget ([store] max_keys)");
             process().describe();

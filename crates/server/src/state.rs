@@ -228,6 +228,9 @@ impl AppState {
         let shared = self.current();
         metrics::gauge!("weir_keys").set(shared.backend.local().limiter.len() as f64);
         metrics::gauge!("weir_max_keys").set(shared.config.store.max_keys as f64);
+        for (_, entry) in shared.table.iter() {
+            entry.sweep_leases();
+        }
         self.metrics.render()
     }
 

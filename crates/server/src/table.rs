@@ -83,6 +83,8 @@ pub struct Entry {
     pub(crate) live: crate::live::Live,
     /// A shaper's `weir_queue_depth`: requests held in its delay now.
     queue: Option<Gauge>,
+    /// A concurrency limit's leases granted here, for its metrics.
+    leases: Option<crate::leases::Book>,
 }
 
 impl Entry {
@@ -126,6 +128,7 @@ impl Entry {
             fallbacks: metrics::counter!("weir_fallback_decisions_total", "policy" => name.clone()),
             reported: metrics::counter!("weir_reported_cost_total", "policy" => name.clone()),
             queue,
+            leases: crate::leases::Book::of(&name, &config.policy),
             live: crate::live::Live::default(),
             policy: config.policy,
             local,
@@ -171,6 +174,27 @@ impl Entry {
 
     pub(crate) fn fell_back(&self) {
         self.fallbacks.increment(1);
+    }
+
+    /// A lease this weir granted, or renewed: live a lease from now.
+    pub(crate) fn lease_taken(&self, lease: weir_core::algo::LeaseId) {
+        if let Some(book) = &self.leases {
+            book.taken(lease);
+        }
+    }
+
+    /// A release the store answered: `live` whether it freed the lease.
+    pub(crate) fn lease_released(&self, lease: weir_core::algo::LeaseId, live: bool) {
+        if let Some(book) = &self.leases {
+            book.released(lease, live);
+        }
+    }
+
+    /// Counts the leases that expired unreleased by now.
+    pub(crate) fn sweep_leases(&self) {
+        if let Some(book) = &self.leases {
+            book.sweep();
+        }
     }
 
     /// A request held in this shaper's delay, until the guard drops (it

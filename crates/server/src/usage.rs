@@ -53,7 +53,12 @@ impl Charge {
         let checks: Vec<Check<'_>> = self
             .policies
             .iter()
-            .filter(|&&policy| excess > 0 && !table.get(policy).unlimited)
+            // A concurrency policy holds what runs, not what it used.
+            .filter(|&&policy| {
+                let entry = table.get(policy);
+                let leased = matches!(entry.policy, weir_core::Policy::Concurrency(_));
+                excess > 0 && !entry.unlimited && !leased
+            })
             .map(|&policy| Check {
                 policy,
                 key: &self.key,

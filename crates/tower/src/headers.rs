@@ -73,15 +73,22 @@ fn push_number(out: &mut FieldText, n: u64) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
-/// `RateLimit-Policy: "name";q=Q;w=W` for `policy`.
+/// `RateLimit-Policy: "name";q=Q;w=W` for `policy`; for a concurrency
+/// limit, `"name";q=L;qu="concurrent-requests"` (its quota is in flight at
+/// once, not per window).
 pub fn rate_limit_policy(name: &str, policy: &Policy) -> HeaderValue {
     let (q, w) = quota(policy);
     let mut out = FieldText::new();
     sf_string(&mut out, name);
     out.extend_from_slice(b";q=");
     push_number(&mut out, q);
-    out.extend_from_slice(b";w=");
-    push_number(&mut out, w);
+    match policy {
+        Policy::Concurrency(_) => out.extend_from_slice(br#";qu="concurrent-requests""#),
+        _ => {
+            out.extend_from_slice(b";w=");
+            push_number(&mut out, w);
+        }
+    }
     value(&out)
 }
 
@@ -304,6 +311,11 @@ mod tests {
         assert_eq!(retry_after_seconds(0), 1);
         assert_eq!(retry_after_seconds(SECOND), 1);
         assert_eq!(retry_after_seconds(SECOND + 1), 2);
+        let concurrency = Policy::parse("concurrency limit=3 lease=10m").unwrap();
+        assert_eq!(
+            rate_limit_policy("jobs", &concurrency),
+            r#""jobs";q=3;qu="concurrent-requests""#
+        );
         let p = |s| quota(&Policy::parse(s).unwrap());
         assert_eq!(p("token-bucket capacity=10 rate=2/s"), (10, 5));
         assert_eq!(p("fixed-window limit=120 window=1m"), (120, 60));

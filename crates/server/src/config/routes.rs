@@ -49,6 +49,10 @@ pub struct Route {
     pub usage: Option<Usage>,
     /// `cost`: what a request is charged on admission.
     pub cost: Cost,
+    /// `concurrency_cost`: what a request holds of its concurrency
+    /// policies while it runs — 1 (the default) or another fixed number,
+    /// or `None` (`"cost"`) for the route's `cost`.
+    pub concurrency_cost: Option<u64>,
 }
 
 /// Where an upstream's answer says what it actually cost.
@@ -141,6 +145,7 @@ pub(super) struct Raw {
     usage: Option<Spanned<String>>,
     cost: Option<Spanned<toml::Value>>,
     min_cost: Option<Spanned<u64>>,
+    concurrency_cost: Option<Spanned<toml::Value>>,
 }
 
 /// The default upstream timeout and body bound.
@@ -211,6 +216,7 @@ pub(super) fn parse(
         let fold_case = fold_case(raw, &place, report);
         let usage = usage(raw, &place, report);
         let cost = cost(raw, &place, report);
+        let concurrency_cost = concurrency_cost(raw, &place, report);
         if let (Some(identity), Some(upstream)) = (identity, upstream) {
             routes.push(Route {
                 text: pattern.to_owned(),
@@ -231,6 +237,7 @@ pub(super) fn parse(
                 fold_case,
                 usage,
                 cost,
+                concurrency_cost,
             });
         }
     }
@@ -419,6 +426,25 @@ fn usage(raw: &Raw, place: Place<'_>, report: &mut Report<'_>) -> Option<Usage> 
         );
     }
     parsed
+}
+
+/// `concurrency_cost`: 1 unless it says otherwise.
+fn concurrency_cost(raw: &Raw, place: Place<'_>, report: &mut Report<'_>) -> Option<u64> {
+    let Some(v) = &raw.concurrency_cost else {
+        return Some(1);
+    };
+    match v.get_ref() {
+        toml::Value::Integer(n) if *n >= 1 => u64::try_from(*n).ok(),
+        toml::Value::String(s) if s == "cost" => None,
+        _ => {
+            report.error(
+                &v.span(),
+                &place("concurrency_cost"),
+                "is not what a request holds of a concurrency policy (valid: a whole number of at least 1, or \"cost\" for the route's cost)",
+            );
+            Some(1)
+        }
+    }
 }
 
 /// `cost` and `min_cost`: the admission charge.

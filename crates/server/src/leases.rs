@@ -1,0 +1,295 @@
+//! The leases the gateway holds for a request it forwards: from admission
+//! until the answer's body has ended, the client has gone away or the
+//! upstream has failed — whichever comes first — renewed at half the lease
+//! while a long answer is still streaming.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use hyper::body::{Frame, SizeHint};
+use weir_core::Policy;
+use weir_core::algo::LeaseId;
+use weir_redis::LeaseOp;
+
+use crate::backend::{Check, Few, Verdict};
+use crate::config::PolicyId;
+use crate::state::Shared;
+
+/// Leases taken by one admission, released when dropped.
+pub(crate) struct Held {
+    shared: Arc<Shared>,
+    key: String,
+    pub(crate) leases: Few<(PolicyId, LeaseId)>,
+    /// Taken by the in-process fallback (the shared store was down).
+    local: bool,
+    renewing: tokio::task::JoinHandle<()>,
+}
+
+impl Held {
+    /// The leases `verdict` took for the checks of `ids` on `key`, held and
+    /// renewed until dropped; `None` when it took none.
+    pub(crate) fn take(
+        shared: &Arc<Shared>,
+        key: &str,
+        ids: &[PolicyId],
+        verdict: &Verdict,
+    ) -> Option<Self> {
+        let leases: Few<(PolicyId, LeaseId)> = ids
+            .iter()
+            .zip(verdict.decisions())
+            .filter_map(|(&id, d)| Some((id, d.lease?)))
+            .collect();
+        // Renewed at half the shortest lease: a renewal late by less than
+        // that still finds its lease live.
+        let every = leases
+            .iter()
+            .filter_map(|&(id, _)| match shared.table.get(id).policy {
+                Policy::Concurrency(c) => Some(c.lease() / 2),
+                _ => None,
+            })
+            .min()?
+            .max(1_000_000);
+        let local = verdict.degraded;
+        let renewing = tokio::spawn(renew(
+            shared.clone(),
+            key.to_owned(),
+            leases.clone(),
+            local,
+            Duration::from_nanos(every),
+        ));
+        Some(Self {
+            shared: shared.clone(),
+            key: key.to_owned(),
+            leases,
+            local,
+            renewing,
+        })
+    }
+}
+
+/// Renews `leases` every `every` until aborted.
+async fn renew(
+    shared: Arc<Shared>,
+    key: String,
+    leases: Few<(PolicyId, LeaseId)>,
+    local: bool,
+    every: Duration,
+) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tick.tick().await;
+        for &(policy, lease) in &leases {
+            let check = Check {
+                policy,
+                key: &key,
+                cost: 0,
+            };
+            let renewed = (shared.backend)
+                .on_lease(&shared.table, &check, LeaseOp::Renew(lease), local)
+                .await;
+            let entry = shared.table.get(policy);
+            match renewed {
+                Ok(d) if d.allowed => entry.lease_taken(lease),
+                Ok(_) => {
+                    tracing::warn!(policy = %entry.name, "a lease held for a streaming answer expired before its renewal");
+                }
+                Err(_) => {
+                    tracing::warn!(policy = %entry.name, "a lease could not be renewed: the store did not answer");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.renewing.abort();
+        let (shared, key) = (self.shared.clone(), std::mem::take(&mut self.key));
+        let (leases, local) = (std::mem::take(&mut self.leases), self.local);
+        // In process: released before the next request can be decided.
+        if local || shared.backend.remote().is_none() {
+            for &(policy, lease) in &leases {
+                let check = Check {
+                    policy,
+                    key: &key,
+                    cost: 0,
+                };
+                let released =
+                    shared
+                        .backend
+                        .on_local_lease(&shared.table, &check, LeaseOp::Release(lease));
+                settled(&shared, policy, lease, released.ok());
+            }
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // the runtime is going: the leases expire by themselves
+        };
+        runtime.spawn(async move {
+            for (policy, lease) in leases {
+                let check = Check {
+                    policy,
+                    key: &key,
+                    cost: 0,
+                };
+                let released = (shared.backend)
+                    .on_lease(&shared.table, &check, LeaseOp::Release(lease), false)
+                    .await;
+                settled(&shared, policy, lease, released.ok());
+            }
+        });
+    }
+}
+
+/// Counts a release the store answered (`None`: it did not).
+fn settled(
+    shared: &Shared,
+    policy: PolicyId,
+    lease: LeaseId,
+    released: Option<weir_core::Decision>,
+) {
+    let entry = shared.table.get(policy);
+    match released {
+        Some(d) => entry.lease_released(lease, d.allowed),
+        None => {
+            tracing::warn!(policy = %entry.name, "a lease could not be released: the store did not answer; it expires by itself")
+        }
+    }
+}
+
+/// An answer's body that holds its request's leases until it ends (or is
+/// dropped: the client went away).
+pub(crate) struct Leased {
+    body: Body,
+    held: Option<Held>,
+}
+
+impl Leased {
+    pub(crate) fn new(body: Body, held: Held) -> Self {
+        Self {
+            body,
+            held: Some(held),
+        }
+    }
+}
+
+impl hyper::body::Body for Leased {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(None | Some(Err(_))) = polled {
+            // Ended (or failed): the work is done.
+            self.held = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The most leases one policy's book keeps: past it, new leases go
+/// uncounted in `weir_leases_in_use` (the store still holds them).
+const MAX_BOOKED: usize = 100_000;
+
+/// The leases of one concurrency policy this weir granted and that are
+/// neither released nor expired, for its metrics: `weir_leases_in_use`,
+/// `weir_leases_expired_total` (a holder that crashed or forgot) and
+/// `weir_lease_releases_total` (`released`, or `not_live`: too late).
+#[derive(Debug)]
+pub(crate) struct Book {
+    lease: Duration,
+    open: std::sync::Mutex<Open>,
+    in_use: metrics::Gauge,
+    expired: metrics::Counter,
+    released: metrics::Counter,
+    not_live: metrics::Counter,
+}
+
+#[derive(Debug, Default)]
+struct Open {
+    expires: std::collections::HashMap<LeaseId, std::time::Instant>,
+    by_expiry: std::collections::BTreeSet<(std::time::Instant, LeaseId)>,
+}
+
+impl Book {
+    /// The book of `policy` if it is a concurrency limit.
+    pub(crate) fn of(name: &str, policy: &Policy) -> Option<Self> {
+        let Policy::Concurrency(c) = policy else {
+            return None;
+        };
+        let label = name.to_owned();
+        let releases = |outcome: &'static str| metrics::counter!("weir_lease_releases_total", "policy" => label.clone(), "outcome" => outcome);
+        Some(Self {
+            lease: Duration::from_nanos(c.lease()),
+            open: std::sync::Mutex::default(),
+            in_use: metrics::gauge!("weir_leases_in_use", "policy" => label.clone()),
+            expired: metrics::counter!("weir_leases_expired_total", "policy" => label.clone()),
+            released: releases("released"),
+            not_live: releases("not_live"),
+        })
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Open) -> T) -> T {
+        let mut open = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = std::time::Instant::now();
+        let mut gone = 0;
+        while let Some(&(at, id)) = open.by_expiry.first().filter(|(at, _)| *at <= now) {
+            open.by_expiry.remove(&(at, id));
+            open.expires.remove(&id);
+            gone += 1;
+        }
+        self.expired.increment(gone);
+        let out = f(&mut open);
+        self.in_use.set(open.expires.len() as f64);
+        out
+    }
+
+    /// A lease granted now (or renewed now: it expires a lease from now).
+    pub(crate) fn taken(&self, id: LeaseId) {
+        let at = std::time::Instant::now() + self.lease;
+        self.with(|open| {
+            if let Some(before) = open.expires.insert(id, at) {
+                open.by_expiry.remove(&(before, id));
+            } else if open.expires.len() > MAX_BOOKED {
+                open.expires.remove(&id);
+                return;
+            }
+            open.by_expiry.insert((at, id));
+        });
+    }
+
+    /// A release the store answered: `live` whether it freed the lease.
+    pub(crate) fn released(&self, id: LeaseId, live: bool) {
+        match live {
+            true => self.released.increment(1),
+            false => self.not_live.increment(1),
+        }
+        self.with(|open| {
+            if let Some(at) = open.expires.remove(&id) {
+                open.by_expiry.remove(&(at, id));
+            }
+        });
+    }
+
+    /// Counts the leases that expired by now.
+    pub(crate) fn sweep(&self) {
+        self.with(|_| ());
+    }
+}
