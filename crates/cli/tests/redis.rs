@@ -2,7 +2,7 @@
 //! more than the policy allows between them.
 
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[test]
 fn two_processes_share_one_balance() {
@@ -456,4 +456,116 @@ lease = "10m"
     let path = crate::serve::temp("leases-memory.toml", config);
     let a = crate::serve::Server::start(&["--config", path.to_str().unwrap()]);
     leases_through_the_api(&a, &a);
+}
+
+/// Two gateways sharing one Redis hold one in-flight limit between them:
+/// slow answers streaming through one fill it for both; a client that hangs
+/// up gives its slot back to both; an upstream that fails gives its slot
+/// back; an answer in flight at a gateway that is killed keeps its slot
+/// only until its lease expires.
+#[test]
+fn two_gateways_share_one_in_flight_limit() {
+    use std::io::{BufRead, BufReader, Write};
+    let redis = weir_testkit::RedisServer::start(&[]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let llm = runtime.block_on(weir_testkit::Llm::start());
+    let config = format!(
+        r#"
+[store]
+url = "{}"
+
+[policies.inflight]
+algorithm = "concurrency"
+limit = 2
+lease = "2s"
+
+[[routes]]
+match = "POST /v1/chat/completions"
+identity = "header:x-tenant"
+policies = ["inflight"]
+upstream = "http://{}"
+
+[[routes]]
+match = "POST /down"
+identity = "header:x-tenant"
+policies = ["inflight"]
+upstream = "http://127.0.0.1:9"
+"#,
+        redis.url(),
+        llm.addr
+    );
+    let path = crate::serve::temp("inflight-redis.toml", &config);
+    let path = path.to_str().unwrap();
+    let (a, b) = (
+        crate::serve::Server::start(&["--config", path]),
+        crate::serve::Server::start(&["--config", path]),
+    );
+    let tenant = "X-Tenant: acme\r\n";
+    // A streaming answer (events 3 s apart: longer than the lease) held
+    // open by a client that reads its head and waits.
+    let slow = |server: &crate::serve::Server| {
+        let body = r#"{"usage":1,"stream":true,"pause_ms":3000}"#;
+        let mut stream = std::net::TcpStream::connect(&server.addr).unwrap();
+        let request = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: weir\r\n{tenant}Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut status = String::new();
+        reader.read_line(&mut status).unwrap();
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        reader
+    };
+    let status = |server: &crate::serve::Server, path: &str| {
+        let answer = server.request_full("POST", path, tenant, "{}");
+        answer[9..12].parse::<u16>().unwrap()
+    };
+    // Polls until `server` admits (any status but 429), within `within`.
+    let admitted_within = |server: &crate::serve::Server, within: Duration| {
+        let until = Instant::now() + within;
+        while Instant::now() < until {
+            if status(server, "/down") != 429 {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        false
+    };
+    let first = slow(&a);
+    let _second = slow(&b);
+    assert_eq!(
+        status(&a, "/down"),
+        429,
+        "two in flight, one at each gateway"
+    );
+    assert_eq!(status(&b, "/down"), 429);
+    // Past the 2 s lease, both are still held: renewed while they stream.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(status(&b, "/down"), 429, "renewed, not expired");
+    // The client at `a` hangs up: its slot is back, at `b` too.
+    drop(first);
+    assert!(
+        admitted_within(&b, Duration::from_secs(1)),
+        "released when the client left"
+    );
+    // `/down` fails upstream (502): each request gave its slot back.
+    for _ in 0..4 {
+        assert!(admitted_within(&a, Duration::from_secs(1)));
+    }
+    // A gateway killed with an answer in flight: its lease expires.
+    let c = crate::serve::Server::start(&["--config", path]);
+    let _held = slow(&c);
+    assert_eq!(status(&a, "/down"), 429, "one at b, one at c");
+    let killed = Instant::now();
+    drop(c);
+    assert!(
+        admitted_within(&a, Duration::from_secs(4)),
+        "the crashed holder's lease expired"
+    );
+    let waited = killed.elapsed();
+    assert!(
+        waited >= Duration::from_millis(500),
+        "not before its lease could expire: {waited:?}"
+    );
 }
