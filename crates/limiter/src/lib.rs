@@ -638,6 +638,45 @@ impl<C: Clock> Limiter<C> {
         self.on_lease(policy, key, Op::Renew(lease))
     }
 
+    /// [`Limiter::check_all`], with a guard for every lease the admission
+    /// took (its concurrency policies'): each is released when its guard
+    /// drops — when the work ends, however it ends.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use weir_limiter::{Check, Limiter, Policy};
+    ///
+    /// let limiter = Arc::new(Limiter::new(Policy::parse("concurrency limit=2 lease=10m")?));
+    /// let jobs = limiter.policy("default")?;
+    /// let (first, guards) = limiter.acquire(&[Check::new(jobs, "tenant-7")])?;
+    /// assert!(first.allowed && guards.len() == 1);
+    /// let (_, _second) = limiter.acquire(&[Check::new(jobs, "tenant-7")])?;
+    /// assert!(!limiter.check_all(&[Check::new(jobs, "tenant-7")])?.allowed);
+    /// drop(guards); // the first job ended
+    /// assert!(limiter.check_all(&[Check::new(jobs, "tenant-7").cost(0)])?.decisions[0].remaining == 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire(
+        self: &Arc<Self>,
+        checks: &[Check<'_>],
+    ) -> Result<(AllDecision, Vec<LeaseGuard<C>>), Error> {
+        let all = self.check_all(checks)?;
+        let guards = checks
+            .iter()
+            .zip(&all.decisions)
+            .filter_map(|(check, d)| {
+                Some(LeaseGuard {
+                    limiter: Arc::clone(self),
+                    policy: check.policy,
+                    key: check.key.to_owned(),
+                    id: d.lease?,
+                    done: false,
+                })
+            })
+            .collect();
+        Ok((all, guards))
+    }
+
     fn on_lease(&self, policy: PolicyId, key: &str, op: Op) -> Result<Decision, Error> {
         let named = self.named(policy)?;
         weir_core::check::check_key(key, self.max_key_len)?;
@@ -785,6 +824,45 @@ impl<C: Clock> Limiter<C> {
             allowed: true,
             decisions,
         })
+    }
+}
+
+/// A concurrency policy's lease ([`Limiter::acquire`]): released when
+/// dropped, or by [`LeaseGuard::release`]; renewed by
+/// [`LeaseGuard::renew`] while the work outlasts the policy's lease.
+#[derive(Debug)]
+pub struct LeaseGuard<C: Clock = SystemClock> {
+    limiter: Arc<Limiter<C>>,
+    policy: PolicyId,
+    key: String,
+    id: LeaseId,
+    done: bool,
+}
+
+impl<C: Clock> LeaseGuard<C> {
+    /// The lease's identity.
+    pub fn id(&self) -> LeaseId {
+        self.id
+    }
+
+    /// Extends the lease to the policy's full lease from now; `allowed` is
+    /// whether it was still live (an expired lease is not brought back).
+    pub fn renew(&self) -> Result<Decision, Error> {
+        self.limiter.renew(self.policy, &self.key, self.id)
+    }
+
+    /// Releases the lease now, answering whether it was still live.
+    pub fn release(mut self) -> Result<Decision, Error> {
+        self.done = true;
+        self.limiter.release(self.policy, &self.key, self.id)
+    }
+}
+
+impl<C: Clock> Drop for LeaseGuard<C> {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.limiter.release(self.policy, &self.key, self.id);
+        }
     }
 }
 

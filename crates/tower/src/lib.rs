@@ -45,10 +45,18 @@
 //! is set up (the peer address without axum's `ConnectInfo`) answers `500`
 //! naming the fix, on every request, rather than a silent `400`.
 //!
+//! A **concurrency** policy (`concurrency limit=N lease=D`) bounds the
+//! requests in flight: its lease is held from admission for the life of
+//! the response future and its body ([`LeaseBody`]), and released when the
+//! body ends or is dropped (the client went away, the service failed). The
+//! layer does not renew it: give the policy a lease longer than your
+//! slowest response, or hold a [`weir_limiter::LeaseGuard`] yourself.
+//!
 //! tonic services are not supported: a gRPC client needs `RESOURCE_EXHAUSTED`
 //! in a gRPC status, not an HTTP `429`.
 
 mod headers;
+mod lease_body;
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -70,6 +78,8 @@ pub use headers::{
     HeaderStyle, Limited, Part, append_fields, error_body, fields, fields_in, quota,
     rate_limit_policy, retry_after_seconds,
 };
+use lease_body::Held;
+pub use lease_body::LeaseBody;
 
 /// Why a request has no identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -327,31 +337,56 @@ struct Shared<C> {
     limits: Vec<Limit>,
 }
 
-impl<C: Clock> Shared<C> {
-    async fn decide(&self, key: &str, cost: u64) -> Result<AllDecision, Refused> {
+impl<C: Clock + Send + Sync + 'static> Shared<C> {
+    /// The request's decision, and the leases its admission took.
+    async fn decide(&self, key: &str, cost: u64) -> Result<(AllDecision, Option<Held>), Refused> {
+        // A concurrency policy holds one slot per request.
+        let cost_of = |l: &Limit| match l.policy {
+            Policy::Concurrency(_) => 1,
+            _ => cost,
+        };
         match &self.store {
             Store::Memory(limiter) => {
                 let checks: Vec<Check<'_>> = self
                     .limits
                     .iter()
-                    .filter_map(|l| l.id)
-                    .map(|id| Check::new(id, key).cost(cost))
+                    .filter_map(|l| Some(Check::new(l.id?, key).cost(cost_of(l))))
                     .collect();
-                limiter.check_all(&checks).map_err(|e| match e {
+                let (all, guards) = limiter.acquire(&checks).map_err(|e| match e {
                     Error::Invalid(e) => Refused::Invalid(e),
                     // The key table is full of limited keys: refuse, never admit.
                     _ => Refused::Full,
-                })
+                })?;
+                Ok((all, Held::memory(guards)))
             }
             #[cfg(feature = "redis")]
             Store::Redis { store, .. } => {
-                let checks: Vec<(&str, &Policy, &str)> = self
+                let checks: Vec<weir_redis::Check<'_>> = self
                     .limits
                     .iter()
-                    .map(|l| (l.name.as_str(), &l.policy, key))
+                    .map(|l| {
+                        weir_redis::Check::from(weir_core::Check {
+                            name: &l.name,
+                            policy: &l.policy,
+                            key,
+                            cost: cost_of(l),
+                        })
+                    })
                     .collect();
-                match store.check_all(&checks, cost, None).await {
-                    Ok(checked) => Ok(checked.all),
+                let mode = weir_redis::Mode::Charge {
+                    max_delay: weir_core::Nanos::MAX,
+                };
+                match store.decide(&checks, None, mode).await {
+                    Ok(checked) => {
+                        let leases = self
+                            .limits
+                            .iter()
+                            .zip(&checked.all.decisions)
+                            .filter_map(|(l, d)| Some((l.name.clone(), l.policy, d.lease?)))
+                            .collect();
+                        let held = Held::redis(store, key, leases);
+                        Ok((checked.all, held))
+                    }
                     Err(weir_redis::StoreError::Invalid(e)) => Err(Refused::Invalid(e)),
                     Err(_) => Err(Refused::Unavailable),
                 }
@@ -518,7 +553,7 @@ where
     ReqB: Send + 'static,
     ResB: From<String> + Send + 'static,
 {
-    type Response = Response<ResB>;
+    type Response = Response<LeaseBody<ResB>>;
     type Error = S::Error;
     type Future = BoxFuture<Result<Self::Response, Self::Error>>;
 
@@ -560,8 +595,8 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
-            let all = match shared.decide(&key, cost).await {
-                Ok(all) => all,
+            let (all, held) = match shared.decide(&key, cost).await {
+                Ok(decided) => decided,
                 Err(refused) => {
                     let (status, code, detail) = match refused {
                         Refused::Invalid(CheckError::KeyTooLong { .. }) => {
@@ -596,7 +631,10 @@ where
                 tokio::time::sleep(Duration::from_nanos(delay)).await;
             }
             let headers = fields(&parts);
-            let mut response = inner.call(request).await?;
+            // Held while the service runs: dropped with this future if the
+            // client leaves, or if the service fails.
+            let response = inner.call(request).await?;
+            let mut response = response.map(|body| LeaseBody::new(body, held));
             response.headers_mut().extend(headers);
             Ok(response)
         })

@@ -320,3 +320,116 @@ async fn the_peer_address_without_connect_info_fails_loudly() {
         reply.body
     );
 }
+
+/// A service whose `/slow` answers stream a tick every 20 ms until
+/// `release` is notified (a write is how a server learns that its client
+/// hung up).
+fn slow(release: Arc<tokio::sync::Notify>) -> Router {
+    Router::new().route(
+        "/slow",
+        get(move || {
+            let release = release.clone();
+            async move {
+                let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(1);
+                tokio::spawn(async move {
+                    loop {
+                        tokio::select! {
+                            _ = release.notified() => break,
+                            _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {
+                                if tx.send(Ok("tick\n".to_owned())).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    let _ = tx.send(Ok("last part\n".to_owned())).await;
+                });
+                axum::body::Body::from_stream(tokio_stream_from(rx))
+            }
+        }),
+    )
+}
+
+/// The receiver as a stream of body chunks.
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<Result<String, std::io::Error>>,
+) -> impl futures_util::Stream<Item = Result<String, std::io::Error>> {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// Reads a response's head from a raw connection.
+async fn head_of(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    while !seen.ends_with(b"\r\n\r\n") && stream.read(&mut byte).await.unwrap() == 1 {
+        seen.push(byte[0]);
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+/// A concurrency policy in the layer, in process and on Redis: its lease
+/// is held while the response streams, released when its body ends or its
+/// client hangs up.
+#[tokio::test]
+async fn a_concurrency_policy_holds_its_slot_for_the_life_of_the_body() {
+    let redis = weir_testkit::RedisServer::start(&[]);
+    let store = weir_redis::RedisStore::connect(&redis.url()).await.unwrap();
+    let policy = Policy::parse("concurrency limit=1 lease=10m").unwrap();
+    let stores = [
+        Store::memory(Arc::new(
+            Limiter::builder().policy("api", policy).build().unwrap(),
+        )),
+        Store::redis(store, vec![("api".into(), policy)]),
+    ];
+    for store in stores {
+        let release = Arc::new(tokio::sync::Notify::new());
+        let layer = RateLimitLayer::builder(store)
+            .policy("api")
+            .build(HeaderKey::new("x-user"))
+            .unwrap();
+        let addr = serve(slow(release.clone()).layer(layer)).await;
+        let url = format!("http://{addr}/slow");
+        let user = [("x-user", "u")];
+        let request = "GET /slow HTTP/1.1\r\nHost: x\r\nX-User: u\r\n\r\n";
+        let mut held = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut held, request.as_bytes())
+            .await
+            .unwrap();
+        assert!(head_of(&mut held).await.starts_with("HTTP/1.1 200"));
+        let refused = send("GET", &url, &user, "").await;
+        assert_eq!(
+            refused.status, 429,
+            "the slot is held while the body streams"
+        );
+        assert!(
+            refused
+                .header("ratelimit-policy")
+                .contains("concurrent-requests")
+        );
+        // Asks until admitted (letting each admitted answer end), within 5 s.
+        let admitted = || async {
+            tokio::time::timeout(std::time::Duration::from_secs(5), async {
+                loop {
+                    let request = tokio::spawn({
+                        let url = url.clone();
+                        async move { send("GET", &url, &[("x-user", "u")], "").await }
+                    });
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    release.notify_waiters();
+                    let reply = request.await.unwrap();
+                    if reply.status == 200 {
+                        return reply;
+                    }
+                }
+            })
+            .await
+        };
+        // The client hangs up mid-body: the slot comes back.
+        drop(held);
+        let first = admitted().await.expect("admitted once the client left");
+        assert!(first.body.ends_with("last part\n"), "{}", first.body);
+        // That answer ended: its slot is back.
+        assert!(admitted().await.is_ok(), "released when the body ended");
+    }
+}
