@@ -38,6 +38,7 @@ pub(super) fn parse(
     raw: &[Raw],
     resolve: &dyn Fn(&str) -> Option<PolicyId>,
     known: &dyn Fn() -> String,
+    leased: &dyn Fn(&str) -> bool,
     report: &mut Report<'_>,
 ) -> Vec<DescriptorRule> {
     let mut rules = Vec::new();
@@ -80,6 +81,18 @@ pub(super) fn parse(
                     );
                 }
             }
+        }
+        if leased(rule.policy.get_ref()) {
+            report.error(
+                &rule.policy.span(),
+                &place("policy"),
+                format!(
+                    "`{}` is a concurrency policy: {}; use it in a gateway route, the decision API or the tower layer",
+                    rule.policy.get_ref(),
+                    crate::envoy::NO_RELEASE
+                ),
+            );
+            continue;
         }
         match resolve(rule.policy.get_ref()) {
             Some(policy) => rules.push(DescriptorRule {

@@ -208,7 +208,11 @@ pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
             .join(", ")
     };
     let routes = routes::parse(&raw.routes, &resolve, &known, &mut report);
-    let descriptors = descriptors::parse(&raw.descriptors, &resolve, &known, &mut report);
+    let leased = |name: &str| {
+        (policies.iter())
+            .any(|p| p.name == name && matches!(p.policy, weir_core::Policy::Concurrency(_)))
+    };
+    let descriptors = descriptors::parse(&raw.descriptors, &resolve, &known, &leased, &mut report);
     let overrides = overrides::parse(&raw.overrides, &policies, &resolve, &known, &mut report);
     if names.is_empty() {
         report.error(

@@ -371,3 +371,38 @@ fn redis_credentials_come_from_the_file_or_the_environment_and_tls_keys_need_red
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_concurrency_policy_cannot_serve_envoy_and_routes_say_what_it_holds() {
+    let text = "[policies.jobs]\nalgorithm = \"concurrency\"\nlimit = 3\nlease = \"10m\"\n\n[[descriptors]]\ndomain = \"d\"\nentries = [\"k\"]\npolicy = \"jobs\"\n\n[[routes]]\nmatch = \"POST /x\"\nidentity = \"header:x-tenant\"\npolicies = [\"jobs\"]\nupstream = \"http://127.0.0.1:1\"\nconcurrency_cost = 0\n";
+    let errors = parse(text, &Env::default()).unwrap_err().0;
+    let places: Vec<(usize, &str)> = errors.iter().map(|e| (e.line, e.place.as_str())).collect();
+    assert_eq!(
+        places,
+        [
+            (9, "[[descriptors]] #1 policy"),
+            (16, "[[routes]] #1 concurrency_cost")
+        ],
+        "{errors:?}"
+    );
+    assert!(
+        errors[0]
+            .message
+            .contains("Envoy's rate limit protocol has no release"),
+        "{errors:?}"
+    );
+    let ok = text.replace("concurrency_cost = 0", "concurrency_cost = \"cost\"");
+    let ok = [
+        &ok[..ok.find("[[descriptors]]").unwrap()],
+        &ok[ok.find("[[routes]]").unwrap()..],
+    ]
+    .concat();
+    let config = parse(&ok, &Env::default()).unwrap();
+    assert_eq!(config.routes[0].concurrency_cost, None);
+    let lease = "[policies.jobs]\nalgorithm = \"concurrency\"\nlimit = 3\nlease = \"8d\"\n";
+    let errors = parse(lease, &Env::default()).unwrap_err().0;
+    assert!(
+        errors[0].message.contains("longer than 7 days"),
+        "{errors:?}"
+    );
+}
