@@ -739,10 +739,15 @@ algorithm = "token-bucket"
 capacity = 100000
 rate = "1000/s"
 
+[policies.inflight]
+algorithm = "concurrency"
+limit = 4
+lease = "1m"
+
 [[routes]]
 match = "POST /v1/chat"
 identity = "header:x-tenant"
-policies = ["tokens"]
+policies = ["tokens", "inflight"]
 upstream = "http://{}"
 usage = "json:/usage/total_tokens"
 
