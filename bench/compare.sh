@@ -137,6 +137,27 @@ if want redis; then
     "weir bench --store redis://… --over-limit 90 [--no-refusal-cache]"
 fi
 
+# --- a concurrency limit's acquire–release pair beside a token-bucket check
+# in the same run (no peer has a distributed concurrency limit): in process,
+# and on Redis (two script calls per pair).
+us() { # us JSON -> "p50 / p99", in ns below 10 µs
+  python3 -c "import json; d=json.load(open('$1')); f=lambda n: f'{n} ns' if n < 10000 else f'{n // 1000} µs'; print(f(d['p50_ns']), '/', f(d['p99_ns']))"
+}
+pair() { # pair NAME STORE-FLAGS...
+  local name=$1
+  shift
+  target/release/weir bench --algorithm token-bucket --capacity 10 --rate 100/s \
+    --keys 100000 --threads 2 --duration "${SECONDS_EACH}s" "$@" >"$OUT/pair-$name-tb.json"
+  target/release/weir bench --algorithm concurrency --limit 10 --lease 1m \
+    --keys 100000 --threads 2 --duration "${SECONDS_EACH}s" "$@" >"$OUT/pair-$name-cc.json"
+  row "$name, 100,000 keys: concurrency acquire + release (a pair)" "weir's own token-bucket check" \
+    "$(field "$OUT/pair-$name-tb.json" decisions_per_sec)" "$(field "$OUT/pair-$name-cc.json" decisions_per_sec)" \
+    "$(us "$OUT/pair-$name-tb.json")" "$(us "$OUT/pair-$name-cc.json")" \
+    "weir bench --algorithm concurrency --limit 10 --lease 1m --keys 100000 --threads 2${*:+ ${*//127.0.0.1:$REDIS_PORT/…}}"
+}
+want library && pair "in process"
+want redis && pair "Redis store" --store "redis://127.0.0.1:$REDIS_PORT" --concurrency 50
+
 # Gateway and RLS runs alternate peer and weir REPEAT times; each row is the
 # run with the median rate (its own p50 / p99), so a stall of this shared
 # machine during one run does not decide a ratio.

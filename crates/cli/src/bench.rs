@@ -1,5 +1,7 @@
 //! `weir bench`: a closed loop of checks on a store (in process, or Redis
 //! with `--store`), from several threads over many keys; one JSON object out.
+//! With a concurrency policy, each decision is a pair: a check, and the
+//! release of the lease it took.
 
 use std::sync::Arc;
 use std::thread;
@@ -172,6 +174,7 @@ fn work(
     deadline: Instant,
 ) -> anyhow::Result<Tally> {
     let mut tally = Tally::new()?;
+    let bench = limiter.policy("bench")?;
     // Each thread walks all keys in order from its own starting point: the
     // harness's reads are sequential, the store's are random (hashed).
     let mut i = thread * 7919 % keys.len();
@@ -184,7 +187,13 @@ fn work(
             let sampled = tally.decisions % SAMPLE_EVERY == 0;
             let began = sampled.then(Instant::now);
             match limiter.check(&keys[i], cost) {
-                Ok(d) => tally.allowed += u64::from(d.allowed),
+                Ok(d) => {
+                    tally.allowed += u64::from(d.allowed);
+                    // A concurrency policy's pair: the lease released.
+                    if let Some(lease) = d.lease {
+                        limiter.release(bench, &keys[i], lease)?;
+                    }
+                }
                 Err(weir_limiter::Error::TooManyKeys { .. }) => tally.refused += 1,
                 Err(e) => return Err(e.into()),
             }
@@ -295,7 +304,16 @@ async fn closed_loop(
             }
         };
         let began = Instant::now();
-        let decision = store.check("bench", &policy, key, cost, None).await;
+        let mut decision = store.check("bench", &policy, key, cost, None).await;
+        // A concurrency policy's pair: the lease released.
+        if let Ok(weir_core::Decision {
+            lease: Some(lease), ..
+        }) = decision
+        {
+            let release = weir_redis::LeaseOp::Release(lease);
+            let released = store.on_lease("bench", &policy, key, release, None).await;
+            decision = decision.and_then(|d| released.map(|_| d));
+        }
         let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
         tally.latency.saturating_record(ns.max(1));
         match decision {

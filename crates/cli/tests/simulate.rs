@@ -229,7 +229,7 @@ fn bad_rows_exit_2_naming_the_line_and_print_nothing_after() {
         ),
         (
             "time,colour\n0,red\n",
-            "line 1: unknown column `colour` (valid columns: time, cost, key, op)",
+            "line 1: unknown column `colour` (valid columns: time, cost, key, op, lease)",
             0,
         ),
         (

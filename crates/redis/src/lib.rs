@@ -775,6 +775,8 @@ fn spec(c: &Check<'_>) -> String {
     if c.no_new_key {
         spec.push_str(" n");
     }
+    let _ = write!(spec, " c={}", c.check.cost);
+    // Last: the script parses a policy once per call, whatever the lease.
     if let Policy::Concurrency(_) = c.check.policy {
         let _ = match c.lease {
             LeaseOp::Take(id) => write!(spec, " i={id}"),
@@ -782,7 +784,6 @@ fn spec(c: &Check<'_>) -> String {
             LeaseOp::Renew(id) => write!(spec, " w={id}"),
         };
     }
-    let _ = write!(spec, " c={}", c.check.cost);
     spec
 }
 

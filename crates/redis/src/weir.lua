@@ -396,16 +396,21 @@ end
 -- per call (a batch repeats a few policies many times).
 local parsed = {}
 local function parse(arg)
+  -- A lease flag comes last and differs per check: split off, so that the
+  -- policy is parsed once per call.
+  local base, lease = string.match(arg, '^(.*) ([ixw]=%d+)$')
+  if base then
+    local k, a, b, c, cost, empty, shadow, report, no_new = parse(base)
+    return k, a, b, c, cost, empty, shadow, report, no_new, lease
+  end
   local p = parsed[arg]
   if not p then
     local spec = {}
     for w in string.gmatch(arg, '%S+') do spec[#spec + 1] = w end
-    p = { spec[1], tonumber(spec[2]), tonumber(spec[3]), tonumber(spec[4]), 1, false, false, false, false, false }
+    p = { spec[1], tonumber(spec[2]), tonumber(spec[3]), tonumber(spec[4]), 1, false, false, false, false }
     local flags = (spec[1] == 'tb' or spec[1] == 'lb') and 5 or 4
     for k = flags, #spec do
-      local flag = string.sub(spec[k], 1, 2)
-      if flag == 'i=' or flag == 'x=' or flag == 'w=' then p[10] = spec[k]
-      elseif spec[k] == 'e' then p[6] = true
+      if spec[k] == 'e' then p[6] = true
       elseif spec[k] == 's' then p[7] = true
       elseif spec[k] == 'n' then p[9] = true
       elseif string.sub(spec[k], 1, 2) == 'r=' then p[8] = tonumber(string.sub(spec[k], 3))
@@ -413,7 +418,7 @@ local function parse(arg)
     end
     parsed[arg] = p
   end
-  return p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10]
+  return p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], nil
 end
 
 -- A check's three numbers as wide integers, for the checks decided wide.

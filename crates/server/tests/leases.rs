@@ -230,3 +230,79 @@ lease = "300ms"
         "the second lease"
     );
 }
+
+/// A concurrency policy's override and shadow mode through the decision
+/// API: an override gives its identity another limit (and its own leases);
+/// a shadow concurrency policy that would refuse takes no lease and lets
+/// the request through; several policies take a lease only when all admit.
+#[tokio::test]
+async fn overrides_shadow_and_several_policies_apply_to_leases() {
+    let config = r#"
+[policies.jobs]
+algorithm = "concurrency"
+limit = 1
+lease = "10m"
+
+[policies.watch]
+algorithm = "concurrency"
+limit = 1
+lease = "10m"
+shadow = true
+
+[policies.daily]
+algorithm = "fixed-window"
+limit = 3
+window = "1d"
+
+[[overrides]]
+policy = "jobs"
+keys = ["vip"]
+limit = 2
+"#;
+    let (addr, _) = start(config).await;
+    let url = format!("http://{addr}/v1/check");
+    let check = |policy: &'static str, key: &'static str| {
+        let url = url.clone();
+        async move {
+            let body = format!(r#"{{"policy":"{policy}","key":"{key}"}}"#);
+            send("POST", &url, &[], &body).await.json()
+        }
+    };
+    assert_eq!(check("jobs", "vip").await["allowed"], true);
+    assert_eq!(
+        check("jobs", "vip").await["allowed"],
+        true,
+        "the override's limit: 2"
+    );
+    assert_eq!(check("jobs", "vip").await["allowed"], false);
+    assert_eq!(check("jobs", "plain").await["allowed"], true);
+    assert_eq!(
+        check("jobs", "plain").await["allowed"],
+        false,
+        "the policy's: 1"
+    );
+    let first = check("watch", "w").await;
+    assert!(first["lease"].is_string(), "{first}");
+    let shadowed = check("watch", "w").await;
+    assert_eq!(
+        shadowed["allowed"], true,
+        "shadow: never refuses: {shadowed}"
+    );
+    assert_eq!(shadowed["shadow_limited"], true);
+    assert!(
+        shadowed.get("lease").is_none(),
+        "and takes no lease: {shadowed}"
+    );
+    // Several policies: the lease only when every policy admits.
+    let both = r#"{"checks":[{"policy":"daily","key":"d"},{"policy":"jobs","key":"d"}]}"#;
+    let all = send("POST", &url, &[], both).await.json();
+    assert_eq!(all["allowed"], true, "{all}");
+    let lease = all["decisions"][1]["lease"].as_str().unwrap().to_owned();
+    let refused = send("POST", &url, &[], both).await.json();
+    assert_eq!(refused["allowed"], false);
+    assert_eq!(refused["decisions"][0]["remaining"], 2, "daily not charged");
+    let release = format!(r#"{{"policy":"jobs","key":"d","lease":"{lease}"}}"#);
+    let released = send("POST", &format!("http://{addr}/v1/release"), &[], &release).await;
+    assert_eq!(released.json()["allowed"], true);
+    assert_eq!(send("POST", &url, &[], both).await.json()["allowed"], true);
+}
