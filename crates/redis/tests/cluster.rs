@@ -3,7 +3,10 @@
 
 use weir_core::{NANOS_PER_SEC, Policy};
 
-use crate::contract::{POLICIES, connect, queued_requests_decide_in_order, replay, replay_ops};
+use crate::contract::{
+    LeaseStep, POLICIES, connect, queued_requests_decide_in_order, replay, replay_leases,
+    replay_ops,
+};
 use weir_testkit::Cluster;
 
 #[test]
@@ -22,6 +25,19 @@ fn a_cluster_decides_as_the_core() {
         replay(&store, &runtime, policy, &trace, 1_000 + case as u64);
         replay_ops(&store, &runtime, policy, &ops, 2_000 + case as u64);
     }
+    // A concurrency limit's checks, releases and renewals, on every node.
+    let leases: Vec<(i64, u8, LeaseStep)> = (0..60u64)
+        .map(|i| {
+            let step = match i % 5 {
+                0..=2 => LeaseStep::Check(1 + i % 2),
+                3 => LeaseStep::Release((i / 2) as usize),
+                _ => LeaseStep::Renew((i / 3) as usize),
+            };
+            (((i * 41) % 600) as i64 - 50, (i % 4) as u8, step)
+        })
+        .collect();
+    let policy = Policy::parse("concurrency limit=3 lease=1s").unwrap();
+    replay_leases(&store, &runtime, policy, &leases, 3_000);
     // Queued requests: a script call per hash slot, decided in order.
     queued_requests_decide_in_order(&cluster.url(), 2);
     // Several policies of one identity: one slot, one script.

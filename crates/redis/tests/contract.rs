@@ -895,7 +895,7 @@ fn a_reset_reaches_every_cache() {
 /// or renewal of the n-th lease taken so far (of any key: another key's
 /// lease finds nothing).
 #[derive(Debug, Clone, Copy)]
-enum LeaseStep {
+pub(crate) enum LeaseStep {
     Check(u64),
     Release(usize),
     Renew(usize),
@@ -929,77 +929,67 @@ fn leases_decide_as_the_core() {
         .run(&strategy, |(policy, trace)| {
             let case = 2_000_000 + case.fetch_add(1, Ordering::SeqCst);
             let policy = Policy::parse(policy).unwrap();
-            let name = format!("p{case}");
-            let mut reference: HashMap<String, State> = HashMap::new();
-            // (the key, the store's identity, the core's) of each lease taken.
-            let mut taken: Vec<(String, u64, u64)> = Vec::new();
-            let mut now: Nanos = 1_796_000_000 * NANOS_PER_SEC + 123_456_789;
-            for (i, &(gap, key, step)) in trace.iter().enumerate() {
-                now = now.saturating_add_signed(gap * 1_000_000 + i64::from(key) * 7);
-                let identity = format!("c{case}-k{key}");
-                let state = reference
-                    .entry(identity.clone())
-                    .or_insert_with(|| policy.new_state());
-                // Another key's lease, or none: acts on nothing here.
-                let lease = |n: usize| taken.get(n).cloned().unwrap_or_default();
-                let on = |op| {
-                    shared
-                        .runtime
-                        .block_on(
-                            shared
-                                .store
-                                .on_lease(&name, &policy, &identity, op, Some(now)),
-                        )
-                        .unwrap()
-                };
-                let (expected, got) = match step {
-                    LeaseStep::Check(cost) => {
-                        let cost = cost.min(policy.max_cost().0);
-                        let core_id = i as u64 + 1;
-                        let expected = policy.acquire(state, now, cost, core_id).unwrap();
-                        let got = shared
-                            .runtime
-                            .block_on(shared.store.check(
-                                &name,
-                                &policy,
-                                &identity,
-                                cost,
-                                Some(now),
-                            ))
-                            .unwrap();
-                        prop_assert_eq!(got.lease.is_some(), expected.lease.is_some());
-                        if let Some(id) = got.lease {
-                            taken.push((identity.clone(), id, core_id));
-                        }
-                        (expected, got)
-                    }
-                    LeaseStep::Release(n) => {
-                        let (_, ours, core) = lease(n);
-                        (
-                            policy.release(state, now, core).unwrap(),
-                            on(weir_redis::LeaseOp::Release(ours)),
-                        )
-                    }
-                    LeaseStep::Renew(n) => {
-                        let (_, ours, core) = lease(n);
-                        (
-                            policy.renew(state, now, core).unwrap(),
-                            on(weir_redis::LeaseOp::Renew(ours)),
-                        )
-                    }
-                };
-                let bare = |d: weir_core::Decision| weir_core::Decision { lease: None, ..d };
-                prop_assert_eq!(
-                    bare(got),
-                    bare(expected),
-                    "{} at {}, {}, {:?}",
-                    policy,
-                    now,
-                    identity,
-                    step
-                );
-            }
+            replay_leases(&shared.store, &shared.runtime, policy, &trace, case);
             Ok(())
         })
         .unwrap();
+}
+
+/// Replays `(gap ms, key, step)` of a concurrency policy through Redis and
+/// the core; panics on the first decision that differs.
+pub(crate) fn replay_leases(
+    store: &RedisStore,
+    runtime: &tokio::runtime::Runtime,
+    policy: Policy,
+    trace: &[(i64, u8, LeaseStep)],
+    case: u64,
+) {
+    let name = format!("p{case}");
+    let mut reference: HashMap<String, State> = HashMap::new();
+    // (the store's identity, the core's) of each lease taken.
+    let mut taken: Vec<(u64, u64)> = Vec::new();
+    let mut now: Nanos = 1_796_000_000 * NANOS_PER_SEC + 123_456_789;
+    for (i, &(gap, key, step)) in trace.iter().enumerate() {
+        now = now.saturating_add_signed(gap * 1_000_000 + i64::from(key) * 7);
+        let identity = format!("c{case}-k{key}");
+        let state = reference
+            .entry(identity.clone())
+            .or_insert_with(|| policy.new_state());
+        // Another key's lease, or none: acts on nothing here.
+        let lease = |n: usize| taken.get(n).copied().unwrap_or_default();
+        let on = |op| {
+            runtime
+                .block_on(store.on_lease(&name, &policy, &identity, op, Some(now)))
+                .unwrap()
+        };
+        let (expected, got) = match step {
+            LeaseStep::Check(cost) => {
+                let cost = cost.min(policy.max_cost().0);
+                let core_id = i as u64 + 1;
+                let expected = policy.acquire(state, now, cost, core_id).unwrap();
+                let got = runtime
+                    .block_on(store.check(&name, &policy, &identity, cost, Some(now)))
+                    .unwrap();
+                assert_eq!(got.lease.is_some(), expected.lease.is_some());
+                if let Some(id) = got.lease {
+                    taken.push((id, core_id));
+                }
+                (expected, got)
+            }
+            LeaseStep::Release(n) => (
+                policy.release(state, now, lease(n).1).unwrap(),
+                on(weir_redis::LeaseOp::Release(lease(n).0)),
+            ),
+            LeaseStep::Renew(n) => (
+                policy.renew(state, now, lease(n).1).unwrap(),
+                on(weir_redis::LeaseOp::Renew(lease(n).0)),
+            ),
+        };
+        let bare = |d: weir_core::Decision| weir_core::Decision { lease: None, ..d };
+        assert_eq!(
+            bare(got),
+            bare(expected),
+            "{policy} at {now}, {identity}, {step:?}"
+        );
+    }
 }

@@ -82,11 +82,7 @@ async fn renew(
     loop {
         tick.tick().await;
         for &(policy, lease) in &leases {
-            let check = Check {
-                policy,
-                key: &key,
-                cost: 0,
-            };
+            let check = on(policy, &key);
             let renewed = (shared.backend)
                 .on_lease(&shared.table, &check, LeaseOp::Renew(lease), local)
                 .await;
@@ -112,11 +108,7 @@ impl Drop for Held {
         // In process: released before the next request can be decided.
         if local || shared.backend.remote().is_none() {
             for &(policy, lease) in &leases {
-                let check = Check {
-                    policy,
-                    key: &key,
-                    cost: 0,
-                };
+                let check = on(policy, &key);
                 let released =
                     shared
                         .backend
@@ -130,17 +122,22 @@ impl Drop for Held {
         };
         runtime.spawn(async move {
             for (policy, lease) in leases {
-                let check = Check {
-                    policy,
-                    key: &key,
-                    cost: 0,
-                };
+                let check = on(policy, &key);
                 let released = (shared.backend)
                     .on_lease(&shared.table, &check, LeaseOp::Release(lease), false)
                     .await;
                 settled(&shared, policy, lease, released.ok());
             }
         });
+    }
+}
+
+/// A release's or a renewal's check: the lease's policy and key.
+fn on(policy: PolicyId, key: &str) -> Check<'_> {
+    Check {
+        policy,
+        key,
+        cost: 0,
     }
 }
 

@@ -46,7 +46,8 @@
 //! naming the fix, on every request, rather than a silent `400`.
 //!
 //! A **concurrency** policy (`concurrency limit=N lease=D`) bounds the
-//! requests in flight: its lease is held from admission for the life of
+//! requests in flight (one slot each, whatever the layer's cost): its lease
+//! is held from admission for the life of
 //! the response future and its body ([`LeaseBody`]), and released when the
 //! body ends or is dropped (the client went away, the service failed). The
 //! layer does not renew it: give the policy a lease longer than your
