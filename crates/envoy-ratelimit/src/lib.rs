@@ -135,23 +135,53 @@ pub struct Limit {
 }
 
 /// One node of a domain's tree.
-#[derive(Debug, Default)]
-struct Node {
+#[derive(Debug)]
+struct Node<T> {
     /// By `key_value`, or `key` alone for a default.
-    children: HashMap<String, Node>,
+    children: HashMap<String, Node<T>>,
     /// The children whose `key_value` holds a `*`, in file order, split on
     /// it.
     wildcards: Vec<(String, Vec<String>)>,
-    limit: Option<Limit>,
+    limit: Option<T>,
     /// `share_threshold`: every value its wildcard matches counts as one.
     share_threshold: bool,
+    /// Its `key`.
+    key: String,
+    /// Its place among its siblings, in file order.
+    order: usize,
 }
 
-/// The limits of every domain.
-#[derive(Debug, Default)]
-pub struct Limits {
-    domains: HashMap<String, Node>,
+impl<T> Default for Node<T> {
+    fn default() -> Self {
+        Self {
+            children: HashMap::new(),
+            wildcards: Vec::new(),
+            limit: None,
+            share_threshold: false,
+            key: String::new(),
+            order: 0,
+        }
+    }
 }
+
+/// Descriptor trees, one per domain, each node holding perhaps a `T`:
+/// [`Limits`] for envoyproxy/ratelimit's files, or whatever another
+/// configuration (weir's own rules) maps descriptors to.
+#[derive(Debug)]
+pub struct Tree<T> {
+    domains: HashMap<String, Node<T>>,
+}
+
+impl<T> Default for Tree<T> {
+    fn default() -> Self {
+        Self {
+            domains: HashMap::new(),
+        }
+    }
+}
+
+/// The limits of every domain, as envoyproxy/ratelimit's files give them.
+pub type Limits = Tree<Limit>;
 
 /// A configuration that cannot be loaded: the file, and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -166,7 +196,7 @@ pub struct ConfigError {
 
 /// What a request descriptor finds.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Found<'a> {
+pub enum Found<'a, T = Limit> {
     /// The domain is not configured: no limit (`OK`), as theirs answers.
     UnknownDomain,
     /// No limit at the node its last entry reaches.
@@ -174,7 +204,7 @@ pub enum Found<'a> {
     /// This limit.
     Limit {
         /// The limit.
-        limit: &'a Limit,
+        limit: &'a T,
         /// Per entry, the wildcard value that stands for the entry's own in
         /// its counter's key (`share_threshold`): every value it matches
         /// shares one counter.
@@ -202,7 +232,7 @@ const VALID_KEYS: [&str; 16] = [
     "metadata",
 ];
 
-impl Limits {
+impl Tree<Limit> {
     /// Loads `(file name, text)` pairs, one domain each; with
     /// `merge_domains` (their `MERGE_DOMAIN_CONFIG`), files of one domain
     /// add to it instead of being an error.
@@ -241,30 +271,104 @@ impl Limits {
         Ok(limits)
     }
 
+    /// Every limit of every domain, with the path to its node
+    /// (`(key, value)` pairs, a value `None` for a default) and whether
+    /// each node of the path shares its wildcard's counter, in file order.
+    pub fn limits(&self) -> Vec<Leaf<'_>> {
+        let mut out = Vec::new();
+        for (domain, node) in &self.domains {
+            node.walk(domain, &mut Vec::new(), &mut out);
+        }
+        out
+    }
+}
+
+/// A limit of [`Limits::limits`], where it sits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leaf<'a> {
+    /// Its domain.
+    pub domain: &'a str,
+    /// The path to its node: each step's key, value (`None` for the
+    /// key's default) and `share_threshold`.
+    pub path: Vec<(&'a str, Option<&'a str>, bool)>,
+    /// The limit.
+    pub limit: &'a Limit,
+}
+
+impl Node<Limit> {
+    /// The limits under this node, in file order (`path`: the steps to it).
+    fn walk<'a>(
+        &'a self,
+        domain: &'a str,
+        path: &mut Vec<(&'a str, Option<&'a str>, bool)>,
+        out: &mut Vec<Leaf<'a>>,
+    ) {
+        if let Some(limit) = &self.limit {
+            out.push(Leaf {
+                domain,
+                path: path.clone(),
+                limit,
+            });
+        }
+        let mut children: Vec<(&String, &Node<Limit>)> = self.children.iter().collect();
+        children.sort_by_key(|(_, child)| child.order);
+        for (full, child) in children {
+            let (key, value) = (child.key.as_str(), full.get(child.key.len() + 1..));
+            path.push((key, value, child.share_threshold));
+            child.walk(domain, path, out);
+            path.pop();
+        }
+    }
+}
+
+impl<T> Tree<T> {
     /// The configured domains.
     pub fn domains(&self) -> impl Iterator<Item = &str> {
         self.domains.keys().map(String::as_str)
     }
 
-    /// Every limit of every domain, each with its domain.
-    pub fn limits(&self) -> Vec<(&str, &Limit)> {
-        fn walk<'a>(domain: &'a str, node: &'a Node, out: &mut Vec<(&'a str, &'a Limit)>) {
-            out.extend(node.limit.as_ref().map(|l| (domain, l)));
-            for child in node.children.values() {
-                walk(domain, child, out);
+    /// Adds `limit` at the node of `path` in `domain` (`(key, value)`
+    /// steps, a value `None` for the key's default, `*` a wildcard), making
+    /// the nodes on the way; `share_threshold` marks the path's wildcard
+    /// steps as sharing one counter. An error when the node has one
+    /// already (their duplicate composite key).
+    pub fn insert(
+        &mut self,
+        domain: &str,
+        path: &[(&str, Option<&str>)],
+        limit: T,
+        share_threshold: bool,
+    ) -> Result<(), String> {
+        let mut node = self.domains.entry(domain.to_owned()).or_default();
+        let mut name = domain.to_owned();
+        for &(key, value) in path {
+            let full = match value {
+                Some(v) if !v.is_empty() => format!("{key}_{v}"),
+                _ => key.to_owned(),
+            };
+            name = format!("{name}.{full}");
+            let order = node.children.len();
+            if !node.children.contains_key(&full) && full.contains('*') {
+                let parts = full.split('*').map(str::to_owned).collect();
+                node.wildcards.push((full.clone(), parts));
             }
+            node = node.children.entry(full).or_insert_with(|| Node {
+                key: key.to_owned(),
+                order,
+                ..Node::default()
+            });
+            node.share_threshold |= share_threshold && value.is_some_and(|v| v.contains('*'));
         }
-        let mut out = Vec::new();
-        for (domain, node) in &self.domains {
-            walk(domain, node, &mut out);
+        if node.limit.is_some() {
+            return Err(format!("duplicate descriptor composite key '{name}'"));
         }
-        out.sort_by(|a, b| a.1.path.cmp(&b.1.path));
-        out
+        node.limit = Some(limit);
+        Ok(())
     }
 
     /// The limit of a request descriptor's `(key, value)` entries in
     /// `domain` (its own `limit`, which bypasses the tree, is the caller's).
-    pub fn find(&self, domain: &str, entries: &[(&str, &str)]) -> Found<'_> {
+    pub fn find(&self, domain: &str, entries: &[(&str, &str)]) -> Found<'_, T> {
         let Some(mut node) = self.domains.get(domain) else {
             return Found::UnknownDomain;
         };
@@ -400,7 +504,7 @@ fn list(value: Option<&Value>) -> Result<&[Value], String> {
     }
 }
 
-impl Node {
+impl Node<Limit> {
     /// Adds `descriptors` under this node, whose path is `parent`.
     fn load(&mut self, parent: &str, descriptors: &[Value]) -> Result<(), String> {
         for descriptor in descriptors {
@@ -441,6 +545,8 @@ impl Node {
             let mut child = Node {
                 limit,
                 share_threshold,
+                key: key.clone(),
+                order: self.children.len(),
                 ..Node::default()
             };
             let descriptors = list(field("descriptors")).map_err(|e| here("descriptors", e))?;

@@ -255,3 +255,50 @@ fn invalid_files_are_refused_naming_the_file_and_the_descriptor() {
         );
     }
 }
+
+/// A tree rebuilt from its limits' paths (as weir's own rules are built)
+/// finds what the files find, request by request.
+#[test]
+fn a_tree_rebuilt_from_its_paths_matches_alike() {
+    let wild = "domain: shop\ndescriptors:\n  - key: path\n    value: /api/*\n    share_threshold: true\n    descriptors:\n      - key: method\n        rate_limit: { unit: second, requests_per_unit: 7 }\n  - key: path\n    value: /api/v*\n    rate_limit: { unit: second, requests_per_unit: 8 }\n";
+    let limits = Limits::load([("shop.yaml", SHOP), ("wild.yaml", wild)], true).unwrap();
+    let mut tree = weir_envoy_ratelimit::Tree::default();
+    for leaf in limits.limits() {
+        let path: Vec<(&str, Option<&str>)> = leaf.path.iter().map(|&(k, v, _)| (k, v)).collect();
+        let shared = leaf.path.iter().any(|&(_, _, s)| s);
+        tree.insert(leaf.domain, &path, leaf.limit.path.clone(), shared)
+            .unwrap();
+    }
+    let requests: &[&[(&str, &str)]] = &[
+        &[("key1", "v"), ("subkey1", "x")],
+        &[("key1", "v"), ("subkey1", "subvalue1")],
+        &[("key2", "other")],
+        &[("key2", "value2")],
+        &[("key2", "value2"), ("more", "x")],
+        &[("key3", "x"), ("subkey3", "y")],
+        &[("key4", "value4"), ("subkey4", "subvalue4")],
+        &[("key4", "other"), ("subkey4", "subvalue4")],
+        &[("key5", "x")],
+        &[("key6", "1")],
+        &[("path", "/api/x"), ("method", "GET")],
+        &[("path", "/api/v1")],
+        &[("path", "/other")],
+    ];
+    for entries in requests {
+        let from_files = match limits.find("shop", entries) {
+            Found::Limit { limit, shared } => Some((limit.path.clone(), shared)),
+            _ => None,
+        };
+        let rebuilt = match tree.find("shop", entries) {
+            Found::Limit { limit, shared } => Some((limit.clone(), shared)),
+            _ => None,
+        };
+        assert_eq!(rebuilt, from_files, "{entries:?}");
+    }
+    let mut twice = weir_envoy_ratelimit::Tree::default();
+    twice.insert("d", &[("a", None)], 1, false).unwrap();
+    assert_eq!(
+        twice.insert("d", &[("a", None)], 2, false),
+        Err("duplicate descriptor composite key 'd.a'".to_owned())
+    );
+}
