@@ -415,7 +415,7 @@ pub(crate) async fn policies(State(state): State<Arc<AppState>>) -> Response {
             descriptors: config
                 .descriptors
                 .iter()
-                .filter(|d| d.policy == id)
+                .filter(|d| d.policy == Some(id))
                 .map(|d| {
                     let entries: Vec<String> = d
                         .entries

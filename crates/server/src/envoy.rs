@@ -2,12 +2,15 @@
 //! over gRPC, deciding with the same store, policies and metrics as HTTP.
 //!
 //! A descriptor is matched against the `[[descriptors]]` rules of its
-//! request's domain, in file order: a rule matches when the descriptor has
-//! exactly the rule's entries, in the rule's order, each with the rule's key
-//! and — for `key=value` — that value. The first match names the policy; the
-//! key is built from the domain and every entry (escaped, so that no two
-//! descriptors share a key unless equal). A descriptor no rule matches is
-//! unlimited (`OK`, no limit). All matched descriptors of one request are
+//! request's domain as envoyproxy/ratelimit matches its tree: entry by
+//! entry, the entry's value first, then wildcard values in file order, then
+//! the key's default; the rule of the node its **last** entry reaches
+//! decides it. The key is built from the domain and every entry (escaped,
+//! so that no two descriptors share a key unless equal; a `share_threshold`
+//! wildcard stands for every value it matches). A descriptor no rule
+//! matches, an unlimited rule's and one of an unknown domain are unlimited
+//! (`OK`, no limit). A matched rule whose `name` another matched rule
+//! `replaces` is not checked. All matched descriptors of one request are
 //! decided all-or-nothing.
 
 use std::collections::HashMap;
@@ -30,8 +33,9 @@ use weir_core::{Decision, MAX_IDENTITY, NANOS_PER_SEC, Nanos, Policy, Rate};
 use weir_tower::{Limited, Part, fields_in};
 
 use crate::backend::{Check, NewKeys, Undecided};
-use crate::config::{Config, PolicyId};
+use crate::config::{Config, DescriptorRule, PolicyId};
 use crate::state::{AppState, Shared};
+use weir_envoy_ratelimit::Found;
 
 /// The gRPC service.
 #[derive(Debug, Clone)]
@@ -92,50 +96,56 @@ pub fn translate(config: &Config, request: &RateLimitRequest) -> Result<Translat
             request.descriptors.len()
         ));
     }
-    let rules: Vec<_> = config
-        .descriptors
-        .iter()
-        .filter(|r| r.domain == request.domain)
-        .collect();
-    if rules.is_empty() {
-        let mut known: Vec<&str> = config
-            .descriptors
-            .iter()
-            .map(|r| r.domain.as_str())
-            .collect();
-        known.dedup();
-        return Err(format!(
-            "unknown domain `{}` (configured: {})",
-            request.domain.escape_debug(),
-            known.join(", ")
-        ));
-    }
     let request_cost = u64::from(request.hits_addend).max(1);
     let mut out = Vec::with_capacity(request.descriptors.len());
+    // Per descriptor, its rule's `name`; and every name a matched rule
+    // `replaces`.
+    let mut names: Vec<Option<&str>> = Vec::with_capacity(request.descriptors.len());
+    let mut replaced: Vec<&str> = Vec::new();
     for (i, descriptor) in request.descriptors.iter().enumerate() {
         if descriptor.entries.is_empty() {
             return Err(format!("descriptor #{} has no entries", i + 1));
         }
         let cost = descriptor.hits_addend.map_or(request_cost, |h| h.value);
-        let rule = rules.iter().find(|rule| {
-            rule.entries.len() == descriptor.entries.len()
-                && rule
-                    .entries
-                    .iter()
-                    .zip(&descriptor.entries)
-                    .all(|((key, value), entry)| {
-                        *key == entry.key && value.as_ref().is_none_or(|v| *v == entry.value)
-                    })
-        });
+        let entries: Vec<(&str, &str)> = descriptor
+            .entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()))
+            .collect();
+        let (rule, shared) = match config.descriptor_tree.find(&request.domain, &entries) {
+            Found::Limit { limit, shared } => (config.descriptors.get(*limit), shared),
+            Found::None | Found::UnknownDomain => (None, Vec::new()),
+        };
+        names.push(rule.and_then(|r| r.name.as_deref()));
+        if descriptor.limit.is_none() {
+            replaced.extend(
+                rule.iter()
+                    .flat_map(|r| r.replaces.iter().map(String::as_str)),
+            );
+        }
         let target = match (rule, &descriptor.limit) {
             (rule, Some(limit)) => Target::Limit {
-                rule: rule.map(|r| r.policy),
+                rule: rule.and_then(|r| r.policy),
                 requests_per_unit: limit.requests_per_unit,
                 unit: limit.unit,
             },
-            (Some(rule), None) if rule.report => Target::Report(rule.policy),
-            (Some(rule), None) => Target::Rule(rule.policy),
-            (None, None) => {
+            (
+                Some(DescriptorRule {
+                    policy: Some(policy),
+                    report: true,
+                    ..
+                }),
+                None,
+            ) => Target::Report(*policy),
+            (
+                Some(DescriptorRule {
+                    policy: Some(policy),
+                    ..
+                }),
+                None,
+            ) => Target::Rule(*policy),
+            // No rule, or an unlimited one.
+            (_, None) => {
                 out.push(None);
                 continue;
             }
@@ -158,13 +168,33 @@ pub fn translate(config: &Config, request: &RateLimitRequest) -> Result<Translat
         escape(&mut key, &request.domain);
         let keyed = rule.and_then(|r| r.key_entries.as_ref());
         let in_key = |k: &str| keyed.is_none_or(|keys| keys.iter().any(|e| e == k));
-        for entry in descriptor.entries.iter().filter(|e| in_key(&e.key)) {
+        for (j, entry) in descriptor.entries.iter().enumerate() {
+            if !in_key(&entry.key) {
+                continue;
+            }
             key.push(':');
             escape(&mut key, &entry.key);
-            key.push('=');
-            escape(&mut key, &entry.value);
+            // A shared wildcard stands for every value it matches.
+            match shared.get(j).copied().flatten() {
+                Some(pattern) => {
+                    key.push('~');
+                    escape(&mut key, pattern);
+                }
+                None => {
+                    key.push('=');
+                    escape(&mut key, &entry.value);
+                }
+            }
         }
         out.push(Some((target, key, cost)));
+    }
+    // A rule another matched rule replaces is not checked.
+    if !replaced.is_empty() {
+        for (slot, name) in out.iter_mut().zip(&names) {
+            if name.is_some_and(|n| replaced.contains(&n)) {
+                *slot = None;
+            }
+        }
     }
     Ok(out)
 }
@@ -548,11 +578,9 @@ mod tests {
             domain: "x".into(),
             ..request
         };
-        assert!(
-            translate(&config, &unknown)
-                .unwrap_err()
-                .contains("unknown domain `x`")
-        );
+        // As envoyproxy/ratelimit: an unknown domain has no limits.
+        let t = translate(&config, &unknown).unwrap();
+        assert!(t.iter().all(Option::is_none), "{t:?}");
     }
 
     #[test]

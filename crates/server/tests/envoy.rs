@@ -292,14 +292,6 @@ async fn malformed_requests_are_invalid_arguments() {
         ),
         (
             RateLimitRequest {
-                domain: "other".into(),
-                descriptors: vec![descriptor(&[("seller", "1")], None)],
-                hits_addend: 0,
-            },
-            "unknown domain `other`",
-        ),
-        (
-            RateLimitRequest {
                 domain: "kartly".into(),
                 descriptors: vec![descriptor(&[("seller", &"x".repeat(300))], None)],
                 hits_addend: 0,
@@ -331,6 +323,18 @@ async fn malformed_requests_are_invalid_arguments() {
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
         assert!(status.message().contains(message), "{status:?}");
     }
+    // An unknown domain has no limits (`OK`), as envoyproxy/ratelimit.
+    let unknown = RateLimitRequest {
+        domain: "other".into(),
+        descriptors: vec![descriptor(&[("seller", "1")], None)],
+        hits_addend: 0,
+    };
+    let answer = client
+        .should_rate_limit(unknown)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.overall_code, Code::Ok as i32);
     // Still serving.
     assert!(
         ask(&mut client, vec![descriptor(&[("seller", "ok")], None)], 0)
@@ -595,5 +599,98 @@ async fn the_grpc_listener_holds_the_connection_bounds() {
         .await
         .unwrap();
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// weir's own rules matched as envoyproxy/ratelimit matches its tree: a
+/// value before wildcards (in file order) before the key's default; a rule
+/// only at the node the last entry reaches; unlimited rules; `replaces`;
+/// `share_threshold` making every value a wildcard matches one key.
+#[tokio::test]
+async fn rules_match_as_envoyproxy_ratelimit_matches_its_tree() {
+    let config = r#"
+[policies.one]
+algorithm = "fixed-window"
+limit = 1
+window = "1h"
+
+[policies.two]
+algorithm = "fixed-window"
+limit = 2
+window = "1h"
+
+[[descriptors]]
+domain = "kartly"
+entries = ["path=/api/*"]
+policy = "one"
+
+[[descriptors]]
+domain = "kartly"
+entries = ["path=/api/health"]
+unlimited = true
+
+[[descriptors]]
+domain = "kartly"
+entries = ["path"]
+policy = "two"
+
+[[descriptors]]
+domain = "kartly"
+entries = ["file=*.pdf"]
+policy = "one"
+share_threshold = true
+
+[[descriptors]]
+domain = "kartly"
+entries = ["tenant", "plan=free"]
+policy = "one"
+name = "free"
+
+[[descriptors]]
+domain = "kartly"
+entries = ["tenant=vip"]
+policy = "two"
+replaces = ["free"]
+"#;
+    let (mut client, _, _) = start(config).await;
+    let code = |r: &RateLimitResponse| Code::try_from(r.overall_code).unwrap();
+    let mut decide = async |entries: &[(&str, &str)]| {
+        code(
+            &ask(&mut client, vec![descriptor(entries, None)], 0)
+                .await
+                .unwrap(),
+        )
+    };
+    // The wildcard: one per hour for each path under /api/.
+    assert_eq!(decide(&[("path", "/api/a")]).await, Code::Ok);
+    assert_eq!(decide(&[("path", "/api/a")]).await, Code::OverLimit);
+    assert_eq!(decide(&[("path", "/api/b")]).await, Code::Ok, "its own key");
+    // The exact value before the wildcard: unlimited.
+    for _ in 0..3 {
+        assert_eq!(decide(&[("path", "/api/health")]).await, Code::Ok);
+    }
+    // The default after both: two.
+    for expected in [Code::Ok, Code::Ok, Code::OverLimit] {
+        assert_eq!(decide(&[("path", "/cart")]).await, expected);
+    }
+    // A deeper descriptor than any rule: no limit.
+    for _ in 0..3 {
+        assert_eq!(
+            decide(&[("path", "/cart"), ("method", "GET")]).await,
+            Code::Ok
+        );
+    }
+    // share_threshold: every PDF shares one key.
+    assert_eq!(decide(&[("file", "a.pdf")]).await, Code::Ok);
+    assert_eq!(decide(&[("file", "b.pdf")]).await, Code::OverLimit);
+    // replaces: with `vip` matched, `free` is not checked.
+    let both = || {
+        vec![
+            descriptor(&[("tenant", "vip"), ("plan", "free")], None),
+            descriptor(&[("tenant", "vip")], None),
+        ]
+    };
+    for expected in [Code::Ok, Code::Ok, Code::OverLimit] {
+        assert_eq!(code(&ask(&mut client, both(), 0).await.unwrap()), expected);
     }
 }

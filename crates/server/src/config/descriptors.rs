@@ -1,8 +1,15 @@
 //! `[[descriptors]]`: Envoy descriptor rules — a domain and the entries a
-//! descriptor must have, mapped to a policy.
+//! descriptor must have, mapped to a policy (or to no limit). The rules of
+//! a domain form a tree matched as envoyproxy/ratelimit matches its files
+//! (`weir-envoy-ratelimit`): at each entry its value first, then wildcard
+//! values in file order, then the key's default; a rule applies only to
+//! descriptors whose last entry reaches its node.
+
+use std::sync::Arc;
 
 use serde::Deserialize;
 use toml::Spanned;
+use weir_envoy_ratelimit::Tree;
 
 use super::{PolicyId, Report};
 
@@ -11,11 +18,12 @@ use super::{PolicyId, Report};
 pub struct DescriptorRule {
     /// The request's domain.
     pub domain: String,
-    /// The descriptor's entries, in order: a key, and the one value it must
-    /// have (none: any value).
+    /// The descriptor's entries, in order: a key, and the value it must
+    /// have (`*` in it: any run of characters; none: any value).
     pub entries: Vec<(String, Option<String>)>,
-    /// The policy that decides it.
-    pub policy: PolicyId,
+    /// The policy that decides it; `None` for `unlimited = true` (matched,
+    /// never limited).
+    pub policy: Option<PolicyId>,
     /// `report = true`: its descriptors are usage reported after the fact
     /// (always `OK`, charged with `hits_addend`), e.g. the call Envoy makes
     /// when a stream is done (`apply_on_stream_done`).
@@ -23,15 +31,30 @@ pub struct DescriptorRule {
     /// `key_entries`: the entries the key is built from (none: all), so that
     /// a report rule charges the key of the admission rule.
     pub key_entries: Option<Vec<String>>,
+    /// `name`: what `replaces` calls it.
+    pub name: Option<String>,
+    /// `replaces`: the rules (by `name`) this one stands for when both
+    /// match descriptors of one request.
+    pub replaces: Vec<String>,
+    /// `share_threshold = true`: every value a wildcard entry matches
+    /// counts as one (one key for all).
+    pub share_threshold: bool,
 }
+
+/// The rules of every domain as a tree: each node holds a rule's index.
+pub type DescriptorTree = Arc<Tree<usize>>;
 
 #[derive(Debug, Deserialize)]
 pub(super) struct Raw {
     domain: Spanned<String>,
     entries: Spanned<Vec<String>>,
-    policy: Spanned<String>,
+    policy: Option<Spanned<String>>,
+    unlimited: Option<Spanned<bool>>,
     report: Option<bool>,
     key_entries: Option<Spanned<Vec<String>>>,
+    name: Option<Spanned<String>>,
+    replaces: Option<Spanned<Vec<String>>>,
+    share_threshold: Option<bool>,
 }
 
 pub(super) fn parse(
@@ -40,8 +63,9 @@ pub(super) fn parse(
     known: &dyn Fn() -> String,
     leased: &dyn Fn(&str) -> bool,
     report: &mut Report<'_>,
-) -> Vec<DescriptorRule> {
+) -> (Vec<DescriptorRule>, DescriptorTree) {
     let mut rules = Vec::new();
+    let mut tree = Tree::default();
     for (i, rule) in raw.iter().enumerate() {
         let place = |key: &str| format!("[[descriptors]] #{} {key}", i + 1);
         let mut entries = Vec::new();
@@ -55,7 +79,7 @@ pub(super) fn parse(
                     &rule.entries.span(),
                     &place("entries"),
                     format!(
-                        "`{entry}` is not an entry (valid: \"key\" for any value, \"key=value\")"
+                        "`{entry}` is not an entry (valid: \"key\" for any value, \"key=value\", \"key=prefix*\")"
                     ),
                 );
             }
@@ -82,36 +106,111 @@ pub(super) fn parse(
                 }
             }
         }
-        if leased(rule.policy.get_ref()) {
+        let unlimited = rule.unlimited.as_ref().is_some_and(|u| *u.get_ref());
+        let policy = match (&rule.policy, unlimited) {
+            (Some(policy), false) => match policy_of(policy, resolve, known, leased) {
+                Ok(id) => Some(id),
+                Err(message) => {
+                    report.error(&policy.span(), &place("policy"), message);
+                    continue;
+                }
+            },
+            (None, true) => None,
+            (Some(policy), true) => {
+                let message = "an unlimited rule names no policy: drop one of the two";
+                report.error(&policy.span(), &place("policy"), message);
+                continue;
+            }
+            (None, false) => {
+                let message = format!(
+                    "name the policy that decides it (defined: {}), or set unlimited = true",
+                    known()
+                );
+                report.error(&rule.entries.span(), &place("policy"), message);
+                continue;
+            }
+        };
+        let is_report = rule.report.unwrap_or(false);
+        if let (true, Some(u)) = (is_report && unlimited, &rule.unlimited) {
             report.error(
-                &rule.policy.span(),
-                &place("policy"),
-                format!(
-                    "`{}` is a concurrency policy: {}; use it in a gateway route, the decision API or the tower layer",
-                    rule.policy.get_ref(),
-                    crate::envoy::NO_RELEASE
-                ),
+                &u.span(),
+                &place("unlimited"),
+                "a report rule charges a policy: it cannot be unlimited",
             );
             continue;
         }
-        match resolve(rule.policy.get_ref()) {
-            Some(policy) => rules.push(DescriptorRule {
-                domain: rule.domain.get_ref().clone(),
-                entries,
-                policy,
-                report: rule.report.unwrap_or(false),
-                key_entries: rule.key_entries.as_ref().map(|k| k.get_ref().clone()),
-            }),
-            None => report.error(
-                &rule.policy.span(),
-                &place("policy"),
-                format!(
-                    "no policy `{}` (defined: {})",
-                    rule.policy.get_ref(),
-                    known()
-                ),
-            ),
+        let name = rule.name.as_ref().map(|n| n.get_ref().clone());
+        let replaces = rule
+            .replaces
+            .as_ref()
+            .map_or_else(Vec::new, |r| r.get_ref().clone());
+        if let Some(r) = &rule.replaces {
+            if replaces.iter().any(String::is_empty) {
+                report.error(
+                    &r.span(),
+                    &place("replaces"),
+                    "should not have an empty entry",
+                );
+            }
+            if name.as_ref().is_some_and(|n| replaces.contains(n)) {
+                report.error(
+                    &r.span(),
+                    &place("replaces"),
+                    "should not name the rule itself",
+                );
+            }
         }
+        let share_threshold = rule.share_threshold.unwrap_or(false);
+        let wild = entries
+            .iter()
+            .any(|(_, v)| v.as_ref().is_some_and(|v| v.contains('*')));
+        if share_threshold && !wild {
+            report.error(
+                &rule.entries.span(),
+                &place("share_threshold"),
+                "applies to wildcard values: give an entry such as \"path=/api/*\"",
+            );
+        }
+        let path: Vec<(&str, Option<&str>)> = entries
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_deref()))
+            .collect();
+        let domain = rule.domain.get_ref();
+        if let Err(e) = tree.insert(domain, &path, rules.len(), share_threshold) {
+            report.error(
+                &rule.entries.span(),
+                &place("entries"),
+                format!("{e}: another rule of this domain has the same entries"),
+            );
+            continue;
+        }
+        rules.push(DescriptorRule {
+            domain: domain.clone(),
+            entries,
+            policy,
+            report: is_report,
+            key_entries: rule.key_entries.as_ref().map(|k| k.get_ref().clone()),
+            name,
+            replaces,
+            share_threshold,
+        });
     }
-    rules
+    (rules, Arc::new(tree))
+}
+
+/// The policy a rule names, or why it cannot decide descriptors.
+fn policy_of(
+    policy: &Spanned<String>,
+    resolve: &dyn Fn(&str) -> Option<PolicyId>,
+    known: &dyn Fn() -> String,
+    leased: &dyn Fn(&str) -> bool,
+) -> Result<PolicyId, String> {
+    let name = policy.get_ref();
+    if leased(name) {
+        return Err(format!(
+            "`{name}` is a concurrency policy: {}; use it in a gateway route, the decision API or the tower layer",
+            crate::envoy::NO_RELEASE
+        ));
+    }
+    resolve(name).ok_or_else(|| format!("no policy `{name}` (defined: {})", known()))
 }

@@ -17,7 +17,7 @@ use std::ops::Range;
 
 use serde::Deserialize;
 
-pub use descriptors::DescriptorRule;
+pub use descriptors::{DescriptorRule, DescriptorTree};
 pub use overrides::{Override, Quota};
 pub use policies::{OnStateLoss, OnStoreError, PolicyConfig, PolicyId};
 pub use routes::{Cost, Identity, Route, Segment, Usage};
@@ -39,8 +39,11 @@ pub struct Config {
     pub policies: Vec<PolicyConfig>,
     /// `[[routes]]`, in file order (the first match wins).
     pub routes: Vec<Route>,
-    /// `[[descriptors]]`, in file order (the first match wins).
+    /// `[[descriptors]]`, in file order.
     pub descriptors: Vec<DescriptorRule>,
+    /// The same rules as a tree per domain, as Envoy descriptors are
+    /// matched: a node holds its rule's index in `descriptors`.
+    pub descriptor_tree: DescriptorTree,
     /// `[[overrides]]`: identities with a quota of their own.
     pub overrides: Vec<Override>,
 }
@@ -212,7 +215,8 @@ pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
         (policies.iter())
             .any(|p| p.name == name && matches!(p.policy, weir_core::Policy::Concurrency(_)))
     };
-    let descriptors = descriptors::parse(&raw.descriptors, &resolve, &known, &leased, &mut report);
+    let (descriptors, descriptor_tree) =
+        descriptors::parse(&raw.descriptors, &resolve, &known, &leased, &mut report);
     let overrides = overrides::parse(&raw.overrides, &policies, &resolve, &known, &mut report);
     if names.is_empty() {
         report.error(
@@ -231,6 +235,7 @@ pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
         policies,
         routes,
         descriptors,
+        descriptor_tree,
         overrides,
     })
 }

@@ -406,3 +406,54 @@ fn a_concurrency_policy_cannot_serve_envoy_and_routes_say_what_it_holds() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn descriptor_rules_say_what_envoyproxy_ratelimit_files_say_and_are_checked() {
+    let rule = |body: &str| {
+        format!(
+            "[policies.a]\nalgorithm = \"gcra\"\nburst = 2\nrate = \"1/s\"\n\n[[descriptors]]\ndomain = \"d\"\n{body}\n"
+        )
+    };
+    let cases = [
+        (
+            "entries = [\"k\"]\npolicy = \"a\"\nunlimited = true",
+            "[[descriptors]] #1 policy",
+            "names no policy",
+        ),
+        (
+            "entries = [\"k\"]",
+            "[[descriptors]] #1 policy",
+            "or set unlimited = true",
+        ),
+        (
+            "entries = [\"k=v\"]\npolicy = \"a\"\nshare_threshold = true",
+            "[[descriptors]] #1 share_threshold",
+            "wildcard",
+        ),
+        (
+            "entries = [\"k\"]\npolicy = \"a\"\nname = \"n\"\nreplaces = [\"n\"]",
+            "[[descriptors]] #1 replaces",
+            "itself",
+        ),
+        (
+            "entries = [\"k\"]\nunlimited = true\nreport = true",
+            "[[descriptors]] #1 unlimited",
+            "cannot be unlimited",
+        ),
+        (
+            "entries = [\"k=v\"]\npolicy = \"a\"\n\n[[descriptors]]\ndomain = \"d\"\nentries = [\"k=v\"]\nunlimited = true",
+            "[[descriptors]] #2 entries",
+            "duplicate descriptor composite key 'd.k_v'",
+        ),
+    ];
+    for (body, place, message) in cases {
+        let errors = parse(&rule(body), &Env::default()).unwrap_err().0;
+        assert_eq!(errors[0].place, place, "{body}: {errors:?}");
+        assert!(errors[0].message.contains(message), "{body}: {errors:?}");
+    }
+    let ok = rule(
+        "entries = [\"path=/api/*\", \"method\"]\npolicy = \"a\"\nshare_threshold = true\nname = \"api\"\nreplaces = [\"other\"]",
+    );
+    let config = parse(&ok, &Env::default()).unwrap();
+    assert_eq!(config.descriptors[0].replaces, ["other"]);
+}
