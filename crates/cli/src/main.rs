@@ -2,6 +2,7 @@
 //! errors into a message and an exit status (2 for bad input).
 
 mod bench;
+mod envoy_ratelimit;
 mod healthcheck;
 mod policy_flags;
 mod serve;

@@ -53,6 +53,28 @@ pub(crate) enum ConfigCommand {
         /// The file to check.
         file: PathBuf,
     },
+    /// Print another rate limiter's configuration as weir's: its limits as
+    /// policies, its descriptors as `[[descriptors]]` rules that decide
+    /// alike.
+    #[command(subcommand)]
+    Import(Import),
+}
+
+/// What `weir config import` reads.
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum Import {
+    /// envoyproxy/ratelimit's config directory (`$RUNTIME_ROOT/config`):
+    /// one YAML file per domain.
+    EnvoyRatelimit {
+        /// The directory of YAML files.
+        dir: PathBuf,
+        /// Files of one domain add to it (their MERGE_DOMAIN_CONFIG).
+        #[arg(long)]
+        merge_domains: bool,
+        /// Skip dotfiles (their RUNTIME_IGNOREDOTFILES).
+        #[arg(long)]
+        ignore_dotfiles: bool,
+    },
 }
 
 /// Reads and validates a config (the example without a path); errors name
@@ -78,6 +100,19 @@ pub(crate) fn config(command: &ConfigCommand) -> anyhow::Result<()> {
     match command {
         ConfigCommand::Example => {
             print!("{EXAMPLE}");
+            Ok(())
+        }
+        ConfigCommand::Import(Import::EnvoyRatelimit {
+            dir,
+            merge_domains,
+            ignore_dotfiles,
+        }) => {
+            let toml =
+                crate::envoy_ratelimit::import(dir, *merge_domains, *ignore_dotfiles, false)?;
+            print!(
+                "# weir config import envoy-ratelimit {}\n# Each limit is a fixed window aligned to its unit since the Unix epoch, as\n# envoyproxy/ratelimit counts; move a rule to another policy (a token bucket,\n# a sliding window) by naming it. Listeners and the store go in [server]\n# and [store] (weir config example).\n{toml}",
+                dir.display()
+            );
             Ok(())
         }
         ConfigCommand::Check { file } => {

@@ -46,6 +46,8 @@ use std::collections::HashMap;
 use serde_yaml::Value;
 use thiserror::Error;
 
+pub mod weir;
+
 /// A `rate_limit` unit: a window of whole seconds, aligned to the Unix
 /// epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -660,4 +662,53 @@ mod tests {
             assert_eq!(matches(&parts(pattern), value), hit, "{pattern} {value}");
         }
     }
+}
+
+/// The config files under `dir`, as envoyproxy/ratelimit's runtime reads
+/// them: every regular file in it and in its subdirectories (dotfiles and
+/// dot-directories skipped with `ignore_dotfiles`), named by their path
+/// relative to `dir`'s parent, in path order.
+pub fn read_dir(
+    dir: &std::path::Path,
+    ignore_dotfiles: bool,
+) -> std::io::Result<Vec<(String, String)>> {
+    fn walk(
+        dir: &std::path::Path,
+        ignore_dotfiles: bool,
+        out: &mut Vec<std::path::PathBuf>,
+    ) -> std::io::Result<()> {
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            let dotted = entry.file_name().to_string_lossy().starts_with('.');
+            if dotted && ignore_dotfiles {
+                continue;
+            }
+            let path = entry.path();
+            // Through symlinks, as the runtime's swap is one.
+            let meta = std::fs::metadata(&path)?;
+            if meta.is_dir() {
+                walk(&path, ignore_dotfiles, out)?;
+            } else if meta.is_file() {
+                out.push(path);
+            }
+        }
+        Ok(())
+    }
+    let mut paths = Vec::new();
+    walk(dir, ignore_dotfiles, &mut paths)?;
+    paths.sort();
+    let base = dir.parent().unwrap_or(dir);
+    paths
+        .into_iter()
+        .map(|path| {
+            let name = path
+                .strip_prefix(base)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+            Ok((name, text))
+        })
+        .collect()
 }

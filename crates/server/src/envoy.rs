@@ -61,6 +61,8 @@ pub enum Target {
     /// The matched rule's policy, the descriptor being usage reported after
     /// the fact (`report = true`).
     Report(PolicyId),
+    /// A `refuse = true` rule: over the limit, whatever is counted.
+    Refuse,
     /// The descriptor's own `limit` (`RateLimitOverride`): the matched
     /// rule's algorithm with its quota replaced, or — no rule matching — a
     /// fixed window of `requests_per_unit` per `unit`.
@@ -144,6 +146,7 @@ pub fn translate(config: &Config, request: &RateLimitRequest) -> Result<Translat
                 }),
                 None,
             ) => Target::Rule(*policy),
+            (Some(DescriptorRule { refuse: true, .. }), None) => Target::Refuse,
             // No rule, or an unlimited one.
             (_, None) => {
                 out.push(None);
@@ -278,6 +281,8 @@ pub fn with_limit(base: Option<Policy>, count: u64, period: Nanos) -> Result<Pol
 fn resolve(shared: &Shared, target: Target) -> Result<PolicyId, Status> {
     let (rule, requests_per_unit, unit) = match target {
         Target::Rule(id) | Target::Report(id) => return Ok(id),
+        // Answered before any policy is resolved (see `refused`).
+        Target::Refuse => return Err(Status::internal("a refusing rule has no policy")),
         Target::Limit {
             rule,
             requests_per_unit,
@@ -379,6 +384,13 @@ fn store_unavailable(
 /// Decides `request` (errors as gRPC statuses).
 async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
     let translated = translate(&shared.config, request).map_err(Status::invalid_argument)?;
+    if translated
+        .iter()
+        .flatten()
+        .any(|(t, _, _)| *t == Target::Refuse)
+    {
+        return Ok(refused(&translated));
+    }
     let reporting: Vec<bool> = translated
         .iter()
         .map(|t| matches!(t, Some((Target::Report(_), _, _))))
@@ -424,6 +436,31 @@ async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimit
             Ok(store_unavailable(response, &translated))
         }
         Err(refusal) => Err(status(refusal)),
+    }
+}
+
+/// A request with a descriptor of a `refuse = true` rule: over the limit,
+/// and nothing charged (as for any refusal of several descriptors).
+fn refused(translated: &Translated) -> RateLimitResponse {
+    let statuses = translated
+        .iter()
+        .map(|t| {
+            let refuse = matches!(t, Some((Target::Refuse, _, _)));
+            DescriptorStatus {
+                code: if refuse { Code::OverLimit } else { Code::Ok }.into(),
+                current_limit: refuse.then(|| RateLimit {
+                    name: "refuse".into(),
+                    requests_per_unit: 0,
+                    unit: Unit::Second.into(),
+                }),
+                ..DescriptorStatus::default()
+            }
+        })
+        .collect();
+    RateLimitResponse {
+        overall_code: Code::OverLimit.into(),
+        statuses,
+        ..RateLimitResponse::default()
     }
 }
 

@@ -694,3 +694,98 @@ replaces = ["free"]
         assert_eq!(code(&ask(&mut client, both(), 0).await.unwrap()), expected);
     }
 }
+
+/// envoyproxy/ratelimit's files, imported: every descriptor of a matrix —
+/// values, defaults, wildcards, nesting, unlimited, zero, unknown domains
+/// — finds the limit the files give it, and a shared wildcard one key.
+#[test]
+fn an_imported_envoyproxy_ratelimit_config_decides_as_its_files() {
+    use weir_envoy_ratelimit::{Found, Limits, read_dir, weir};
+    use weir_server::envoy::{Target, translate};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/envoy-ratelimit/config");
+    let files = read_dir(&dir, false).unwrap();
+    let limits = Limits::load(files.iter().map(|(n, t)| (n.as_str(), t.as_str())), false).unwrap();
+    let toml = weir::to_toml(&limits, weir::Options::default());
+    let config = config::parse(&toml, &Default::default()).unwrap();
+    let keys = [
+        "remote_address",
+        "path",
+        "tenant",
+        "plan",
+        "database",
+        "other",
+    ];
+    let values = [
+        "10.0.0.1",
+        "1.2.3.4",
+        "/checkout",
+        "/api/v2/x",
+        "/api/v1/items",
+        "/api/v9/items",
+        "/other",
+        "acme",
+        "beta",
+        "free",
+        "banned",
+        "trial",
+        "users",
+        "7",
+        "",
+    ];
+    let mut requests: Vec<Vec<(&str, &str)>> = Vec::new();
+    for k1 in keys {
+        for v1 in values {
+            requests.push(vec![(k1, v1)]);
+            for k2 in ["plan", "path"] {
+                for v2 in ["free", "banned", "trial", "x", "/checkout"] {
+                    requests.push(vec![(k1, v1), (k2, v2)]);
+                }
+            }
+        }
+    }
+    let mut limited = 0;
+    for domain in ["shop", "mongo", "elsewhere"] {
+        for entries in &requests {
+            let request = RateLimitRequest {
+                domain: domain.into(),
+                descriptors: vec![descriptor(entries, None)],
+                hits_addend: 0,
+            };
+            let got = translate(&config, &request).unwrap().remove(0);
+            let why = format!("{domain} {entries:?}");
+            match limits.find(domain, entries) {
+                Found::Limit { limit, shared } if !limit.unlimited => {
+                    let (target, key, _) = got.expect(&why);
+                    match target {
+                        Target::Rule(id) => {
+                            assert_eq!(
+                                config.policies[id.0].name,
+                                weir::policy_name(&limit.path),
+                                "{why}"
+                            );
+                            limited += 1;
+                        }
+                        Target::Refuse => assert_eq!(limit.requests_per_unit, 0, "{why}"),
+                        other => panic!("{why}: {other:?}"),
+                    }
+                    let sharing = shared.iter().any(Option::is_some);
+                    assert_eq!(key.contains('~'), sharing, "{why}: {key}");
+                }
+                _ => assert_eq!(got, None, "{why}"),
+            }
+        }
+    }
+    assert!(limited > 100, "{limited}");
+    // A shared wildcard: one key for every value; another: one each.
+    let key = |path: &str| {
+        let request = RateLimitRequest {
+            domain: "shop".into(),
+            descriptors: vec![descriptor(&[("path", path)], None)],
+            hits_addend: 0,
+        };
+        translate(&config, &request).unwrap().remove(0).unwrap().1
+    };
+    assert_eq!(key("/api/v1/items"), key("/api/v9/items"));
+    assert_ne!(key("/api/v2/x"), key("/api/v2/y"));
+}

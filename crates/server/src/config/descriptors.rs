@@ -22,8 +22,11 @@ pub struct DescriptorRule {
     /// have (`*` in it: any run of characters; none: any value).
     pub entries: Vec<(String, Option<String>)>,
     /// The policy that decides it; `None` for `unlimited = true` (matched,
-    /// never limited).
+    /// never limited) and `refuse = true` (always over the limit).
     pub policy: Option<PolicyId>,
+    /// `refuse = true`: every descriptor it matches is over the limit
+    /// (envoyproxy/ratelimit's `requests_per_unit: 0`).
+    pub refuse: bool,
     /// `report = true`: its descriptors are usage reported after the fact
     /// (always `OK`, charged with `hits_addend`), e.g. the call Envoy makes
     /// when a stream is done (`apply_on_stream_done`).
@@ -50,6 +53,7 @@ pub(super) struct Raw {
     entries: Spanned<Vec<String>>,
     policy: Option<Spanned<String>>,
     unlimited: Option<Spanned<bool>>,
+    refuse: Option<Spanned<bool>>,
     report: Option<bool>,
     key_entries: Option<Spanned<Vec<String>>>,
     name: Option<Spanned<String>>,
@@ -106,24 +110,32 @@ pub(super) fn parse(
                 }
             }
         }
-        let unlimited = rule.unlimited.as_ref().is_some_and(|u| *u.get_ref());
-        let policy = match (&rule.policy, unlimited) {
-            (Some(policy), false) => match policy_of(policy, resolve, known, leased) {
+        fn set(flag: &Option<Spanned<bool>>) -> Option<&Spanned<bool>> {
+            flag.as_ref().filter(|f| *f.get_ref())
+        }
+        let (unlimited, refuse) = (set(&rule.unlimited), set(&rule.refuse));
+        let policy = match (&rule.policy, unlimited.or(refuse)) {
+            (Some(policy), None) => match policy_of(policy, resolve, known, leased) {
                 Ok(id) => Some(id),
                 Err(message) => {
                     report.error(&policy.span(), &place("policy"), message);
                     continue;
                 }
             },
-            (None, true) => None,
-            (Some(policy), true) => {
-                let message = "an unlimited rule names no policy: drop one of the two";
-                report.error(&policy.span(), &place("policy"), message);
+            (None, Some(_)) if unlimited.is_none() || refuse.is_none() => None,
+            (_, Some(flag)) => {
+                let message = "give one of policy, unlimited = true and refuse = true";
+                let key = if unlimited.is_some() {
+                    "unlimited"
+                } else {
+                    "refuse"
+                };
+                report.error(&flag.span(), &place(key), message);
                 continue;
             }
-            (None, false) => {
+            (None, None) => {
                 let message = format!(
-                    "name the policy that decides it (defined: {}), or set unlimited = true",
+                    "name the policy that decides it (defined: {}), or set unlimited = true or refuse = true",
                     known()
                 );
                 report.error(&rule.entries.span(), &place("policy"), message);
@@ -131,12 +143,9 @@ pub(super) fn parse(
             }
         };
         let is_report = rule.report.unwrap_or(false);
-        if let (true, Some(u)) = (is_report && unlimited, &rule.unlimited) {
-            report.error(
-                &u.span(),
-                &place("unlimited"),
-                "a report rule charges a policy: it cannot be unlimited",
-            );
+        if let (true, Some(flag)) = (is_report, unlimited.or(refuse)) {
+            let message = "a report rule charges a policy: it cannot be unlimited or refuse";
+            report.error(&flag.span(), &place("report"), message);
             continue;
         }
         let name = rule.name.as_ref().map(|n| n.get_ref().clone());
@@ -188,6 +197,7 @@ pub(super) fn parse(
             domain: domain.clone(),
             entries,
             policy,
+            refuse: refuse.is_some(),
             report: is_report,
             key_entries: rule.key_entries.as_ref().map(|k| k.get_ref().clone()),
             name,

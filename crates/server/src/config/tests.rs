@@ -417,8 +417,13 @@ fn descriptor_rules_say_what_envoyproxy_ratelimit_files_say_and_are_checked() {
     let cases = [
         (
             "entries = [\"k\"]\npolicy = \"a\"\nunlimited = true",
-            "[[descriptors]] #1 policy",
-            "names no policy",
+            "[[descriptors]] #1 unlimited",
+            "give one of",
+        ),
+        (
+            "entries = [\"k\"]\nrefuse = true\nunlimited = true",
+            "[[descriptors]] #1 unlimited",
+            "give one of",
         ),
         (
             "entries = [\"k\"]",
@@ -437,7 +442,7 @@ fn descriptor_rules_say_what_envoyproxy_ratelimit_files_say_and_are_checked() {
         ),
         (
             "entries = [\"k\"]\nunlimited = true\nreport = true",
-            "[[descriptors]] #1 unlimited",
+            "[[descriptors]] #1 report",
             "cannot be unlimited",
         ),
         (
