@@ -638,32 +638,6 @@ impl Limit {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn wildcards_match_as_theirs() {
-        let parts = |p: &str| p.split('*').map(str::to_owned).collect::<Vec<_>>();
-        for (pattern, value, hit) in [
-            ("k_foo*", "k_foo1", true),
-            ("k_foo*", "k_foo", true),
-            ("k_foo*", "k_bar", false),
-            ("k_bar*b", "k_barab", true),
-            ("k_bar*b", "k_barb", true),
-            ("k_bar*b", "k_bara", false),
-            ("k_bar*b", "k_xbarb", false),
-            ("k_foo*bar*baz", "k_foo123bar456baz", true),
-            ("k_foo*bar*baz", "k_foobarbaz", true),
-            ("k_foo*bar*baz", "k_foo123baz", false),
-            ("k_aa*aa", "k_aaa", false),
-            ("k_plain", "k_plain", true),
-        ] {
-            assert_eq!(matches(&parts(pattern), value), hit, "{pattern} {value}");
-        }
-    }
-}
-
 /// The config files under `dir`, as envoyproxy/ratelimit's runtime reads
 /// them: every regular file in it and in its subdirectories (dotfiles and
 /// dot-directories skipped with `ignore_dotfiles`), named by their path
@@ -711,4 +685,30 @@ pub fn read_dir(
             Ok((name, text))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards_match_as_theirs() {
+        let parts = |p: &str| p.split('*').map(str::to_owned).collect::<Vec<_>>();
+        for (pattern, value, hit) in [
+            ("k_foo*", "k_foo1", true),
+            ("k_foo*", "k_foo", true),
+            ("k_foo*", "k_bar", false),
+            ("k_bar*b", "k_barab", true),
+            ("k_bar*b", "k_barb", true),
+            ("k_bar*b", "k_bara", false),
+            ("k_bar*b", "k_xbarb", false),
+            ("k_foo*bar*baz", "k_foo123bar456baz", true),
+            ("k_foo*bar*baz", "k_foobarbaz", true),
+            ("k_foo*bar*baz", "k_foo123baz", false),
+            ("k_aa*aa", "k_aaa", false),
+            ("k_plain", "k_plain", true),
+        ] {
+            assert_eq!(matches(&parts(pattern), value), hit, "{pattern} {value}");
+        }
+    }
 }
