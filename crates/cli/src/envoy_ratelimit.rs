@@ -1,7 +1,7 @@
 //! envoyproxy/ratelimit's configuration, read for weir: `weir config import
 //! envoy-ratelimit` and `weir envoy-ratelimit` share this translation.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail};
 use weir_envoy_ratelimit::{Limits, read_dir, weir};
@@ -29,4 +29,301 @@ pub(crate) fn import(
         merge_domains,
     )?;
     Ok(weir::to_toml(&limits, weir::Options { shadow }))
+}
+
+/// `weir envoy-ratelimit`: configured by envoyproxy/ratelimit's environment
+/// variables, nothing else.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Print the weir configuration the environment and the config files
+    /// make (no secrets), and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+/// What envoyproxy/ratelimit's variables ask of weir.
+#[derive(Debug)]
+struct Settings {
+    /// `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`.
+    dir: PathBuf,
+    ignore_dotfiles: bool,
+    merge_domains: bool,
+    shadow: bool,
+    /// `[server]` and `[store]`, as TOML.
+    prelude: String,
+    /// `REDIS_AUTH`'s password, passed as `WEIR_REDIS_PASSWORD` would be.
+    password: Option<String>,
+    /// Variables of theirs that only tune their implementation: named.
+    ignored: Vec<String>,
+}
+
+/// Variables that tune only envoyproxy/ratelimit's own implementation.
+const TUNING: [&str; 22] = [
+    "REDIS_POOL_SIZE",
+    "REDIS_PIPELINE_WINDOW",
+    "REDIS_PIPELINE_LIMIT",
+    "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+    "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_STARTUP_INITIAL_INTERVAL",
+    "REDIS_STARTUP_MAX_INTERVAL",
+    "REDIS_STARTUP_MAX_ELAPSED_TIME",
+    "REDIS_TIMEOUT",
+    "EXPIRATION_JITTER_MAX_SECONDS",
+    "LOCAL_CACHE_SIZE_IN_BYTES",
+    "GRPC_MAX_CONNECTION_AGE",
+    "GRPC_MAX_CONNECTION_AGE_GRACE",
+    "STATS_FLUSH_INTERVAL",
+    "EXTRA_TAGS",
+    "CACHE_KEY_PREFIX",
+    "NEAR_LIMIT_RATIO",
+    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+    "PROMETHEUS_PATH",
+];
+
+/// Variables that ask for what weir does not do: an error when set to
+/// anything but their off value (`""` or `false`).
+const UNSUPPORTED: [(&str, &str); 14] = [
+    (
+        "USE_DOG_STATSD",
+        "statsd: weir exports Prometheus metrics (DEBUG_PORT, or PROMETHEUS_ADDR)",
+    ),
+    (
+        "REDIS_PERSECOND",
+        "a second Redis for per-second limits: weir keeps every limit in one store",
+    ),
+    (
+        "GRPC_UDS",
+        "a Unix socket for gRPC: use GRPC_HOST and GRPC_PORT",
+    ),
+    ("GRPC_SERVER_USE_TLS", "TLS on the gRPC listener"),
+    ("QUOTA_MODE", "quota mode"),
+    ("RESPONSE_DYNAMIC_METADATA", "dynamic metadata in answers"),
+    (
+        "TRACING_ENABLED",
+        "their tracing: weir's is [server.telemetry]",
+    ),
+    (
+        "MEMCACHE_HOST_PORT",
+        "memcached: weir's stores are Redis and its own",
+    ),
+    (
+        "MEMCACHE_SRV",
+        "memcached: weir's stores are Redis and its own",
+    ),
+    (
+        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        "skipping only the hostname check (weir verifies the whole certificate)",
+    ),
+    (
+        "REDIS_SENTINEL_AUTH",
+        "a password for the sentinels from the environment (weir reads [store] sentinel_password_file)",
+    ),
+    (
+        "PROMETHEUS_MAPPER_YAML",
+        "a statsd-to-Prometheus mapping: weir's metrics are Prometheus already",
+    ),
+    (
+        "USE_STATSD",
+        "statsd (set USE_STATSD=false: weir exports Prometheus metrics on DEBUG_PORT, or PROMETHEUS_ADDR)",
+    ),
+    ("DISABLE_STATS", "turning metrics off"),
+];
+
+use weir::quote as quoted;
+
+fn settings(var: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Settings> {
+    let get = |name: &str, default: &str| var(name).unwrap_or_else(|| default.to_owned());
+    let flag = |name: &str, default: bool| -> anyhow::Result<bool> {
+        match var(name).as_deref().map(str::to_ascii_lowercase).as_deref() {
+            None => Ok(default),
+            Some("true" | "1" | "t") => Ok(true),
+            Some("false" | "0" | "f" | "") => Ok(false),
+            Some(other) => bail!("{name}=`{other}`: expected true or false"),
+        }
+    };
+    for (name, what) in UNSUPPORTED {
+        let on = match var(name) {
+            None => false,
+            Some(v) => !matches!(v.to_ascii_lowercase().as_str(), "" | "false" | "0" | "f"),
+        };
+        if on {
+            bail!("{name} asks for {what}; weir envoy-ratelimit does not support it");
+        }
+    }
+    match get("CONFIG_TYPE", "FILE").to_ascii_uppercase().as_str() {
+        "FILE" => {}
+        other => bail!(
+            "CONFIG_TYPE=`{other}`: weir envoy-ratelimit reads config files (FILE); xDS is not supported"
+        ),
+    }
+    let listener = |host: &str, port: &str, default_port: &str| -> anyhow::Result<String> {
+        let (h, p) = (get(host, "0.0.0.0"), get(port, default_port));
+        let port: u16 = p
+            .parse()
+            .map_err(|_| anyhow!("{port}=`{p}`: expected a port number"))?;
+        let at = match h.contains(':') {
+            true => format!("[{h}]:{port}"),
+            false => format!("{h}:{port}"),
+        };
+        at.parse::<std::net::SocketAddr>()
+            .map_err(|_| anyhow!("{host}=`{h}`: expected an IP address"))?;
+        Ok(at)
+    };
+    let listen = listener("HOST", "PORT", "8080")?;
+    let grpc = listener("GRPC_HOST", "GRPC_PORT", "8081")?;
+    // Their debug port serves /rlconfig and stats; weir's internal
+    // listener serves /metrics (and, with USE_PROMETHEUS, PROMETHEUS_ADDR).
+    let internal = match flag("USE_PROMETHEUS", false)? {
+        true => {
+            let addr = get("PROMETHEUS_ADDR", ":9090");
+            match addr.strip_prefix(':') {
+                Some(port) => format!("0.0.0.0:{port}"),
+                None => addr,
+            }
+        }
+        false => listener("DEBUG_HOST", "DEBUG_PORT", "6070")?,
+    };
+    let log_level = get("LOG_LEVEL", "WARN").to_ascii_lowercase();
+    let log_level = match log_level.as_str() {
+        "warning" => "warn".to_owned(),
+        "fatal" | "panic" => "error".to_owned(),
+        _ => log_level,
+    };
+    let json = match get("LOG_FORMAT", "text").to_ascii_lowercase().as_str() {
+        "json" => true,
+        "text" => false,
+        other => bail!("LOG_FORMAT=`{other}`: expected text or json"),
+    };
+    let mut prelude = format!(
+        "[server]\nlisten = {}\ngrpc = {}\ninternal = {}\nlog_level = {}\nlog_format = {}\n\n[store]\n",
+        quoted(&listen),
+        quoted(&grpc),
+        quoted(&internal),
+        quoted(&log_level),
+        quoted(if json { "json" } else { "text" }),
+    );
+    let tls = flag("REDIS_TLS", false)?;
+    let mut password = None;
+    match get("BACKEND_TYPE", "redis").to_ascii_lowercase().as_str() {
+        "redis" => {
+            let url = get("REDIS_URL", "/var/run/nutcracker/ratelimit.sock");
+            let scheme = if tls { "rediss" } else { "redis" };
+            let url = match (
+                get("REDIS_TYPE", "SINGLE").to_ascii_uppercase().as_str(),
+                get("REDIS_SOCKET_TYPE", "unix")
+                    .to_ascii_lowercase()
+                    .as_str(),
+            ) {
+                ("SINGLE", "tcp") => format!("{scheme}://{url}"),
+                ("SINGLE", "unix") => format!("redis+unix://{url}"),
+                ("CLUSTER", "tcp") => format!("redis-cluster://{url}"),
+                ("SENTINEL", "tcp") => {
+                    let (master, sentinels) = url.split_once(',').ok_or_else(|| {
+                        anyhow!("REDIS_URL=`{url}`: with REDIS_TYPE=SENTINEL, give MASTER,HOST:PORT[,HOST:PORT…]")
+                    })?;
+                    format!("redis-sentinel://{sentinels}/{master}")
+                }
+                (kind @ ("SINGLE" | "CLUSTER" | "SENTINEL"), socket) => bail!(
+                    "REDIS_SOCKET_TYPE=`{socket}` with REDIS_TYPE=`{kind}`: expected tcp (or unix, for SINGLE)"
+                ),
+                (other, _) => bail!("REDIS_TYPE=`{other}`: expected SINGLE, SENTINEL or CLUSTER"),
+            };
+            prelude.push_str(&format!("url = {}\n", quoted(&url)));
+            if tls {
+                prelude.push_str("tls = true\n");
+            }
+            for (name, key) in [
+                ("REDIS_TLS_CACERT", "tls_ca"),
+                ("REDIS_TLS_CLIENT_CERT", "tls_cert"),
+                ("REDIS_TLS_CLIENT_KEY", "tls_key"),
+            ] {
+                if let Some(path) = var(name).filter(|p| !p.is_empty()) {
+                    prelude.push_str(&format!("{key} = {}\n", quoted(&path)));
+                }
+            }
+            if let Some(auth) = var("REDIS_AUTH").filter(|a| !a.is_empty()) {
+                let (user, secret) = match auth.split_once(':') {
+                    Some((user, secret)) => (Some(user.to_owned()), secret.to_owned()),
+                    None => (None, auth),
+                };
+                if let Some(user) = user {
+                    prelude.push_str(&format!("username = {}\n", quoted(&user)));
+                }
+                password = Some(secret);
+            }
+        }
+        // weir's own: the in-process store, for one replica or a try.
+        "memory" => prelude.push_str("url = \"memory\"\n"),
+        other => bail!(
+            "BACKEND_TYPE=`{other}`: weir envoy-ratelimit keeps its counters in Redis (redis) or in process (memory); memcache is not supported"
+        ),
+    }
+    let root = PathBuf::from(get("RUNTIME_ROOT", "/srv/runtime_data/current"));
+    let dir = root
+        .join(get("RUNTIME_SUBDIRECTORY", ""))
+        .join(get("RUNTIME_APPDIRECTORY", "config"));
+    // RUNTIME_WATCH_ROOT: weir reads the directory again every second
+    // either way, through the root's symlink.
+    flag("RUNTIME_WATCH_ROOT", true)?;
+    let ignored = TUNING
+        .iter()
+        .filter(|name| var(name).is_some())
+        .map(|name| (*name).to_owned())
+        .collect();
+    Ok(Settings {
+        dir,
+        ignore_dotfiles: flag("RUNTIME_IGNOREDOTFILES", false)?,
+        merge_domains: flag("MERGE_DOMAIN_CONFIG", false)?,
+        shadow: flag("SHADOW_MODE", false)?,
+        prelude,
+        password,
+        ignored,
+    })
+}
+
+impl Settings {
+    /// The configuration served: the prelude, then the config files' limits.
+    fn config(&self) -> anyhow::Result<String> {
+        let limits = import(
+            &self.dir,
+            self.merge_domains,
+            self.ignore_dotfiles,
+            self.shadow,
+        )?;
+        Ok(format!("{}{limits}", self.prelude))
+    }
+}
+
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    let var = |name: &str| std::env::var(name).ok();
+    let settings = settings(&var)?;
+    if args.print_config {
+        print!("{}", settings.config()?);
+        return Ok(());
+    }
+    // The files' errors before anything starts, as theirs.
+    settings.config()?;
+    let env = weir_server::config::Env {
+        redis_password: settings.password.clone(),
+        ..weir_server::config::Env::from_process()
+    };
+    let name = settings.dir.display().to_string();
+    let ignored = settings.ignored.clone();
+    let generate = move || {
+        settings
+            .config()
+            .map(|text| (name.clone(), text))
+            .map_err(|e| format!("{e:#}"))
+    };
+    let source = weir_server::reload::Source {
+        env,
+        generated: Some(weir_server::reload::Generator(std::sync::Arc::new(
+            generate,
+        ))),
+        ..weir_server::reload::Source::default()
+    };
+    crate::serve::run_source(source, &ignored)
 }

@@ -47,6 +47,10 @@ enum Command {
     /// Print an example config, or check one.
     #[command(subcommand)]
     Config(serve::ConfigCommand),
+    /// Serve as envoyproxy/ratelimit does, configured by its environment
+    /// variables and its config files (RUNTIME_ROOT): a drop-in for its
+    /// image.
+    EnvoyRatelimit(envoy_ratelimit::Args),
     /// Ask a URL of weir and exit 0 if it answers 2xx (the container's
     /// health check: no shell or curl needed).
     Healthcheck(healthcheck::Args),
@@ -59,6 +63,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Config(command) => serve::config(&command),
+        Command::EnvoyRatelimit(args) => envoy_ratelimit::run(&args),
         Command::Healthcheck(args) => match healthcheck::run(&args) {
             Ok(true) => Ok(()),
             Ok(false) => return ExitCode::FAILURE,

@@ -150,6 +150,29 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         internal: args.internal,
         ..source(args.config.as_ref())
     };
+    serve_source(source, Reload::Watch(!args.no_watch), &[])
+}
+
+/// `weir envoy-ratelimit`: `source` made from another's files, read again
+/// every second; `ignored` names the variables that only tuned theirs.
+pub(crate) fn run_source(source: Source, ignored: &[String]) -> anyhow::Result<()> {
+    serve_source(
+        source,
+        Reload::Poll(std::time::Duration::from_secs(1)),
+        ignored,
+    )
+}
+
+/// How a served configuration is read again.
+#[derive(Debug, Clone, Copy)]
+enum Reload {
+    /// On the file's changes (when true) and SIGHUP.
+    Watch(bool),
+    /// Every so often (a generated configuration), and on SIGHUP.
+    Poll(std::time::Duration),
+}
+
+fn serve_source(source: Source, reload: Reload, ignored: &[String]) -> anyhow::Result<()> {
     // The file's errors, each with its line, before anything starts.
     let (config, _) = source.load().map_err(|e| anyhow!("{e}"))?;
     logging(config.server.json_logs, &config.server.log_level)?;
@@ -162,7 +185,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             .block_on(async { weir_server::telemetry::install(telemetry) })
             .map_err(|e| anyhow!("{e}"))?;
     }
-    let served = runtime.block_on(serve(source, !args.no_watch));
+    let served = runtime.block_on(serve(source, reload, ignored));
     // The last spans, sent before the runtime stops.
     runtime.block_on(async { tokio::task::spawn_blocking(weir_server::telemetry::flush).await })?;
     served
@@ -196,8 +219,9 @@ fn logging(json: bool, level: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn serve(source: Source, watch: bool) -> anyhow::Result<()> {
+async fn serve(source: Source, reload: Reload, ignored: &[String]) -> anyhow::Result<()> {
     let path = source.path.clone();
+    let reloadable = path.is_some() || source.generated.is_some();
     let state = AppState::from_source(source).map_err(|e| anyhow!("{e}"))?;
     let config = &state.current().config;
     let listeners = Listeners::bind(&config.server)?;
@@ -205,6 +229,9 @@ async fn serve(source: Source, watch: bool) -> anyhow::Result<()> {
         .as_ref()
         .map_or("example".into(), |p| p.display().to_string());
     listeners.announce(config.server.json_logs, &file)?;
+    if !ignored.is_empty() {
+        tracing::warn!(variables = %ignored.join(", "), "these tune only envoyproxy/ratelimit's implementation; weir ignores them (docs/MIGRATING.md)");
+    }
     let stopped = stop_on_signals()?;
     // The main listener and the gRPC one each from a runtime per core.
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -222,11 +249,23 @@ async fn serve(source: Source, watch: bool) -> anyhow::Result<()> {
         tokio::spawn(weir_server::run_internal(listener, state, shutdown))
     });
     // Reloads: the file watcher (unless --no-watch) and SIGHUP, one way.
-    let _watcher = match watch {
-        true => weir_server::reload::watch(state.clone()).map_err(|e| anyhow!("{e}"))?,
-        false => None,
+    let _watcher = match reload {
+        Reload::Watch(true) => {
+            weir_server::reload::watch(state.clone()).map_err(|e| anyhow!("{e}"))?
+        }
+        Reload::Watch(false) => None,
+        Reload::Poll(every) => {
+            let state = state.clone();
+            Some(tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    let state = state.clone();
+                    let _ = tokio::task::spawn_blocking(move || state.reload_from_source()).await;
+                }
+            }))
+        }
     };
-    let reloader = reload_on_hangup(state.clone(), path.is_some())?;
+    let reloader = reload_on_hangup(state.clone(), reloadable)?;
     let served = weir_server::run_per_core(listeners.main, threads, state, stopped).await;
     reloader.abort();
     served.map_err(|e| anyhow!("server failed: {e}"))?;

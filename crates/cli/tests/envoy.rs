@@ -43,7 +43,7 @@ fn get(port: u16, path: &str, headers: &str) -> (u16, String) {
 
 /// One request (`METHOD PATH`) through Envoy, closed after: the status and
 /// the whole answer, lower-cased (0 and nothing when Envoy is not up yet).
-fn call(port: u16, line: &str, headers: &str, body: &str) -> (u16, String) {
+pub(crate) fn call(port: u16, line: &str, headers: &str, body: &str) -> (u16, String) {
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
         return (0, String::new());
     };
@@ -61,7 +61,7 @@ fn call(port: u16, line: &str, headers: &str, body: &str) -> (u16, String) {
     (status, response.to_lowercase())
 }
 
-struct Envoy(Child);
+pub(crate) struct Envoy(Child);
 
 impl Drop for Envoy {
     fn drop(&mut self) {
@@ -72,7 +72,7 @@ impl Drop for Envoy {
 
 /// Envoy on `yaml` (its listener moved to `ingress`), or `None` — the test
 /// skipped, saying why — when there is no `envoy` on PATH.
-fn envoy(test: &str, yaml: &str, ingress: u16) -> Option<Envoy> {
+pub(crate) fn envoy(test: &str, yaml: &str, ingress: u16) -> Option<Envoy> {
     let found = Command::new("envoy").arg("--version").output();
     if !found.is_ok_and(|o| o.status.success()) {
         eprintln!(

@@ -37,12 +37,16 @@ impl Server {
     }
 
     pub(crate) fn spawn(mut command: Command, args: &[&str]) -> Self {
-        let mut child = command
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        Self::attach(
+            command
+                .args(["serve", "--listen", "127.0.0.1:0"])
+                .args(args),
+        )
+    }
+
+    /// Runs `command` (a weir that serves) until it says where it listens.
+    pub(crate) fn attach(command: &mut Command) -> Self {
+        let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
         let (tx, log) = mpsc::channel();
         let stderr = BufReader::new(child.stderr.take().unwrap());
         std::thread::spawn(move || {

@@ -5,6 +5,7 @@ mod cluster;
 mod crawler;
 mod deploy;
 mod envoy;
+mod envoy_ratelimit;
 mod faults;
 mod redis;
 mod serve;

@@ -75,7 +75,7 @@ pub fn to_toml(limits: &Limits, options: Options) -> String {
 }
 
 /// A TOML basic string.
-fn quote(text: &str) -> String {
+pub fn quote(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);
     out.push('"');
     for c in text.chars() {

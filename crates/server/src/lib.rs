@@ -88,10 +88,16 @@ fn api_routes() -> [(&'static str, MethodRouter<Arc<AppState>>); 15] {
     ]
 }
 
+/// The liveness paths every listener answers: weir's, and the one
+/// envoyproxy/ratelimit's probes ask.
+const HEALTH: [&str; 2] = ["/healthz", "/healthcheck"];
+
 /// The router of one listener. Every path no API route takes goes to the
 /// gateway routes (on the public side).
 pub fn app(state: Arc<AppState>, face: Face) -> Router {
-    let mut router = Router::new().route("/healthz", get(api::healthz));
+    let mut router = HEALTH
+        .into_iter()
+        .fold(Router::new(), |r, path| r.route(path, get(api::healthz)));
     if face != Face::Public {
         for (path, handler) in api_routes() {
             router = router.route(path, handler);
@@ -116,7 +122,7 @@ pub struct App {
     router: Router,
     gateway: Option<Arc<AppState>>,
     face: Face,
-    /// The API's paths outside `/v1/` ([`api_routes`]), and `/healthz`.
+    /// The API's paths outside `/v1/` ([`api_routes`]), and [`HEALTH`].
     api_paths: Arc<[&'static str]>,
     /// `[server.tls]` (the internal face: `[server.internal_tls]`).
     tls: Option<tls::TlsFiles>,
@@ -137,7 +143,7 @@ impl App {
             router: app(state.clone(), face),
             gateway: (face != Face::Internal).then_some(state),
             face,
-            api_paths: std::iter::once("/healthz").chain(outside).collect(),
+            api_paths: HEALTH.into_iter().chain(outside).collect(),
         }
     }
 
@@ -155,7 +161,7 @@ impl App {
     /// through the router, which answers it as [`app`] does).
     pub(crate) fn gateway(&self, path: &str) -> Option<&Arc<AppState>> {
         let api = match self.face {
-            Face::Public => path == "/healthz",
+            Face::Public => HEALTH.contains(&path),
             Face::All | Face::Internal => {
                 path.starts_with("/v1/") || self.api_paths.contains(&path)
             }

@@ -30,19 +30,33 @@ pub struct Source {
     pub grpc: Option<std::net::SocketAddr>,
     /// `--internal`.
     pub internal: Option<std::net::SocketAddr>,
+    /// Instead of a file: a configuration made when it is read (its name
+    /// and text), as `weir envoy-ratelimit` makes one from another's files.
+    pub generated: Option<Generator>,
+}
+
+/// Makes a configuration's text, named for its errors.
+#[derive(Clone)]
+pub struct Generator(pub Arc<dyn Fn() -> Result<(String, String), String> + Send + Sync>);
+
+impl std::fmt::Debug for Generator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Generator")
+    }
 }
 
 impl Source {
     /// Reads and validates the configuration; every error names the file,
     /// line, table and key.
     pub fn load(&self) -> Result<(Config, u64), String> {
-        let (name, text) = match &self.path {
-            Some(path) => (
+        let (name, text) = match (&self.generated, &self.path) {
+            (Some(generate), _) => (generate.0)()?,
+            (None, Some(path)) => (
                 path.display().to_string(),
                 std::fs::read_to_string(path)
                     .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
             ),
-            None => ("the example config".to_owned(), config::EXAMPLE.to_owned()),
+            (None, None) => ("the example config".to_owned(), config::EXAMPLE.to_owned()),
         };
         let mut config = config::parse(&text, &self.env).map_err(|errors| {
             let lines: Vec<String> = (errors.0.iter())
@@ -174,11 +188,11 @@ impl AppState {
         if *last == said && !matches!(result, Ok(Reloaded::Applied)) {
             return result;
         }
-        let file = self
-            .source
-            .path
-            .as_ref()
-            .map_or("the example config".into(), |p| p.display().to_string());
+        let file = match (&self.source.generated, &self.source.path) {
+            (Some(_), _) => "the generated configuration".into(),
+            (None, Some(p)) => p.display().to_string(),
+            (None, None) => "the example config".into(),
+        };
         match &result {
             Ok(Reloaded::Applied) => {
                 tracing::info!(%file, changes = %changed, "configuration reloaded")

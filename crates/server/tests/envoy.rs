@@ -702,8 +702,8 @@ replaces = ["free"]
 fn an_imported_envoyproxy_ratelimit_config_decides_as_its_files() {
     use weir_envoy_ratelimit::{Found, Limits, read_dir, weir};
     use weir_server::envoy::{Target, translate};
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/envoy-ratelimit/config");
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/envoy-ratelimit/config");
     let files = read_dir(&dir, false).unwrap();
     let limits = Limits::load(files.iter().map(|(n, t)| (n.as_str(), t.as_str())), false).unwrap();
     let toml = weir::to_toml(&limits, weir::Options::default());
