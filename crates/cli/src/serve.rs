@@ -230,7 +230,7 @@ async fn serve(source: Source, reload: Reload, ignored: &[String]) -> anyhow::Re
         .map_or("example".into(), |p| p.display().to_string());
     listeners.announce(config.server.json_logs, &file)?;
     if !ignored.is_empty() {
-        tracing::warn!(variables = %ignored.join(", "), "these tune only envoyproxy/ratelimit's implementation; weir ignores them (docs/MIGRATING.md)");
+        tracing::warn!(variables = %ignored.join(", "), "weir does not read these: they tune envoyproxy/ratelimit's own implementation, or weir does otherwise (docs/MIGRATING.md)");
     }
     let stopped = stop_on_signals()?;
     // The main listener and the gRPC one each from a runtime per core.
