@@ -4,6 +4,7 @@
 mod bench;
 mod envoy_ratelimit;
 mod healthcheck;
+mod limitador;
 mod policy_flags;
 mod serve;
 mod simulate;

@@ -75,6 +75,12 @@ pub(crate) enum Import {
         #[arg(long)]
         ignore_dotfiles: bool,
     },
+    /// Kuadrant limitador's limits file (`LIMITS_FILE`): each limit a
+    /// policy, its conditions and variables a descriptor rule's entries.
+    Limitador {
+        /// The limits file.
+        file: PathBuf,
+    },
 }
 
 /// Reads and validates a config (the example without a path); errors name
@@ -113,6 +119,24 @@ pub(crate) fn config(command: &ConfigCommand) -> anyhow::Result<()> {
                 "# weir config import envoy-ratelimit {}\n# Each limit is a fixed window aligned to its unit since the Unix epoch, as\n# envoyproxy/ratelimit counts; move a rule to another policy (a token bucket,\n# a sliding window) by naming it. Listeners and the store go in [server]\n# and [store] (weir config example).\n{toml}",
                 dir.display()
             );
+            Ok(())
+        }
+        ConfigCommand::Import(Import::Limitador { file }) => {
+            let name = file.display().to_string();
+            let text =
+                std::fs::read_to_string(file).map_err(|e| anyhow!("cannot read {name}: {e}"))?;
+            let (toml, problems) = crate::limitador::import(&name, &text)?;
+            let mut header = format!(
+                "# weir config import limitador {name}\n# Envoy's domain is the namespace; a descriptor's entries must be the rule's,\n# in the rule's order (conditions, then variables). Listeners and the store go\n# in [server] and [store] (weir config example).\n"
+            );
+            if !problems.is_empty() {
+                header.push_str("#\n# Not translated:\n");
+                for problem in &problems {
+                    header.push_str(&format!("#   {problem}\n"));
+                    eprintln!("not translated: {problem}");
+                }
+            }
+            print!("{header}{toml}");
             Ok(())
         }
         ConfigCommand::Check { file } => {

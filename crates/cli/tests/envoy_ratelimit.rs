@@ -214,3 +214,47 @@ fn request_at_status(addr: &str, path: &str) -> (u16, String) {
     let answer = request_at(addr, "GET", path, "", "");
     (answer[9..12].parse().unwrap_or(0), answer)
 }
+
+/// A limitador limits file imported: each limit a policy, its equality
+/// conditions and variables a rule's entries; what weir's rules cannot
+/// say (here a `!=`) named with its line, on stderr and in the output.
+#[test]
+fn a_limitador_file_imports_and_names_what_it_cannot_say() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/limitador/limits.yaml");
+    let out = weir()
+        .args(["config", "import", "limitador", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (toml, said) = (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "{said}");
+    assert!(
+        toml.contains(
+            "entries = [\"req.method=POST\", \"user_id\"]\npolicy = \"shop-per-user-writes\""
+        ),
+        "{toml}"
+    );
+    assert!(toml.contains("[policies.shop-per-user-writes]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"60s\""), "{toml}");
+    assert!(toml.contains("entries = [\"tier=free\"]"), "{toml}");
+    assert!(
+        toml.contains("window starts at a counter's first hit"),
+        "{toml}"
+    );
+    assert!(
+        said.contains("limits.yaml:22: condition `descriptors[0]['req.path'] != '/health'`"),
+        "{said}"
+    );
+    assert!(toml.contains("# Not translated:"), "{toml}");
+    let path = crate::serve::temp("limitador.toml", &toml);
+    let check = weir()
+        .args(["config", "check", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
