@@ -324,7 +324,7 @@ fn settings(var: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Settings> {
         other => bail!("LOG_FORMAT=`{other}`: expected text or json"),
     };
     let mut prelude = format!(
-        "[server]\nlisten = {}\ngrpc = {}\ninternal = {}\nlog_level = {}\nlog_format = {}\n\n[store]\n",
+        "[server]\nlisten = {}\ngrpc = {}\ninternal = {}\nlog_level = {}\nlog_format = {}\nenvoy_json = true\n\n[store]\n",
         quoted(&listen),
         quoted(&grpc),
         quoted(&internal),

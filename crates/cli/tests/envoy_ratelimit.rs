@@ -92,8 +92,44 @@ fn weir_envoy_ratelimit_serves_their_files_behind_envoy_and_reloads_on_a_swap() 
     let served = Server::attach(&mut envoy_ratelimit(&runtime, &redis.url(), port, grpc));
     // Variables that only tune theirs are named, not silently dropped.
     served.wait_for_log("REDIS_POOL_SIZE");
-    let (status, _) = request_at_status(&format!("127.0.0.1:{port}"), "/healthcheck");
+    let http = format!("127.0.0.1:{port}");
+    let (status, _) = request_at_status(&http, "/healthcheck");
     assert_eq!(status, 200);
+    // POST /json answers as theirs: 429 over the limit, 200 within.
+    let ask = |body: &str| {
+        let answer = request_at(&http, "POST", "/json", "", body);
+        let status: u16 = answer[9..12].parse().unwrap();
+        let body = answer
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (
+            status,
+            serde_json::from_str::<serde_json::Value>(&body).unwrap_or_default(),
+        )
+    };
+    let (status, body) = ask(
+        r#"{"domain":"shop","descriptors":[{"entries":[{"key":"tenant","value":"acme"},{"key":"plan","value":"banned"}]}]}"#,
+    );
+    assert_eq!(
+        (status, body["overallCode"].as_str()),
+        (429, Some("OVER_LIMIT")),
+        "{body}"
+    );
+    let (status, body) = ask(
+        r#"{"domain":"mongo","descriptors":[{"entries":[{"key":"database","value":"users"}]}]}"#,
+    );
+    assert_eq!(
+        (status, body["overallCode"].as_str()),
+        (200, Some("OK")),
+        "{body}"
+    );
+    assert_eq!(
+        body["statuses"][0]["currentLimit"]["requestsPerUnit"], 500,
+        "{body}"
+    );
+    let (status, _) = ask("not json");
+    assert_eq!(status, 400);
     let Some(envoy) = envoy("envoy-ratelimit", &yaml, ingress) else {
         return;
     };

@@ -382,7 +382,10 @@ fn store_unavailable(
 }
 
 /// Decides `request` (errors as gRPC statuses).
-async fn answer(shared: &Shared, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+pub(crate) async fn answer(
+    shared: &Shared,
+    request: &RateLimitRequest,
+) -> Result<RateLimitResponse, Status> {
     let translated = translate(&shared.config, request).map_err(Status::invalid_argument)?;
     if translated
         .iter()

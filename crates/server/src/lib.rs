@@ -20,6 +20,7 @@ pub mod backend;
 pub mod breaker;
 pub mod config;
 pub mod envoy;
+mod envoy_json;
 mod gateway;
 mod grpc;
 mod leases;
@@ -92,6 +93,9 @@ fn api_routes() -> [(&'static str, MethodRouter<Arc<AppState>>); 15] {
 /// envoyproxy/ratelimit's probes ask.
 const HEALTH: [&str; 2] = ["/healthz", "/healthcheck"];
 
+/// Where `[server] envoy_json` answers.
+const ENVOY_JSON: &str = "/json";
+
 /// The router of one listener. Every path no API route takes goes to the
 /// gateway routes (on the public side).
 pub fn app(state: Arc<AppState>, face: Face) -> Router {
@@ -104,6 +108,9 @@ pub fn app(state: Arc<AppState>, face: Face) -> Router {
         }
     }
     if face != Face::Internal {
+        if state.current().config.server.envoy_json {
+            router = router.route(ENVOY_JSON, axum::routing::post(envoy_json::json));
+        }
         router = router.fallback(gateway::fallback);
     }
     router
@@ -122,6 +129,8 @@ pub struct App {
     router: Router,
     gateway: Option<Arc<AppState>>,
     face: Face,
+    /// `[server] envoy_json`: `POST /json` goes to the router.
+    envoy_json: bool,
     /// The API's paths outside `/v1/` ([`api_routes`]), and [`HEALTH`].
     api_paths: Arc<[&'static str]>,
     /// `[server.tls]` (the internal face: `[server.internal_tls]`).
@@ -143,6 +152,7 @@ impl App {
             router: app(state.clone(), face),
             gateway: (face != Face::Internal).then_some(state),
             face,
+            envoy_json: server.envoy_json,
             api_paths: HEALTH.into_iter().chain(outside).collect(),
         }
     }
@@ -160,6 +170,9 @@ impl App {
     /// router has no route for (a path it might have — under `/v1/` — goes
     /// through the router, which answers it as [`app`] does).
     pub(crate) fn gateway(&self, path: &str) -> Option<&Arc<AppState>> {
+        if path == ENVOY_JSON && self.envoy_json {
+            return None;
+        }
         let api = match self.face {
             Face::Public => HEALTH.contains(&path),
             Face::All | Face::Internal => {

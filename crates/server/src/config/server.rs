@@ -21,6 +21,10 @@ pub struct ServerConfig {
     pub internal: Option<SocketAddr>,
     /// The Envoy rate limit service; none: off.
     pub grpc: Option<SocketAddr>,
+    /// `envoy_json = true`: the main listener answers `POST /json`, the
+    /// Envoy service's call as JSON (as envoyproxy/ratelimit's HTTP port
+    /// does). Read at start.
+    pub envoy_json: bool,
     /// The bearer token of the admin endpoints; none turns them off.
     pub admin_token: Option<String>,
     /// The bounds of every connection.
@@ -109,6 +113,7 @@ pub(super) struct Raw {
     internal: Option<Spanned<String>>,
     admin_token: Option<Spanned<String>>,
     grpc: Option<Spanned<String>>,
+    envoy_json: Option<bool>,
     header_timeout: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
     body_timeout: Option<Spanned<String>>,
@@ -285,6 +290,7 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
         listen,
         internal,
         grpc,
+        envoy_json: raw.envoy_json.unwrap_or(false),
         admin_token,
         limits,
         trusted_proxies,
