@@ -55,8 +55,13 @@ fn example(file: &str) -> String {
     std::fs::read_to_string(path.join(file)).unwrap()
 }
 
-/// Their variables, and nothing else.
-fn envoy_ratelimit(runtime: &Runtime, redis: &str, port: u16, grpc: u16) -> Command {
+/// Their variables, and nothing else (a `redis` of `None`: weir's
+/// in-process store, `BACKEND_TYPE=memory`).
+fn envoy_ratelimit(
+    runtime: &Runtime,
+    redis: Option<&str>,
+    [port, grpc, debug]: [u16; 3],
+) -> Command {
     let mut command = weir();
     command
         .arg("envoy-ratelimit")
@@ -69,27 +74,47 @@ fn envoy_ratelimit(runtime: &Runtime, redis: &str, port: u16, grpc: u16) -> Comm
         .env("GRPC_HOST", "127.0.0.1")
         .env("GRPC_PORT", grpc.to_string())
         .env("DEBUG_HOST", "127.0.0.1")
-        .env("DEBUG_PORT", free_port().to_string())
-        .env("REDIS_SOCKET_TYPE", "tcp")
-        .env("REDIS_TYPE", "SINGLE")
-        .env("REDIS_URL", redis.trim_start_matches("redis://"))
+        .env("DEBUG_PORT", debug.to_string())
         .env("REDIS_POOL_SIZE", "10")
         .env("USE_STATSD", "false")
         .env("LOG_LEVEL", "warn");
+    match redis {
+        Some(url) => command
+            .env("REDIS_SOCKET_TYPE", "tcp")
+            .env("REDIS_TYPE", "SINGLE")
+            .env("REDIS_URL", url.trim_start_matches("redis://")),
+        None => command.env("BACKEND_TYPE", "memory"),
+    };
     command
 }
 
 #[test]
-fn weir_envoy_ratelimit_serves_their_files_behind_envoy_and_reloads_on_a_swap() {
+fn weir_envoy_ratelimit_serves_their_files_behind_envoy_on_redis() {
     let redis = RedisServer::start(&[]);
+    behind_envoy(Some(&redis.url()));
+}
+
+#[test]
+fn weir_envoy_ratelimit_serves_their_files_behind_envoy_in_process() {
+    behind_envoy(None);
+}
+
+/// Served behind a real Envoy: decisions, `/healthcheck`, `POST /json`,
+/// `/rlconfig`, and a reload when the runtime root's symlink is swapped.
+fn behind_envoy(redis: Option<&str>) {
     let (grpc, port, ingress, upstream) = (free_port(), free_port(), free_port(), upstream());
+    let debug = free_port();
     let yaml = include_str!("../../../docs/envoy-ratelimit/envoy.yaml")
         .replace("port_value: 9000", &format!("port_value: {upstream}"))
         .replace("port_value: 8081", &format!("port_value: {grpc}"));
-    let runtime = Runtime::new("envoy-ratelimit");
+    let test = match redis {
+        Some(_) => "envoy-ratelimit-redis",
+        None => "envoy-ratelimit-memory",
+    };
+    let runtime = Runtime::new(test);
     let (shop, mongo) = (example("shop.yaml"), example("mongo.yaml"));
     runtime.publish("v1", &[("shop.yaml", &shop), ("mongo.yaml", &mongo)]);
-    let served = Server::attach(&mut envoy_ratelimit(&runtime, &redis.url(), port, grpc));
+    let served = Server::attach(&mut envoy_ratelimit(&runtime, redis, [port, grpc, debug]));
     // Variables that only tune theirs are named, not silently dropped.
     served.wait_for_log("REDIS_POOL_SIZE");
     let http = format!("127.0.0.1:{port}");
@@ -130,7 +155,18 @@ fn weir_envoy_ratelimit_serves_their_files_behind_envoy_and_reloads_on_a_swap() 
     );
     let (status, _) = ask("not json");
     assert_eq!(status, 400);
-    let Some(envoy) = envoy("envoy-ratelimit", &yaml, ingress) else {
+    // Their debug page of the loaded limits.
+    let (status, dump) = request_at_status(&format!("127.0.0.1:{debug}"), "/rlconfig");
+    assert_eq!(status, 200);
+    assert!(
+        dump.contains("shop.path_/checkout: unit=SECOND requests_per_unit=5, shadow_mode: false"),
+        "{dump}"
+    );
+    assert!(
+        dump.contains("shop.remote_address_10.0.0.1: unlimited"),
+        "{dump}"
+    );
+    let Some(envoy) = envoy(test, &yaml, ingress) else {
         return;
     };
     let get = |path: &str, headers: &str| call(ingress, &format!("GET {path}"), headers, "").0;
@@ -235,7 +271,8 @@ fn unsupported_variables_are_errors_that_name_them() {
         ("REDIS_TYPE", "RING", "expected SINGLE, SENTINEL or CLUSTER"),
         ("CONFIG_TYPE", "GRPC_XDS", "xDS is not supported"),
     ] {
-        let out = envoy_ratelimit(&runtime, "127.0.0.1:1", free_port(), free_port())
+        let ports = [free_port(), free_port(), free_port()];
+        let out = envoy_ratelimit(&runtime, Some("127.0.0.1:1"), ports)
             .env(name, value)
             .output()
             .unwrap();

@@ -550,6 +550,62 @@ fn answered(
     response
 }
 
+/// `GET /rlconfig`: the descriptor rules as envoyproxy/ratelimit's debug
+/// port prints its loaded limits, one line each: the rule's path, then its
+/// limit (a fixed window of a whole unit as theirs, any other policy as
+/// weir writes it).
+pub(crate) async fn rlconfig(
+    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
+) -> String {
+    let shared = state.current();
+    let config = &shared.config;
+    let mut out = String::new();
+    for rule in &config.descriptors {
+        let path: Vec<String> = rule
+            .entries
+            .iter()
+            .map(|(k, v)| v.as_ref().map_or_else(|| k.clone(), |v| format!("{k}_{v}")))
+            .collect();
+        let limit = match rule.policy.map(|id| &config.policies[id.0]) {
+            None if rule.refuse => "unit=SECOND requests_per_unit=0, shadow_mode: false".to_owned(),
+            None => "unlimited".to_owned(),
+            Some(p) => {
+                let unit = match p.policy {
+                    Policy::FixedWindow(w) => unit_of(w.window()).map(|u| (w.limit(), u)),
+                    _ => None,
+                };
+                match unit {
+                    Some((n, unit)) => format!(
+                        "unit={} requests_per_unit={n}, shadow_mode: {}",
+                        unit.as_str_name(),
+                        p.shadow
+                    ),
+                    None => format!("{}, shadow_mode: {}", p.policy, p.shadow),
+                }
+            }
+        };
+        out.push_str(&format!("{}.{}: {limit}\n", rule.domain, path.join(".")));
+    }
+    out
+}
+
+/// The unit whose window is `window`, as envoyproxy/ratelimit counts them.
+fn unit_of(window: Nanos) -> Option<Unit> {
+    let day = 86_400 * NANOS_PER_SEC;
+    [
+        (NANOS_PER_SEC, Unit::Second),
+        (60 * NANOS_PER_SEC, Unit::Minute),
+        (3_600 * NANOS_PER_SEC, Unit::Hour),
+        (day, Unit::Day),
+        (7 * day, Unit::Week),
+        (30 * day, Unit::Month),
+        (365 * day, Unit::Year),
+    ]
+    .into_iter()
+    .find(|(w, _)| *w == window)
+    .map(|(_, u)| u)
+}
+
 #[tonic::async_trait]
 impl RateLimitService for RateLimiter {
     async fn should_rate_limit(

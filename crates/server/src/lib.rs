@@ -66,7 +66,7 @@ pub enum Face {
 /// does not serve: the decision API, admin, metrics and the dashboard. One
 /// list, from which [`app`] builds the router and [`App::gateway`] tells the
 /// API's paths from the gateway routes'.
-fn api_routes() -> [(&'static str, MethodRouter<Arc<AppState>>); 15] {
+fn api_routes() -> [(&'static str, MethodRouter<Arc<AppState>>); 16] {
     [
         ("/v1/check", post(api::check)),
         ("/v1/report", post(api::report)),
@@ -80,6 +80,7 @@ fn api_routes() -> [(&'static str, MethodRouter<Arc<AppState>>); 15] {
         ("/v1/admin/reload", post(api::reload)),
         ("/readyz", get(api::readyz)),
         ("/metrics", get(api::metrics)),
+        ("/rlconfig", get(envoy::rlconfig)),
         ("/v1/stats", get(ui::stats)),
         ("/v1/top", get(ui::top)),
         ("/v1/simulate", post(ui::simulate)),
