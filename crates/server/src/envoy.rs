@@ -118,8 +118,11 @@ pub fn translate(config: &Config, request: &RateLimitRequest) -> Result<Translat
             Found::Limit { limit, shared } => (config.descriptors.get(*limit), shared),
             Found::None | Found::UnknownDomain => (None, Vec::new()),
         };
-        names.push(rule.and_then(|r| r.name.as_deref()));
-        if descriptor.limit.is_none() {
+        // A descriptor's own limit bypasses the rules: it neither replaces
+        // nor is replaced.
+        let own = descriptor.limit.is_some();
+        names.push(rule.filter(|_| !own).and_then(|r| r.name.as_deref()));
+        if !own {
             replaced.extend(
                 rule.iter()
                     .flat_map(|r| r.replaces.iter().map(String::as_str)),
