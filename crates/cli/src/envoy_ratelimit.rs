@@ -178,7 +178,11 @@ const THEIRS: [&str; 114] = [
 ];
 
 /// The variables weir reads.
-const READ: [&str; 28] = [
+const READ: [&str; 32] = [
+    "LIMIT_RESPONSE_HEADERS_ENABLED",
+    "LIMIT_LIMIT_HEADER",
+    "LIMIT_REMAINING_HEADER",
+    "LIMIT_RESET_HEADER",
     "HOST",
     "PORT",
     "DEBUG_HOST",
@@ -331,6 +335,23 @@ fn settings(var: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Settings> {
         quoted(&log_level),
         quoted(if json { "json" } else { "text" }),
     );
+    // Their response headers, when asked for, beside weir's own fields.
+    if flag("LIMIT_RESPONSE_HEADERS_ENABLED", false)? {
+        let names = [
+            get("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
+            get("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
+            get("LIMIT_RESET_HEADER", "RateLimit-Reset"),
+        ];
+        let names: Vec<String> = names.iter().map(|n| quoted(n)).collect();
+        prelude = prelude.replacen(
+            "\n\n[store]\n",
+            &format!(
+                "\nheaders = \"both\"\nenvoy_header_names = [{}]\n\n[store]\n",
+                names.join(", ")
+            ),
+            1,
+        );
+    }
     let tls = flag("REDIS_TLS", false)?;
     let mut password = None;
     match get("BACKEND_TYPE", "redis").to_ascii_lowercase().as_str() {

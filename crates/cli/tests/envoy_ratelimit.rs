@@ -77,7 +77,9 @@ fn envoy_ratelimit(
         .env("DEBUG_PORT", debug.to_string())
         .env("REDIS_POOL_SIZE", "10")
         .env("USE_STATSD", "false")
-        .env("LOG_LEVEL", "warn");
+        .env("LOG_LEVEL", "warn")
+        .env("LIMIT_RESPONSE_HEADERS_ENABLED", "true")
+        .env("LIMIT_REMAINING_HEADER", "X-Left");
     match redis {
         Some(url) => command
             .env("REDIS_SOCKET_TYPE", "tcp")
@@ -187,6 +189,21 @@ fn behind_envoy(redis: Option<&str>) {
     let admitted = statuses.iter().filter(|s| **s == 200).count();
     assert!((5..=10).contains(&admitted), "{statuses:?}");
     assert!(statuses.contains(&429), "{statuses:?}");
+    // Their response headers (one renamed), beside weir's fields.
+    let over = (0..20)
+        .map(|_| call(ingress, "GET /checkout", "", ""))
+        .find(|(status, _)| *status == 429)
+        .expect("over the limit within 20 of 5 a second")
+        .1;
+    for field in [
+        "ratelimit-limit: 5",
+        "x-left: 0",
+        "ratelimit-reset: ",
+        "retry-after: ",
+        "ratelimit-policy: ",
+    ] {
+        assert!(over.contains(field), "{field} in {over}");
+    }
     // A new version: /blocked refused. The swap is picked up by itself.
     assert_eq!(get("/blocked", ""), 200);
     let blocked = format!(

@@ -530,8 +530,17 @@ fn answered(
         let policy = &shared.table.get(check.policy).policy;
         *status = descriptor_status(code, part.name, policy, &part.decision);
     }
+    // `[server] envoy_header_names`: the X-RateLimit fields under other
+    // names (envoyproxy/ratelimit's LIMIT_*_HEADER).
+    let renamed = &shared.config.server.envoy_header_names;
     let to_envoy = |(name, value): (http::HeaderName, http::HeaderValue)| {
-        header(name.as_str(), value.to_str().unwrap_or_default().to_owned())
+        let name = match (name.as_str(), renamed) {
+            ("x-ratelimit-limit", Some([limit, _, _])) => limit.as_str(),
+            ("x-ratelimit-remaining", Some([_, remaining, _])) => remaining.as_str(),
+            ("x-ratelimit-reset", Some([_, _, reset])) => reset.as_str(),
+            (name, _) => name,
+        };
+        header(name, value.to_str().unwrap_or_default().to_owned())
     };
     response.response_headers_to_add = match verdict.refusing() {
         None => fields_in(shared.config.server.headers, &parts)

@@ -25,6 +25,10 @@ pub struct ServerConfig {
     /// Envoy service's call as JSON (as envoyproxy/ratelimit's HTTP port
     /// does). Read at start.
     pub envoy_json: bool,
+    /// `envoy_header_names = [LIMIT, REMAINING, RESET]`: the Envoy face's
+    /// X-RateLimit fields under these names (envoyproxy/ratelimit's
+    /// `LIMIT_LIMIT_HEADER` and the like).
+    pub envoy_header_names: Option<[String; 3]>,
     /// The bearer token of the admin endpoints; none turns them off.
     pub admin_token: Option<String>,
     /// The bounds of every connection.
@@ -114,6 +118,7 @@ pub(super) struct Raw {
     admin_token: Option<Spanned<String>>,
     grpc: Option<Spanned<String>>,
     envoy_json: Option<bool>,
+    envoy_header_names: Option<Spanned<Vec<String>>>,
     header_timeout: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
     body_timeout: Option<Spanned<String>>,
@@ -291,6 +296,7 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
         internal,
         grpc,
         envoy_json: raw.envoy_json.unwrap_or(false),
+        envoy_header_names: header_names(raw.envoy_header_names.as_ref(), report),
         admin_token,
         limits,
         trusted_proxies,
@@ -486,4 +492,27 @@ fn check_token(token: &str) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// `envoy_header_names`: three valid header names.
+fn header_names(
+    raw: Option<&Spanned<Vec<String>>>,
+    report: &mut Report<'_>,
+) -> Option<[String; 3]> {
+    let raw = raw?;
+    let names = raw.get_ref();
+    let valid = names
+        .iter()
+        .all(|n| http::HeaderName::try_from(n.as_str()).is_ok());
+    match <[String; 3]>::try_from(names.clone()) {
+        Ok(three) if valid => Some(three),
+        _ => {
+            report.error(
+                &raw.span(),
+                "[server] envoy_header_names",
+                "give three header names: the limit's, the remaining's and the reset's, e.g. [\"RateLimit-Limit\", \"RateLimit-Remaining\", \"RateLimit-Reset\"]",
+            );
+            None
+        }
+    }
 }
