@@ -215,14 +215,10 @@ const READ: [&str; 32] = [
 
 /// Variables that ask for what weir does not do: an error when set to
 /// anything but their off value (`""` or `false`).
-const UNSUPPORTED: [(&str, &str); 14] = [
+const UNSUPPORTED: [(&str, &str); 13] = [
     (
         "USE_DOG_STATSD",
         "statsd: weir exports Prometheus metrics (DEBUG_PORT, or PROMETHEUS_ADDR)",
-    ),
-    (
-        "REDIS_PERSECOND",
-        "a second Redis for per-second limits: weir keeps every limit in one store",
     ),
     (
         "GRPC_UDS",
