@@ -178,7 +178,8 @@ const THEIRS: [&str; 114] = [
 ];
 
 /// The variables weir reads.
-const READ: [&str; 32] = [
+const READ: [&str; 33] = [
+    "NEAR_LIMIT_RATIO",
     "LIMIT_RESPONSE_HEADERS_ENABLED",
     "LIMIT_LIMIT_HEADER",
     "LIMIT_REMAINING_HEADER",
@@ -331,6 +332,18 @@ fn settings(var: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Settings> {
         quoted(&log_level),
         quoted(if json { "json" } else { "text" }),
     );
+    // weir_decisions_total{outcome="near_limit"}, their near_limit stat.
+    let near = get("NEAR_LIMIT_RATIO", "0.8");
+    match near.parse::<f64>() {
+        Ok(r) if r > 0.0 && r < 1.0 => {
+            prelude = prelude.replacen(
+                "\n\n[store]\n",
+                &format!("\nnear_limit_ratio = {r}\n\n[store]\n"),
+                1,
+            );
+        }
+        _ => bail!("NEAR_LIMIT_RATIO=`{near}`: expected a number above 0 and below 1, e.g. 0.8"),
+    }
     // Their response headers, when asked for, beside weir's own fields.
     if flag("LIMIT_RESPONSE_HEADERS_ENABLED", false)? {
         let names = [
