@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail};
-use weir_envoy_ratelimit::{Limits, read_dir, weir};
+use weir_envoy_ratelimit::weir::{self, quote as quoted};
+use weir_envoy_ratelimit::{Limits, read_dir};
 
 /// The weir TOML (policies and descriptor rules) of the YAML files in
 /// `dir`; errors name the file and the descriptor.
@@ -259,8 +260,6 @@ const UNSUPPORTED: [(&str, &str); 13] = [
     ("DISABLE_STATS", "turning metrics off"),
 ];
 
-use weir::quote as quoted;
-
 fn settings(var: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Settings> {
     let get = |name: &str, default: &str| var(name).unwrap_or_else(|| default.to_owned());
     let flag = |name: &str, default: bool| -> anyhow::Result<bool> {
@@ -324,24 +323,21 @@ fn settings(var: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Settings> {
         "text" => false,
         other => bail!("LOG_FORMAT=`{other}`: expected text or json"),
     };
-    let mut prelude = format!(
-        "[server]\nlisten = {}\ngrpc = {}\ninternal = {}\nlog_level = {}\nlog_format = {}\nenvoy_json = true\n\n[store]\n",
-        quoted(&listen),
-        quoted(&grpc),
-        quoted(&internal),
-        quoted(&log_level),
-        quoted(if json { "json" } else { "text" }),
-    );
+    let mut server = vec![
+        format!("listen = {}", quoted(&listen)),
+        format!("grpc = {}", quoted(&grpc)),
+        format!("internal = {}", quoted(&internal)),
+        format!("log_level = {}", quoted(&log_level)),
+        format!(
+            "log_format = {}",
+            quoted(if json { "json" } else { "text" })
+        ),
+        "envoy_json = true".to_owned(),
+    ];
     // weir_decisions_total{outcome="near_limit"}, their near_limit stat.
     let near = get("NEAR_LIMIT_RATIO", "0.8");
     match near.parse::<f64>() {
-        Ok(r) if r > 0.0 && r < 1.0 => {
-            prelude = prelude.replacen(
-                "\n\n[store]\n",
-                &format!("\nnear_limit_ratio = {r}\n\n[store]\n"),
-                1,
-            );
-        }
+        Ok(r) if r > 0.0 && r < 1.0 => server.push(format!("near_limit_ratio = {r}")),
         _ => bail!("NEAR_LIMIT_RATIO=`{near}`: expected a number above 0 and below 1, e.g. 0.8"),
     }
     // Their response headers, when asked for, beside weir's own fields.
@@ -352,71 +348,15 @@ fn settings(var: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Settings> {
             get("LIMIT_RESET_HEADER", "RateLimit-Reset"),
         ];
         let names: Vec<String> = names.iter().map(|n| quoted(n)).collect();
-        prelude = prelude.replacen(
-            "\n\n[store]\n",
-            &format!(
-                "\nheaders = \"both\"\nenvoy_header_names = [{}]\n\n[store]\n",
-                names.join(", ")
-            ),
-            1,
-        );
+        server.push("headers = \"both\"".to_owned());
+        server.push(format!("envoy_header_names = [{}]", names.join(", ")));
     }
-    let tls = flag("REDIS_TLS", false)?;
-    let mut password = None;
-    match get("BACKEND_TYPE", "redis").to_ascii_lowercase().as_str() {
-        "redis" => {
-            let url = get("REDIS_URL", "/var/run/nutcracker/ratelimit.sock");
-            let scheme = if tls { "rediss" } else { "redis" };
-            let url = match (
-                get("REDIS_TYPE", "SINGLE").to_ascii_uppercase().as_str(),
-                get("REDIS_SOCKET_TYPE", "unix")
-                    .to_ascii_lowercase()
-                    .as_str(),
-            ) {
-                ("SINGLE", "tcp") => format!("{scheme}://{url}"),
-                ("SINGLE", "unix") => format!("redis+unix://{url}"),
-                ("CLUSTER", "tcp") => format!("redis-cluster://{url}"),
-                ("SENTINEL", "tcp") => {
-                    let (master, sentinels) = url.split_once(',').ok_or_else(|| {
-                        anyhow!("REDIS_URL=`{url}`: with REDIS_TYPE=SENTINEL, give MASTER,HOST:PORT[,HOST:PORT…]")
-                    })?;
-                    format!("redis-sentinel://{sentinels}/{master}")
-                }
-                (kind @ ("SINGLE" | "CLUSTER" | "SENTINEL"), socket) => bail!(
-                    "REDIS_SOCKET_TYPE=`{socket}` with REDIS_TYPE=`{kind}`: expected tcp (or unix, for SINGLE)"
-                ),
-                (other, _) => bail!("REDIS_TYPE=`{other}`: expected SINGLE, SENTINEL or CLUSTER"),
-            };
-            prelude.push_str(&format!("url = {}\n", quoted(&url)));
-            if tls {
-                prelude.push_str("tls = true\n");
-            }
-            for (name, key) in [
-                ("REDIS_TLS_CACERT", "tls_ca"),
-                ("REDIS_TLS_CLIENT_CERT", "tls_cert"),
-                ("REDIS_TLS_CLIENT_KEY", "tls_key"),
-            ] {
-                if let Some(path) = var(name).filter(|p| !p.is_empty()) {
-                    prelude.push_str(&format!("{key} = {}\n", quoted(&path)));
-                }
-            }
-            if let Some(auth) = var("REDIS_AUTH").filter(|a| !a.is_empty()) {
-                let (user, secret) = match auth.split_once(':') {
-                    Some((user, secret)) => (Some(user.to_owned()), secret.to_owned()),
-                    None => (None, auth),
-                };
-                if let Some(user) = user {
-                    prelude.push_str(&format!("username = {}\n", quoted(&user)));
-                }
-                password = Some(secret);
-            }
-        }
-        // weir's own: the in-process store, for one replica or a try.
-        "memory" => prelude.push_str("url = \"memory\"\n"),
-        other => bail!(
-            "BACKEND_TYPE=`{other}`: weir envoy-ratelimit keeps its counters in Redis (redis) or in process (memory); memcache is not supported"
-        ),
-    }
+    let (store, password) = store(var, &get)?;
+    let prelude = format!(
+        "[server]\n{}\n\n[store]\n{}\n",
+        server.join("\n"),
+        store.join("\n")
+    );
     let root = PathBuf::from(get("RUNTIME_ROOT", "/srv/runtime_data/current"));
     let dir = root
         .join(get("RUNTIME_SUBDIRECTORY", ""))
@@ -438,6 +378,74 @@ fn settings(var: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Settings> {
         password,
         ignored,
     })
+}
+
+/// `[store]`'s lines, and the password (`REDIS_AUTH`).
+fn store(
+    var: &dyn Fn(&str) -> Option<String>,
+    get: &dyn Fn(&str, &str) -> String,
+) -> anyhow::Result<(Vec<String>, Option<String>)> {
+    let backend = get("BACKEND_TYPE", "redis").to_ascii_lowercase();
+    match backend.as_str() {
+        "redis" => {}
+        // weir's own: the in-process store, for one replica or a try.
+        "memory" => return Ok((vec!["url = \"memory\"".to_owned()], None)),
+        other => bail!(
+            "BACKEND_TYPE=`{other}`: weir envoy-ratelimit keeps its counters in Redis (redis) or in process (memory); memcache is not supported"
+        ),
+    }
+    let tls = match var("REDIS_TLS")
+        .as_deref()
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None | Some("false" | "0" | "f" | "") => false,
+        Some("true" | "1" | "t") => true,
+        Some(other) => bail!("REDIS_TLS=`{other}`: expected true or false"),
+    };
+    let url = get("REDIS_URL", "/var/run/nutcracker/ratelimit.sock");
+    let scheme = if tls { "rediss" } else { "redis" };
+    let kind = get("REDIS_TYPE", "SINGLE").to_ascii_uppercase();
+    let socket = get("REDIS_SOCKET_TYPE", "unix").to_ascii_lowercase();
+    let url = match (kind.as_str(), socket.as_str()) {
+        ("SINGLE", "tcp") => format!("{scheme}://{url}"),
+        ("SINGLE", "unix") => format!("redis+unix://{url}"),
+        ("CLUSTER", "tcp") => format!("redis-cluster://{url}"),
+        ("SENTINEL", "tcp") => {
+            let (master, sentinels) = url.split_once(',').ok_or_else(|| {
+                anyhow!("REDIS_URL=`{url}`: with REDIS_TYPE=SENTINEL, give MASTER,HOST:PORT[,HOST:PORT…]")
+            })?;
+            format!("redis-sentinel://{sentinels}/{master}")
+        }
+        ("SINGLE" | "CLUSTER" | "SENTINEL", _) => bail!(
+            "REDIS_SOCKET_TYPE=`{socket}` with REDIS_TYPE=`{kind}`: expected tcp (or unix, for SINGLE)"
+        ),
+        _ => bail!("REDIS_TYPE=`{kind}`: expected SINGLE, SENTINEL or CLUSTER"),
+    };
+    let mut lines = vec![format!("url = {}", quoted(&url))];
+    if tls {
+        lines.push("tls = true".to_owned());
+    }
+    for (name, key) in [
+        ("REDIS_TLS_CACERT", "tls_ca"),
+        ("REDIS_TLS_CLIENT_CERT", "tls_cert"),
+        ("REDIS_TLS_CLIENT_KEY", "tls_key"),
+    ] {
+        if let Some(path) = var(name).filter(|p| !p.is_empty()) {
+            lines.push(format!("{key} = {}", quoted(&path)));
+        }
+    }
+    let password = match var("REDIS_AUTH").filter(|a| !a.is_empty()) {
+        Some(auth) => match auth.split_once(':') {
+            Some((user, secret)) => {
+                lines.push(format!("username = {}", quoted(user)));
+                Some(secret.to_owned())
+            }
+            None => Some(auth),
+        },
+        None => None,
+    };
+    Ok((lines, password))
 }
 
 impl Settings {
