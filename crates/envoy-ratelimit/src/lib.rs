@@ -209,7 +209,7 @@ pub enum Found<'a, T = Limit> {
         limit: &'a T,
         /// Per entry, the wildcard value that stands for the entry's own in
         /// its counter's key (`share_threshold`): every value it matches
-        /// shares one counter.
+        /// shares one counter. Empty when none does.
         shared: Vec<Option<&'a str>>,
     },
 }
@@ -374,10 +374,15 @@ impl<T> Tree<T> {
         let Some(mut node) = self.domains.get(domain) else {
             return Found::UnknownDomain;
         };
-        let mut shared = vec![None; entries.len()];
+        // Made only for a shared wildcard: most lookups allocate one key.
+        let mut shared = Vec::new();
         let mut found = None;
+        let mut full = String::new();
         for (i, &(key, value)) in entries.iter().enumerate() {
-            let full = format!("{key}_{value}");
+            full.clear();
+            full.push_str(key);
+            full.push('_');
+            full.push_str(value);
             let mut next = node.children.get(&full);
             if next.is_none() {
                 let wild = node
@@ -387,8 +392,8 @@ impl<T> Tree<T> {
                 if let Some((pattern, _)) = wild {
                     next = node.children.get(pattern);
                     if next.is_some_and(|n| n.share_threshold) {
-                        let prefix = key.len() + 1;
-                        shared[i] = pattern.get(prefix..);
+                        shared.resize(entries.len(), None);
+                        shared[i] = pattern.get(key.len() + 1..);
                     }
                 }
             }
