@@ -396,15 +396,15 @@ end
 -- per call (a batch repeats a few policies many times).
 local parsed = {}
 local function parse(arg)
-  -- A lease flag comes last and differs per check: split off, so that the
-  -- policy is parsed once per call.
-  local base, lease = string.match(arg, '^(.*) ([ixw]=%d+)$')
-  if base then
-    local k, a, b, c, cost, empty, shadow, report, no_new = parse(base)
-    return k, a, b, c, cost, empty, shadow, report, no_new, lease
-  end
   local p = parsed[arg]
   if not p then
+    -- A lease flag comes last and differs per check: split off, so that
+    -- the policy is parsed once per call.
+    local base, lease = string.match(arg, '^(.*) ([ixw]=%d+)$')
+    if base then
+      local k, a, b, c, cost, empty, shadow, report, no_new = parse(base)
+      return k, a, b, c, cost, empty, shadow, report, no_new, lease
+    end
     local spec = {}
     for w in string.gmatch(arg, '%S+') do spec[#spec + 1] = w end
     p = { spec[1], tonumber(spec[2]), tonumber(spec[3]), tonumber(spec[4]), 1, false, false, false, false }
