@@ -461,6 +461,31 @@ impl Settings {
     }
 }
 
+/// A fingerprint of the files under `dir` — each path, size and time of
+/// change, through symlinks — or `None` when it cannot be listed.
+fn listing(dir: &Path) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    fn walk(dir: &Path, hasher: &mut std::hash::DefaultHasher) -> std::io::Result<()> {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+        entries.sort_by_key(std::fs::DirEntry::path);
+        for entry in entries {
+            let path = entry.path();
+            let meta = std::fs::metadata(&path)?;
+            path.hash(hasher);
+            meta.len().hash(hasher);
+            meta.modified().ok().hash(hasher);
+            if meta.is_dir() {
+                walk(&path, hasher)?;
+            }
+        }
+        Ok(())
+    }
+    let mut hasher = std::hash::DefaultHasher::new();
+    std::fs::canonicalize(dir).ok()?.hash(&mut hasher);
+    walk(dir, &mut hasher).ok()?;
+    Some(hasher.finish())
+}
+
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let var = |name: &str| std::env::var(name).ok();
     let settings = settings(&var)?;
@@ -476,11 +501,22 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     };
     let name = settings.dir.display().to_string();
     let ignored = settings.ignored.clone();
+    // Read every second: the files are read again only when their
+    // listing (paths, sizes, times, through the root's symlink) changed.
+    let last: std::sync::Mutex<Option<(u64, String)>> = std::sync::Mutex::default();
     let generate = move || {
-        settings
-            .config()
-            .map(|text| (name.clone(), text))
-            .map_err(|e| format!("{e:#}"))
+        let seen = listing(&settings.dir);
+        let mut last = last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, text)) = last.as_ref().filter(|(l, _)| Some(*l) == seen) {
+            return Ok((name.clone(), text.clone()));
+        }
+        let text = settings.config().map_err(|e| format!("{e:#}"))?;
+        if let Some(seen) = seen {
+            *last = Some((seen, text.clone()));
+        }
+        Ok((name.clone(), text))
     };
     let source = weir_server::reload::Source {
         env,
