@@ -14,6 +14,7 @@
 //! | every window, and a rate's period in lowest terms | at most [`MAX_SPAN`] = 366 days |
 //! | a sliding log's limit | at most [`MAX_LOG_LIMIT`] = 1,000,000 (one entry per admission) |
 //! | a concurrency limit's lease | at most [`MAX_LEASE`] = 7 days |
+//! | a concurrency limit's limit | at most [`MAX_IN_FLIGHT`] = 10,000 (a lease each, at most) |
 //!
 //! A wait too long for a signed 64-bit count of nanoseconds (292 years) is
 //! reported as [`MAX_WAIT`].
@@ -44,6 +45,10 @@ pub use crate::decision::MAX_WAIT;
 /// The longest lease of a concurrency limit: 7 days (a holder whose work
 /// runs longer renews its lease).
 pub const MAX_LEASE: Nanos = 7 * 86_400 * crate::NANOS_PER_SEC;
+
+/// The largest concurrency limit: a key keeps a lease per admission in
+/// flight, and every operation on it reads them (on Redis, as text).
+pub const MAX_IN_FLIGHT: u64 = 10_000;
 
 /// The largest sliding-log limit: the log keeps one entry per admission.
 pub const MAX_LOG_LIMIT: u64 = 1_000_000;
@@ -374,7 +379,7 @@ impl Policy {
     /// At most `limit` cost in flight, each lease held at most `lease`
     /// unless renewed.
     pub fn concurrency(limit: u64, lease: Nanos) -> Result<Self, PolicyError> {
-        check_size("limit", limit, MAX_SIZE)?;
+        check_size("limit", limit, MAX_IN_FLIGHT)?;
         positive("lease", lease)?;
         if lease > MAX_LEASE {
             return Err(out_of_bounds(
@@ -1076,6 +1081,8 @@ mod tests {
         assert!(Policy::fixed_window(MAX_SIZE + 1, 1).is_err());
         assert!(Policy::fixed_window(1, MAX_SPAN + 1).is_err());
         assert!(Policy::sliding_log(MAX_LOG_LIMIT + 1, 1).is_err());
+        assert!(Policy::concurrency(MAX_IN_FLIGHT, 1).is_ok());
+        assert!(Policy::concurrency(MAX_IN_FLIGHT + 1, 1).is_err());
         assert!(Policy::token_bucket(1, Rate::new(1, MAX_SPAN + 1).unwrap()).is_err());
         assert!(Policy::token_bucket(1, Rate::new(MAX_SIZE + 1, 1).unwrap()).is_err());
         // The period is bounded in lowest terms: two tokens per 732 days
