@@ -260,22 +260,23 @@ const UNSUPPORTED: [(&str, &str); 13] = [
     ("DISABLE_STATS", "turning metrics off"),
 ];
 
+/// A boolean variable as their settings read one (`true`, `1`, `t`,
+/// `false`, `0`, `f`, any case; empty is false), `default` when unset.
+fn flag(var: &dyn Fn(&str) -> Option<String>, name: &str, default: bool) -> anyhow::Result<bool> {
+    match var(name).as_deref().map(str::to_ascii_lowercase).as_deref() {
+        None => Ok(default),
+        Some("true" | "1" | "t") => Ok(true),
+        Some("false" | "0" | "f" | "") => Ok(false),
+        Some(other) => bail!("{name}=`{other}`: expected true or false"),
+    }
+}
+
 fn settings(var: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Settings> {
     let get = |name: &str, default: &str| var(name).unwrap_or_else(|| default.to_owned());
-    let flag = |name: &str, default: bool| -> anyhow::Result<bool> {
-        match var(name).as_deref().map(str::to_ascii_lowercase).as_deref() {
-            None => Ok(default),
-            Some("true" | "1" | "t") => Ok(true),
-            Some("false" | "0" | "f" | "") => Ok(false),
-            Some(other) => bail!("{name}=`{other}`: expected true or false"),
-        }
-    };
+    let flag = |name: &str, default: bool| flag(var, name, default);
     for (name, what) in UNSUPPORTED {
-        let on = match var(name) {
-            None => false,
-            Some(v) => !matches!(v.to_ascii_lowercase().as_str(), "" | "false" | "0" | "f"),
-        };
-        if on {
+        // Anything but their off value asks for it.
+        if flag(name, false).unwrap_or(true) {
             bail!("{name} asks for {what}; weir envoy-ratelimit does not support it");
         }
     }
@@ -394,15 +395,7 @@ fn store(
             "BACKEND_TYPE=`{other}`: weir envoy-ratelimit keeps its counters in Redis (redis) or in process (memory); memcache is not supported"
         ),
     }
-    let tls = match var("REDIS_TLS")
-        .as_deref()
-        .map(str::to_ascii_lowercase)
-        .as_deref()
-    {
-        None | Some("false" | "0" | "f" | "") => false,
-        Some("true" | "1" | "t") => true,
-        Some(other) => bail!("REDIS_TLS=`{other}`: expected true or false"),
-    };
+    let tls = flag(var, "REDIS_TLS", false)?;
     let url = get("REDIS_URL", "/var/run/nutcracker/ratelimit.sock");
     let scheme = if tls { "rediss" } else { "redis" };
     let kind = get("REDIS_TYPE", "SINGLE").to_ascii_uppercase();

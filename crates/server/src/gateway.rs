@@ -449,11 +449,6 @@ async fn through(
     // Held until the answer's body ends, the client goes away or the
     // upstream fails (this future, or the body, is then dropped).
     let held = Held::take(shared, &key, &ids, &verdict);
-    if let Some(held) = &held {
-        for &(id, lease) in &held.leases {
-            shared.table.get(id).lease_taken(lease);
-        }
-    }
     let delay = verdict.delay();
     let logged = server
         .access_log

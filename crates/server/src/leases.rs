@@ -22,7 +22,7 @@ use crate::state::Shared;
 pub(crate) struct Held {
     shared: Arc<Shared>,
     key: String,
-    pub(crate) leases: Few<(PolicyId, LeaseId)>,
+    leases: Few<(PolicyId, LeaseId)>,
     /// Taken by the in-process fallback (the shared store was down).
     local: bool,
     renewing: tokio::task::JoinHandle<()>,
@@ -30,7 +30,8 @@ pub(crate) struct Held {
 
 impl Held {
     /// The leases `verdict` took for the checks of `ids` on `key`, held and
-    /// renewed until dropped; `None` when it took none.
+    /// renewed until dropped (and counted in the policy's lease book); `None`
+    /// when it took none.
     pub(crate) fn take(
         shared: &Arc<Shared>,
         key: &str,
@@ -52,6 +53,9 @@ impl Held {
             })
             .min()?
             .max(1_000_000);
+        for &(id, lease) in &leases {
+            shared.table.get(id).lease_taken(lease);
+        }
         let local = verdict.degraded;
         let renewing = tokio::spawn(renew(
             shared.clone(),
