@@ -52,12 +52,16 @@
 -- State per key (a string): "seen_s seen_ns ..." then
 --   tb/lb: level (1/p token units at seen, decimal)
 --   fw: start_s start_ns count          sc: start_s start_ns cur prev
---   sl: first_s first_ns, then "|" and entries (varint gap in ns from the
+--   sl: first_s first_ns total last_s last_ns (the entries' cost, the
+--       last one's time), then "|" and entries (varint gap in ns from the
 --       previous, varint cost), or "#" and entries (the gap as varint
 --       seconds and varint nanoseconds, varint cost) for windows of 2^51 ns
 --       or more
---   cc: then per lease, in order of expiry, "|id cost expires_s expires_ns"
---       (ids are decimal text: 64-bit, never arithmetic)
+--   cc: then the cost held, and per lease, in order of expiry,
+--       "|id cost expires_s expires_ns" (ids are decimal text: 64-bit, never
+--       arithmetic)
+-- (A log or lease list written before its header held the totals, without
+-- them, is read whole once and written back with them.)
 
 local E9 = 1000000000
 local BIG = 9007199254740992 -- 2^53
@@ -629,11 +633,18 @@ end
 -- Sliding log (`sl`): every admission's time and cost, at most L in any
 -- window of W ns (`wide`: the window as a wide integer, for windows of 2^51
 -- ns or more; entries then store their gaps as seconds and nanoseconds).
-local function sliding_log(L, W_, wide, cost, report, raw, s3, s4, blob, ts, tn)
+-- The state's header holds the entries' total cost and the last one's time,
+-- so a call reads only the entries that expired since the key was last
+-- written and, refused, the few whose expiry makes room: never the whole
+-- log (a key of 1,000 entries costs a refusal what a key of 10 does).
+-- `total`, (ls, ln): from the header; nil for a state written before it had
+-- them, which is read whole once.
+local function sliding_log(L, W_, wide, cost, report, raw, s3, s4, blob, ts, tn, total, ls, ln)
   local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
   local X = wide and wide_lib
   local ws, wn
   if wide then ws, wn = X.pair(wide) end
+  local bar = wide and '#' or '|'
   -- The time an entry at (es, en) has left in the window at (ts, tn); 0
   -- when it has expired.
   local function left_of(es, en)
@@ -643,81 +654,114 @@ local function sliding_log(L, W_, wide, cost, report, raw, s3, s4, blob, ts, tn)
     if rs < ts or (rs == ts and rn <= tn) then return 0 end
     return X.dur(X.elapsed(rs, rn, ts, tn))
   end
-  local times, costs = {}, {}
-  local count = 0
-  if raw and #blob > 1 then
-    local es, en = s3, s4
-    local pos = 2
-    local paired = string.sub(blob, 1, 1) == '#'
+  if not (raw and #blob > 1) then blob = '' end
+  local paired = string.sub(blob, 1, 1) == '#'
+  -- The entry at byte `pos` after the one at (es, en): its time, cost and
+  -- the position after it.
+  local function entry(pos, es, en)
+    local c2
+    if paired then
+      local gs, gn
+      gs, pos = read_varint(blob, pos)
+      gn, pos = read_varint(blob, pos)
+      es, en = es + gs, en + gn
+      if en >= E9 then es, en = es + 1, en - E9 end
+    else
+      local gap
+      gap, pos = read_varint(blob, pos)
+      es, en = add(es, en, gap)
+    end
+    c2, pos = read_varint(blob, pos)
+    return es, en, c2, pos
+  end
+  if not total then -- an older state: totalled once
+    total, ls, ln = 0, s3, s4
+    local pos, es, en = 2, s3, s4
     while pos <= #blob do
-      local gap, c2
-      if paired then
-        local gs, gn
-        gs, pos = read_varint(blob, pos)
-        gn, pos = read_varint(blob, pos)
-        es, en = es + gs, en + gn
-        if en >= E9 then es, en = es + 1, en - E9 end
-      else
-        gap, pos = read_varint(blob, pos)
-        es, en = add(es, en, gap)
-      end
-      c2, pos = read_varint(blob, pos)
-      if left_of(es, en) ~= 0 then -- live: a > t - W
-        times[#times + 1] = { es, en }
-        costs[#costs + 1] = c2
-        count = count + c2
-      end
+      local c2
+      es, en, c2, pos = entry(pos, es, en)
+      total, ls, ln = total + c2, es, en
     end
   end
-  local function encode(extra)
-    local list = {}
-    for k = 1, #times do list[#list + 1] = { times[k], costs[k] } end
-    if extra then list[#list + 1] = extra end
-    local bar = wide and '#' or '|'
-    if #list == 0 then return fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ts) .. ' ' .. fmt(tn) .. bar end
-    local first = list[1][1]
-    local parts = { fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(first[1]) .. ' ' .. fmt(first[2]) .. bar }
-    local ps, pn = first[1], first[2]
-    for k = 1, #list do
-      local e = list[k]
-      local es, en = e[1][1], e[1][2]
-      if wide then
-        local gs, gn = es - ps, en - pn
-        if gn < 0 then gs, gn = gs - 1, gn + E9 end
-        parts[#parts + 1] = varint(gs) .. varint(gn) .. varint(e[2])
-      else
-        parts[#parts + 1] = varint(diff(es, en, ps, pn)) .. varint(e[2])
-      end
+  -- The first live entry (a > t - W): its time, cost and position, and
+  -- the position after it; what expired before it leaves the total.
+  local count, fs, fn, fc, at, after_first = total, nil, nil, 0, 2, 2
+  do
+    local es, en = s3, s4
+    while at <= #blob do
+      local c2, next
+      es, en, c2, next = entry(at, es, en)
+      if left_of(es, en) ~= 0 then fs, fn, fc, after_first = es, en, c2, next; break end
+      count, at = count - c2, next
+    end
+  end
+  -- The log without its expired entries (the first live one's gap now 0),
+  -- and `extra` = {cost} appended at (ts, tn).
+  local zero = wide and varint(0) .. varint(0) or varint(0)
+  -- A gap of (gs, gn) - (ps, pn) as this window's entries store it.
+  local function gap(gs, gn, ps, pn)
+    if not wide then return varint(diff(gs, gn, ps, pn)) end
+    local s, n = gs - ps, gn - pn
+    if n < 0 then s, n = s - 1, n + E9 end
+    return varint(s) .. varint(n)
+  end
+  local rest = fs and string.sub(blob, after_first) or ''
+  if fs and paired ~= (wide and true or false) then
+    -- Entries written for another window's size: rewritten in this one's.
+    local parts, es, en, ps, pn, pos = {}, fs, fn, fs, fn, after_first
+    while pos <= #blob do
+      local c2
+      es, en, c2, pos = entry(pos, es, en)
+      parts[#parts + 1] = gap(es, en, ps, pn) .. varint(c2)
       ps, pn = es, en
     end
-    return table.concat(parts)
+    rest = table.concat(parts)
   end
-  -- The oldest entry whose expiry leaves room for `excess` less: its time
-  -- left (the window when none does).
+  local function encode(extra)
+    local body, last_s, last_n, sum = '', ls, ln, count
+    if fs then body = zero .. varint(fc) .. rest end
+    if extra then
+      if not fs then
+        body = zero .. varint(extra)
+      else
+        body = body .. gap(ts, tn, ls, ln) .. varint(extra)
+      end
+      last_s, last_n, sum = ts, tn, count + extra
+    end
+    if body == '' then return fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ts) .. ' ' .. fmt(tn) .. ' 0 ' .. fmt(ts) .. ' ' .. fmt(tn) .. bar end
+    return fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(fs or ts) .. ' ' .. (fs and fmt(fn) or fmt(tn)) .. ' ' .. fmt(sum) .. ' '
+      .. fmt(last_s) .. ' ' .. fmt(last_n) .. bar .. body
+  end
+  -- The oldest live entry whose expiry leaves room for `excess` less: its
+  -- time left (the window when none does). Reads only up to it.
   local function wait_for(excess)
-    local sum = 0
-    for k = 1, #times do
-      sum = sum + costs[k]
-      if sum >= excess then return left_of(times[k][1], times[k][2]) end
+    if fs then
+      local sum, es, en, c2, pos = fc, fs, fn, fc, after_first
+      while true do
+        if sum >= excess then return left_of(es, en) end
+        if pos > #blob then break end
+        es, en, c2, pos = entry(pos, es, en)
+        sum = sum + c2
+      end
     end
     return wide and X.dur(wide) or W_
   end
   local window = wide and X.dur(wide) or W_
   fresh = encode(nil)
   left0 = math.max(L - count, 0)
-  if #times > 0 then idle0 = left_of(times[#times][1], times[#times][2]) end
+  if count > 0 then idle0 = left_of(ls, ln) end
   if report then
     -- Cut so that the live cost stays at most the ceiling.
     local added = math.max(math.min(cost, report - count), 0)
     local after = count + added
     allowed, remaining, reset = 1, math.max(L - after, 0), window
     if added == 0 then reset = idle0 end
+    if added > 0 then new = encode(added) else new = fresh end
     -- The oldest entry (this report last) whose expiry leaves room for 1.
     if after + 1 > L then retry = wait_for(after + 1 - L) end
-    if added > 0 then new = encode({ { ts, tn }, added }) else new = fresh end
   elseif count + cost <= L then
     allowed, remaining, reset = 1, L - count - cost, window
-    new = encode({ { ts, tn }, cost })
+    new = encode(cost)
   else
     remaining, retry, reset = left0, wait_for(count + cost - L), idle0
   end
@@ -728,35 +772,43 @@ end
 -- for D ns after it was taken or last renewed (`algo/lease.rs`). `lease`:
 -- "i=ID" for a check taking lease ID, "x=ID" to release it, "w=ID" to renew
 -- it. A release or renewal answers whether the lease was live, with the
--- standing after it and the wait of a check of cost 1.
-local function concurrency(L, D, cost, lease, blob, ts, tn)
+-- standing after it and the wait of a check of cost 1. `total`: the cost the
+-- list holds, from the state's header (nil for a state written before it
+-- had one). A call reads only the leases that expired since the key was
+-- written (the list is in order of expiry) and, refused, those whose expiry
+-- makes room; a release or renewal finds its lease by a plain search.
+local function concurrency(L, D, cost, lease, blob, ts, tn, total)
   local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
-  local ids, costs, ess, ens, used = {}, {}, {}, {}, 0
-  for id, c, es, en in string.gmatch(blob, '|(%d+) (%d+) (%d+) (%d+)') do
-    es, en = tonumber(es), tonumber(en)
-    if es > ts or (es == ts and en > tn) then -- live: expires > t
-      local k = #ids + 1
-      ids[k], costs[k], ess[k], ens[k] = id, tonumber(c), es, en
-      used = used + costs[k]
-    end
+  local function entry(pos) -- the lease at byte `pos`: id, cost, expiry, and the position after it
+    local id, c, es, en, next = string.match(blob, '^|(%d+) (%d+) (%d+) (%d+)()', pos)
+    return id, tonumber(c), tonumber(es), tonumber(en), next
   end
+  if not total then
+    total = 0
+    for c in string.gmatch(blob, '|%d+ (%d+) ') do total = total + tonumber(c) end
+  end
+  -- Expired leases (a prefix) leave the list and the total.
+  local used, at = total, 1
+  while at <= #blob do
+    local _, c, es, en, next = entry(at)
+    if es > ts or (es == ts and en > tn) then break end -- live: expires > t
+    used, at = used - c, next
+  end
+  local rest = string.sub(blob, at)
   local op, id = string.sub(lease or 'i=0', 1, 1), string.sub(lease or 'i=0', 3)
-  local function encode(extra)
-    local parts = { fmt(ts) .. ' ' .. fmt(tn) }
-    for k = 1, #ids do parts[#parts + 1] = '|' .. ids[k] .. ' ' .. fmt3(costs[k], ess[k], ens[k]) end
-    if extra then parts[#parts + 1] = extra end
-    return table.concat(parts)
-  end
+  local function encode(extra) return fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(used) .. rest .. (extra or '') end
   local function last() -- the wait until the last live lease expires
-    if #ids == 0 then return 0 end
-    return diff(ess[#ids], ens[#ids], ts, tn)
+    local es, en = string.match(rest, '.*|%d+ %d+ (%d+) (%d+)$')
+    if not es then return 0 end
+    return diff(tonumber(es), tonumber(en), ts, tn)
   end
   -- The first expiry at which the freed cost reaches `excess`.
   local function wait_for(excess)
-    local freed = 0
-    for k = 1, #ids do
-      freed = freed + costs[k]
-      if freed >= excess then return diff(ess[k], ens[k], ts, tn) end
+    local freed, pos = 0, at
+    while pos <= #blob do
+      local _, c, es, en, next = entry(pos)
+      freed, pos = freed + c, next
+      if freed >= excess then return diff(es, en, ts, tn) end
     end
     return 0
   end
@@ -767,6 +819,7 @@ local function concurrency(L, D, cost, lease, blob, ts, tn)
       allowed, remaining, reset = 1, L - used - cost, idle0
       if cost > 0 then
         local es, en = add(ts, tn, D)
+        used = used + cost
         new, reset = encode('|' .. id .. ' ' .. fmt3(cost, es, en)), D
       else new = fresh end
     else
@@ -776,18 +829,19 @@ local function concurrency(L, D, cost, lease, blob, ts, tn)
   end
   -- A release or a renewal: the lease, if live, leaves the list (a renewal
   -- puts it back last, expiring D from now).
-  local at
-  for k = 1, #ids do if ids[k] == id and id ~= '0' then at = k end end
-  if at then
+  local found = id ~= '0' and string.find(rest, '|' .. id .. ' ', 1, true)
+  if found then
     allowed = 1
-    local c = costs[at]
-    table.remove(ids, at); table.remove(costs, at); table.remove(ess, at); table.remove(ens, at)
+    local c, next = string.match(rest, '^|%d+ (%d+) %d+ %d+()', found)
+    c = tonumber(c)
+    rest = string.sub(rest, 1, found - 1) .. string.sub(rest, next)
     if op == 'w' then
-      local k = #ids + 1
-      ids[k], costs[k] = id, c
-      ess[k], ens[k] = add(ts, tn, D)
+      local es, en = add(ts, tn, D)
+      rest = rest .. '|' .. id .. ' ' .. fmt3(c, es, en)
     else used = used - c end
   end
+  -- `wait_for` reads the list as it is now.
+  blob, at = rest, 1
   new = encode(nil)
   remaining, reset = math.max(L - used, 0), last()
   if used + 1 > L then retry = wait_for(used + 1 - L) end
@@ -808,11 +862,17 @@ local checks = {}
 -- its numbers: the time it was last seen (s1, s2), then its kind's (s3..s6)
 -- and a sliding log's entries (`blob`, from its "|" or "#").
 local function load(raw, kind, a, b, c, arg, lost_at_s, lost_at_ns)
-  local s1, s2, s3, s4, s5, s6
+  local s1, s2, s3, s4, s5, s6, s7
   local blob = ''
   if raw then
     local bar = string.find(raw, '[|#]')
-    if bar then s1, s2, s3, s4 = nums(string.sub(raw, 1, bar - 1)); blob = string.sub(raw, bar)
+    if bar then
+      -- A log's or a lease list's header: up to seven numbers (older
+      -- states have fewer: see `sliding_log` and `concurrency`).
+      local a1, a2, a3, a4, a5, a6, a7 = string.match(string.sub(raw, 1, bar - 1),
+        '^(%d+) (%d+) ?(%d*) ?(%d*) ?(%d*) ?(%d*) ?(%d*)$')
+      s1, s2, s3, s4, s5, s6, s7 = tonumber(a1), tonumber(a2), tonumber(a3), tonumber(a4), tonumber(a5), tonumber(a6), tonumber(a7)
+      blob = string.sub(raw, bar)
     else s1, s2, s3, s4, s5, s6 = nums(raw) end
   elseif lost_at_s then
     local gs, gn = lost_at_s, lost_at_ns
@@ -831,14 +891,14 @@ local function load(raw, kind, a, b, c, arg, lost_at_s, lost_at_ns)
       s1, s2, s3, s4, s5, s6 = gs, gn, ws, wn, a, 0
     end
   end
-  return raw, s1, s2, s3, s4, s5, s6, blob
+  return raw, s1, s2, s3, s4, s5, s6, blob, s7
 end
 
 -- One check's algorithm, in doubles or, when its quantities may outgrow
 -- them, in wide integers: allowed, remaining, retry, reset, delay, the
 -- state text if charged (`new`) and the refreshed one if not (`fresh`), and
 -- the standing with no request (remaining, reset).
-local function algorithm(arg, kind, a, b, c, cost, report, standing, raw, s1, s2, s3, s4, s5, s6, blob, ts, tn, lease)
+local function algorithm(arg, kind, a, b, c, cost, report, standing, raw, s1, s2, s3, s4, s5, s6, blob, ts, tn, lease, s7)
   local wide = is_wide(kind, a, b, c, s3, s5, s6, cost, report)
   local wb, wc
   if wide then wb, wc = select(2, wide_params(arg)) end
@@ -863,9 +923,9 @@ local function algorithm(arg, kind, a, b, c, cost, report, standing, raw, s1, s2
     if wide then return wide_lib.sliding_counter(a, wb, cost, report, ss, sn, left, cur, prev, ts, tn) end
     return sliding_counter(a, b, cost, report, ss, sn, left, cur, prev, ts, tn)
   elseif kind == 'sl' then
-    return sliding_log(a, b, wide and wb, cost, report, raw, s3, s4, blob, ts, tn)
+    return sliding_log(a, b, wide and wb, cost, report, raw, s3, s4, blob, ts, tn, s5, s6, s7)
   elseif kind == 'cc' then
-    return concurrency(a, b, cost, lease, blob, ts, tn)
+    return concurrency(a, b, cost, lease, blob, ts, tn, s3)
   end
   error('weir: unknown policy kind ' .. tostring(kind))
 end
@@ -937,12 +997,12 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
     local raw = redis.call('GET', KEYS[k + i])
     local missing = 0
     if not raw then missing = no_new and 2 or 1 end
-    local s1, s2, s3, s4, s5, s6, blob
-    raw, s1, s2, s3, s4, s5, s6, blob = load(raw, kind, a, b, c, arg, empty and gs, gn)
+    local s1, s2, s3, s4, s5, s6, blob, s7
+    raw, s1, s2, s3, s4, s5, s6, blob, s7 = load(raw, kind, a, b, c, arg, empty and gs, gn)
     local ts, tn = now_s, now_ns
     if raw then ts, tn = later(now_s, now_ns, s1, s2) end
     local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
-      algorithm(arg, kind, a, b, c, cost, report, standing, raw, s1, s2, s3, s4, s5, s6, blob, ts, tn, lease)
+      algorithm(arg, kind, a, b, c, cost, report, standing, raw, s1, s2, s3, s4, s5, s6, blob, ts, tn, lease, s7)
     local on_lease = lease and string.sub(lease, 1, 1) ~= 'i'
     if cost == 0 and not report and not on_lease then
       -- Charges nothing: the standing, or a refusal while in debt. It moves
