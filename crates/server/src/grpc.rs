@@ -125,7 +125,7 @@ where
         let guard = InFlight::start(&self.activity);
         Guarded {
             answer: self.inner.call(request),
-            _guard: guard,
+            guard,
         }
     }
 }
@@ -134,7 +134,7 @@ where
 /// the answer is boxed already, so it is `Unpin`).
 struct Guarded {
     answer: Answer,
-    _guard: InFlight,
+    guard: InFlight,
 }
 
 impl Future for Guarded {
@@ -144,7 +144,11 @@ impl Future for Guarded {
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        self.answer.as_mut().poll(cx)
+        let polled = self.answer.as_mut().poll(cx);
+        if polled.is_ready() {
+            self.guard.finish();
+        }
+        polled
     }
 }
 
@@ -158,7 +162,17 @@ pub async fn run_grpc(
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_grpc(listener, state, Arc::default(), shutdown).await
+    let tls = grpc_tls(&state)?;
+    serve_grpc(listener, state, tls, Arc::default(), shutdown).await
+}
+
+/// `[server.grpc_tls]`, loaded now: one for all the listener's threads, so
+/// that every thread serves the same (last good) certificate.
+pub(crate) fn grpc_tls(state: &AppState) -> std::io::Result<Option<Tls>> {
+    let files = state.current().config.server.grpc_tls.clone();
+    files
+        .map(|files| Tls::new(&files, Alpn::Grpc).map_err(std::io::Error::other))
+        .transpose()
 }
 
 /// [`run_grpc`], its connections counted in `open` (shared by the
@@ -166,6 +180,7 @@ pub async fn run_grpc(
 pub(crate) async fn serve_grpc(
     listener: TcpListener,
     state: Arc<AppState>,
+    tls: Option<Tls>,
     open: Arc<Mutex<Open>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -174,15 +189,12 @@ pub(crate) async fn serve_grpc(
         .set_serving::<RateLimitServiceServer<RateLimiter>>()
         .await;
     let limits = state.current().config.server.limits;
-    let state_tls = state.current().config.server.grpc_tls.clone();
     let service = Grpc {
         rls: RateLimiter::service(state),
         health: health_service,
     };
-    let protocol = match &state_tls {
-        Some(files) => {
-            Protocol::Http2Tls(Tls::new(files, Alpn::Grpc).map_err(std::io::Error::other)?)
-        }
+    let protocol = match tls {
+        Some(tls) => Protocol::Http2Tls(tls),
         None => Protocol::Http2,
     };
     let http2 = move |accepted: Accepted, watcher: Watcher| {

@@ -24,6 +24,7 @@ use tokio_util::either::Either;
 use tower_service::Service;
 
 use axum::extract::ConnectInfo;
+use axum::response::IntoResponse;
 
 use crate::App;
 use crate::config::ConnectionLimits;
@@ -106,8 +107,132 @@ pub(crate) struct Activity {
     in_flight: AtomicU64,
     /// HTTP/2: only the first request's head is timed (the preface and the
     /// first call); bytes on a connection with calls behind it (pings,
-    /// window updates) are not a head.
+    /// window updates) are not a head, and bytes in either direction are
+    /// not progress (a client's pings, and weir's answers to them, would
+    /// keep a connection whose answers cannot move): only requests and the
+    /// frames of answers the client takes are.
     first_head_only: bool,
+    /// The watchdog's ticks so far: the clock of `answers`.
+    ticks: AtomicU64,
+    /// The answers being sent, each with the tick since which its next
+    /// frame waits on the client ([`NOT_WAITING`] when it waits on weir or
+    /// the upstream).
+    answers: Mutex<Vec<Arc<AtomicU64>>>,
+    /// Requests and answers the client gave up on before their end (an
+    /// HTTP/2 stream reset) in this period of [`RESET_PERIOD`].
+    cancelled: AtomicU64,
+    /// Wakes the watchdog when `cancelled` passes [`MAX_CLIENT_RESETS`].
+    too_many: tokio::sync::Notify,
+}
+
+/// An answer that waits on weir or its upstream, not on the client.
+const NOT_WAITING: u64 = u64::MAX;
+
+/// The watchdog's tick.
+const TICK: Duration = Duration::from_millis(250);
+
+/// Requests and answers one HTTP/2 client may cancel (reset) in each
+/// [`RESET_PERIOD`] before its connection is closed: a reset stream's
+/// request has been decided and perhaps forwarded, so resets are work the
+/// client makes weir do for nothing ("rapid reset" on accepted streams).
+pub(crate) const MAX_CLIENT_RESETS: u64 = 20;
+
+/// The period over which [`MAX_CLIENT_RESETS`] counts.
+pub(crate) const RESET_PERIOD: Duration = Duration::from_secs(10);
+
+impl Activity {
+    fn new(h2: bool) -> Self {
+        Self {
+            first_head_only: h2,
+            // A connection owes its first request head (over HTTP/2, the
+            // preface) from the start: one that sends nothing is a stalled
+            // head, closed at `header_timeout`.
+            head: AtomicBool::new(true),
+            ..Self::default()
+        }
+    }
+
+    /// The most ticks an answer now being sent has waited on the client;
+    /// forgets the answers that ended.
+    fn longest_wait(&self, tick: u64) -> u64 {
+        let mut answers = self.answers.lock().unwrap_or_else(PoisonError::into_inner);
+        answers.retain(|a| Arc::strong_count(a) > 1);
+        answers
+            .iter()
+            .map(|a| a.load(Ordering::Acquire))
+            .filter(|&since| since != NOT_WAITING)
+            .map(|since| tick.saturating_sub(since))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The client gave up on a request or an answer before its end.
+    fn cancelled(&self) {
+        if self.cancelled.fetch_add(1, Ordering::AcqRel) + 1 > MAX_CLIENT_RESETS {
+            self.too_many.notify_one();
+        }
+    }
+
+    /// An answer about to be sent, its first frame waiting on the client.
+    fn answer(self: &Arc<Self>) -> Arc<AtomicU64> {
+        let since = Arc::new(AtomicU64::new(self.ticks.load(Ordering::Acquire)));
+        self.answers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(since.clone());
+        since
+    }
+}
+
+/// An answer's body as the connection sends it: notes, for the watchdog,
+/// whether its next frame waits on the client (taken frames are progress)
+/// and whether the client gave up on it before its end.
+pub(crate) struct Progress {
+    body: axum::body::Body,
+    activity: Arc<Activity>,
+    since: Arc<AtomicU64>,
+    ended: bool,
+}
+
+impl hyper::body::Body for Progress {
+    type Data = hyper::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        let since = match &polled {
+            Poll::Pending => NOT_WAITING,
+            Poll::Ready(Some(Ok(_))) => {
+                self.activity.moved.store(true, Ordering::Release);
+                self.activity.ticks.load(Ordering::Acquire)
+            }
+            Poll::Ready(_) => {
+                self.ended = true;
+                NOT_WAITING
+            }
+        };
+        self.since.store(since, Ordering::Release);
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if !self.ended && !hyper::body::Body::is_end_stream(&self.body) {
+            self.activity.cancelled();
+        }
+    }
 }
 
 /// The watchdog's own view of a connection: when it last saw bytes move,
@@ -139,6 +264,14 @@ impl Watch {
     ) -> Option<&'static str> {
         if activity.moved.swap(false, Ordering::AcqRel) {
             self.last_io = now;
+        }
+        // An answer whose next frame has waited on the client for the idle
+        // timeout (a full socket, an HTTP/2 window never granted): whatever
+        // else moves, its connection is closed (nginx's `send_timeout`).
+        let tick = activity.ticks.load(Ordering::Acquire);
+        let waited = activity.longest_wait(tick);
+        if u128::from(waited) * TICK.as_nanos() > limits.idle_timeout.as_nanos() {
+            return Some("send");
         }
         let heads = activity.heads.load(Ordering::Acquire);
         if heads != self.heads {
@@ -176,11 +309,11 @@ impl AsyncRead for Tracked {
         let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
         if buf.filled().len() > before {
             let a = &self.activity;
-            a.moved.store(true, Ordering::Release);
-            // HTTP/1.1 reads no more than it did: `heads` only for HTTP/2.
-            let head = !a.first_head_only || a.heads.load(Ordering::Acquire) == 0;
-            if a.in_flight.load(Ordering::Acquire) == 0 && head {
-                a.head.store(true, Ordering::Release);
+            if !a.first_head_only {
+                a.moved.store(true, Ordering::Release);
+                if a.in_flight.load(Ordering::Acquire) == 0 {
+                    a.head.store(true, Ordering::Release);
+                }
             }
         }
         polled
@@ -194,7 +327,7 @@ impl AsyncWrite for Tracked {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+        if !self.activity.first_head_only && matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
             self.activity.moved.store(true, Ordering::Release);
         }
         polled
@@ -224,8 +357,11 @@ struct Conn {
 pub(crate) struct Secure;
 
 /// Decrements the in-flight count when the response (head) is ready or the
-/// request is dropped.
-pub(crate) struct InFlight(Arc<Activity>);
+/// request is dropped (then counted as cancelled by the client).
+pub(crate) struct InFlight {
+    activity: Arc<Activity>,
+    answered: bool,
+}
 
 impl InFlight {
     /// A request's head has reached the service: counted in flight.
@@ -233,14 +369,48 @@ impl InFlight {
         activity.in_flight.fetch_add(1, Ordering::AcqRel);
         activity.head.store(false, Ordering::Release);
         activity.heads.fetch_add(1, Ordering::AcqRel);
-        Self(activity.clone())
+        activity.moved.store(true, Ordering::Release);
+        Self {
+            activity: activity.clone(),
+            answered: false,
+        }
+    }
+
+    /// The answer's head is ready (its body not watched).
+    pub(crate) fn finish(&mut self) {
+        self.answered = true;
+    }
+
+    /// The answer's head is ready: its body, watched for progress.
+    pub(crate) fn answered(
+        mut self,
+        response: axum::response::Response,
+    ) -> axum::response::Response {
+        self.finish();
+        if hyper::body::Body::is_end_stream(response.body()) {
+            return response;
+        }
+        let since = self.activity.answer();
+        let activity = self.activity.clone();
+        response.map(|body| {
+            axum::body::Body::new(Progress {
+                body,
+                activity,
+                since,
+                ended: false,
+            })
+        })
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.0.moved.store(true, Ordering::Release);
+        let a = &self.activity;
+        a.in_flight.fetch_sub(1, Ordering::AcqRel);
+        a.moved.store(true, Ordering::Release);
+        if !self.answered {
+            a.cancelled();
+        }
     }
 }
 
@@ -253,6 +423,15 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Conn {
 
     fn call(&self, request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
         let guard = InFlight::start(&self.activity);
+        // No host: nothing to route by, and nothing the upstream may be
+        // told of it but what the client wrote elsewhere.
+        if request.version() >= http::Version::HTTP_11
+            && request.uri().authority().is_none()
+            && !request.headers().contains_key(http::header::HOST)
+        {
+            let response = crate::answer::ApiError::MissingHost.into_response();
+            return Box::pin(std::future::ready(Ok(guard.answered(response))));
+        }
         // A request without a body (most) gets the empty one, which is not
         // boxed: nothing to allocate, nothing to poll through a pointer.
         let mut request = request.map(|body| match hyper::body::Body::is_end_stream(&body) {
@@ -267,16 +446,14 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Conn {
             return Box::pin(async move {
                 let forward = |request| crate::gateway::forward(&state, Some(peer), request);
                 let response = crate::bounded_and_counted(&state, None, request, forward).await;
-                drop(guard);
-                Ok(response)
+                Ok(guard.answered(response))
             });
         }
         request.extensions_mut().insert(ConnectInfo(self.peer));
         let called = self.app.router().clone().call(request);
         Box::pin(async move {
-            let response = called.await;
-            drop(guard);
-            response
+            let Ok(response) = called.await;
+            Ok(guard.answered(response))
         })
     }
 }
@@ -472,7 +649,7 @@ where
     let mut last_error = None;
     tokio::pin!(shutdown);
     while let Some((stream, peer)) = accept(&listener, shutdown.as_mut(), &mut last_error).await {
-        let Some(slot) = admit(&open, peer.ip(), &limits) else {
+        let Some(slot) = admit(&open, limits.client(peer.ip()), &limits) else {
             metrics::counter!("weir_connections_refused_total").increment(1);
             // Over a cap: the refusal if the socket takes it at once, then close.
             if let Protocol::Http1 { refusal } = protocol {
@@ -509,10 +686,7 @@ where
                 }
             };
             let secure = matches!(stream, Either::Right(_));
-            let activity = Arc::new(Activity {
-                first_head_only: h2,
-                ..Activity::default()
-            });
+            let activity = Arc::new(Activity::new(h2));
             let io = TokioIo::new(Tracked {
                 stream,
                 activity: activity.clone(),
@@ -527,12 +701,25 @@ where
             };
             let connection = serve(accepted, watcher);
             let watchdog = async {
-                let mut tick = tokio::time::interval(Duration::from_millis(250));
+                let mut tick = tokio::time::interval(TICK);
                 let mut watch = Watch::new(Instant::now());
+                let period = RESET_PERIOD.as_nanos() / TICK.as_nanos();
                 loop {
-                    let now = tick.tick().await.into_std();
-                    if let Some(why) = watch.expired(&watched, &limits, now) {
-                        return why;
+                    tokio::select! {
+                        at = tick.tick() => {
+                            let ticks = watched.ticks.fetch_add(1, Ordering::AcqRel) + 1;
+                            if u128::from(ticks) % period == 0 {
+                                watched.cancelled.store(0, Ordering::Release);
+                            }
+                            if let Some(why) = watch.expired(&watched, &limits, at.into_std()) {
+                                return why;
+                            }
+                        }
+                        () = watched.too_many.notified() => {
+                            if watched.cancelled.load(Ordering::Acquire) > MAX_CLIENT_RESETS {
+                                return "resets";
+                            }
+                        }
                     }
                 }
             };
