@@ -243,9 +243,8 @@ fn run_redis(args: &Args, policy: weir_core::Policy, duration: u64) -> anyhow::R
                     .enable_all()
                     .build()?;
                 runtime.block_on(async move {
-                    let store = weir_redis::RedisStore::connect(&url)
-                        .await
-                        .map_err(|e| anyhow!("--store {url}: {e}"))?
+                    let store = crate::redis_store(&url)
+                        .await?
                         .with_timeout(Duration::from_secs(1))
                         .with_refusal_cache(cache);
                     let tasks: Vec<_> = tasks

@@ -483,7 +483,13 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let var = |name: &str| std::env::var(name).ok();
     let settings = settings(&var)?;
     if args.print_config {
-        print!("{}", settings.config()?);
+        // As it is served, but for a password inside REDIS_URL.
+        for line in settings.config()?.lines() {
+            match line.strip_prefix("url = ") {
+                Some(url) => println!("url = {}", weir_redis::redacted(url)),
+                None => println!("{line}"),
+            }
+        }
         return Ok(());
     }
     // The files' errors before anything starts, as theirs.

@@ -12,8 +12,11 @@ use hyper_util::rt::TokioExecutor;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The URL to ask, over plain HTTP: /healthz (up) or /readyz (up and
-    /// its store reachable), e.g. http://127.0.0.1:9090/readyz.
+    /// The URL to ask, over plain HTTP: /healthz (the process answers) or
+    /// /readyz (its configuration is loaded and it decides: 2xx even while
+    /// a shared store is down, since each policy's on_store_error decides
+    /// then; the answer's "store_up" says which), e.g.
+    /// http://127.0.0.1:9090/readyz.
     #[arg(value_name = "URL")]
     url: hyper::Uri,
     /// How long to wait for the answer, in seconds.

@@ -243,11 +243,29 @@ fn logging(json: bool, level: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// At start, a Redis store that refuses the credentials stops weir: a
+/// wrong password is a configuration error, not an outage to ride out on
+/// the local fallback (an instance that served on it would turn ready and
+/// enforce a share of each limit). A Redis that cannot be reached is an
+/// outage: weir starts, and each policy's `on_store_error` decides until it
+/// is back.
+async fn credentials_accepted(store: &weir_server::config::StoreConfig) -> anyhow::Result<()> {
+    let weir_server::config::StoreUrl::Redis(url) = &store.url else {
+        return Ok(());
+    };
+    let connect = weir_redis::RedisStore::connect_with(url, &store.access);
+    match tokio::time::timeout(std::time::Duration::from_secs(3), connect).await {
+        Ok(Err(e @ weir_redis::StoreError::Credentials { .. })) => Err(anyhow!("{e}")),
+        _ => Ok(()),
+    }
+}
+
 async fn serve(source: Source, reload: Reload, ignored: &[String]) -> anyhow::Result<()> {
     let path = source.path.clone();
     let reloadable = path.is_some() || source.generated.is_some();
     let state = AppState::from_source(source).map_err(|e| anyhow!("{e}"))?;
     let config = &state.current().config;
+    credentials_accepted(&config.store).await?;
     let listeners = Listeners::bind(&config.server)?;
     let file = path
         .as_ref()

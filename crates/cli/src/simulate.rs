@@ -173,8 +173,7 @@ fn simulate_on_redis(
         .enable_all()
         .build()?;
     let store = runtime
-        .block_on(weir_redis::RedisStore::connect(url))
-        .map_err(|e| anyhow!("--store {url}: {e}"))?
+        .block_on(crate::redis_store(url))?
         .with_timeout(std::time::Duration::from_secs(5));
     // Fresh keys for every run: a policy name no earlier run used.
     let stamp = std::time::SystemTime::now()

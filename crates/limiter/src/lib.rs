@@ -61,6 +61,14 @@ use store::{Budget, Full, Op, Store};
 /// The default bound on stored keys, across every policy.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
+/// The default of [`Builder::max_leases`]: with [`LEASE_BYTES`] each, at
+/// most 48 MB of leases.
+pub const DEFAULT_MAX_LEASES: usize = 1_000_000;
+
+/// The most memory one lease takes: 24 bytes in its key's queue, which may
+/// hold up to twice the live leases as capacity.
+pub const LEASE_BYTES: usize = 48;
+
 /// The most policies [`Limiter::ad_hoc`] adds.
 pub const AD_HOC: usize = 256;
 
@@ -164,6 +172,7 @@ pub struct Builder<C = SystemClock> {
     max_keys: usize,
     /// Per policy (by name), a key budget of its own.
     policy_max_keys: HashMap<String, usize>,
+    max_leases: usize,
     max_key_len: usize,
     shards: usize,
     clock: C,
@@ -177,6 +186,7 @@ impl Builder<SystemClock> {
             policies: Vec::new(),
             max_keys: DEFAULT_MAX_KEYS,
             policy_max_keys: HashMap::new(),
+            max_leases: DEFAULT_MAX_LEASES,
             max_key_len: DEFAULT_MAX_KEY_LEN,
             shards: (cores * 16).next_power_of_two(),
             clock: SystemClock::new(),
@@ -208,6 +218,16 @@ impl<C: Clock> Builder<C> {
         self
     }
 
+    /// The most leases the concurrency policies may hold at once, together
+    /// (default [`DEFAULT_MAX_LEASES`]): each of the `n` concurrency
+    /// policies stores at most `max_leases / n / limit` keys (at least one),
+    /// whatever its key budget, since a key holds up to `limit` leases. A
+    /// lease takes at most [`LEASE_BYTES`], so this bounds their memory.
+    pub fn max_leases(mut self, max: usize) -> Self {
+        self.max_leases = max.max(1);
+        self
+    }
+
     /// The longest key accepted, in bytes (default 256).
     pub fn max_key_len(mut self, max: usize) -> Self {
         self.max_key_len = max;
@@ -226,6 +246,7 @@ impl<C: Clock> Builder<C> {
             policies: self.policies,
             max_keys: self.max_keys,
             policy_max_keys: self.policy_max_keys,
+            max_leases: self.max_leases,
             max_key_len: self.max_key_len,
             shards: self.shards,
             clock,
@@ -278,6 +299,10 @@ impl<C: Clock> Builder<C> {
             .count();
         // One share more: the ad-hoc policies' pool.
         let share = self.max_keys.saturating_sub(explicit) / (unbudgeted + 1);
+        let leased = (self.policies.iter())
+            .filter(|(_, p)| matches!(p, Policy::Concurrency(_)))
+            .count();
+        let leases_each = (self.max_leases / leased.max(1)) as u64;
         let policies: Vec<Named> = self
             .policies
             .into_iter()
@@ -289,7 +314,11 @@ impl<C: Clock> Builder<C> {
                         || Arc::new(Store::new(policy, self.shards)),
                         |(_, s)| s.clone(),
                     );
-                let max = named(&name).unwrap_or(share);
+                let mut max = named(&name).unwrap_or(share);
+                if let Policy::Concurrency(c) = &policy {
+                    let keys = (leases_each / c.limit()).max(1);
+                    max = max.min(usize::try_from(keys).unwrap_or(usize::MAX));
+                }
                 let budget = Budget::new(max, Some(global.clone()));
                 // Kept keys count against the new budgets from the start.
                 budget.add(store.len());

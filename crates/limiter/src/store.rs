@@ -699,6 +699,12 @@ impl<S: Slot> Shards<S> {
         if let Some(slot) = read(shard).get(key) {
             return Ok(slot.decide(rules, cost, now, op));
         }
+        if matches!(op, Op::Release(_) | Op::Renew(_)) {
+            // A key that is not stored holds no lease: decided on a fresh
+            // state, and nothing is stored (a release or renewal never
+            // takes from the key budget).
+            return Ok(S::new(rules).decide(rules, cost, now, op));
+        }
         let mut guard = write(shard);
         guard.insert(rules, key, now, budget)?;
         let slot = guard.get(key).ok_or(Full)?;

@@ -25,7 +25,8 @@ pub struct Access {
     pub password: Option<String>,
     /// The sentinels' user, where it is not the master's.
     pub sentinel_username: Option<String>,
-    /// The sentinels' password, where it is not the master's.
+    /// The sentinels' password, where it is not the master's; empty: the
+    /// sentinels take none (where the master has one).
     pub sentinel_password: Option<String>,
 }
 
@@ -48,22 +49,46 @@ impl fmt::Debug for Access {
 }
 
 /// `url` as it may be shown (logs, `weir config check`, `/readyz`, the
-/// dashboard): every node's password replaced by `***`.
+/// dashboard): every node's password replaced by `***`, and so a
+/// `password=`/`pass=` query parameter's value. A malformed URL too (a
+/// scheme without `://`, none at all): whatever precedes an `@` after the
+/// last `/` is credentials.
 pub fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+    let (scheme, rest) = match url.find("://") {
+        Some(at) => url.split_at(at + 3),
+        None => ("", url),
     };
     let nodes: Vec<String> = rest
         .split(',')
-        .map(|node| match node.rsplit_once('@') {
-            Some((auth, host)) => match auth.split_once(':') {
-                Some((user, _)) => format!("{user}:***@{host}"),
-                None => format!("{auth}@{host}"),
-            },
-            None => node.to_owned(),
+        .map(|node| {
+            let node = match node.rfind('@') {
+                Some(at) => {
+                    let start = node[..at].rfind('/').map_or(0, |slash| slash + 1);
+                    match node[start..at].split_once(':') {
+                        Some((user, _)) => {
+                            format!("{}{user}:***{}", &node[..start], &node[at..])
+                        }
+                        None => node.to_owned(),
+                    }
+                }
+                None => node.to_owned(),
+            };
+            match node.split_once('?') {
+                Some((path, query)) => {
+                    let query: Vec<String> = query
+                        .split('&')
+                        .map(|pair| match pair.split_once('=') {
+                            Some((k, _)) if k == "password" || k == "pass" => format!("{k}=***"),
+                            _ => pair.to_owned(),
+                        })
+                        .collect();
+                    format!("{path}?{}", query.join("&"))
+                }
+                None => node,
+            }
         })
         .collect();
-    format!("{scheme}://{}", nodes.join(","))
+    format!("{scheme}{}", nodes.join(","))
 }
 
 /// What a URL names.
@@ -104,12 +129,27 @@ pub(crate) fn nodes(url: &str) -> RedisResult<(Kind, Vec<ConnectionInfo>)> {
 }
 
 impl Access {
+    /// The access to the sentinels without credentials: for sentinels
+    /// that take none, where the master's were tried on them.
+    pub(crate) fn without_credentials(&self) -> Self {
+        Self {
+            username: None,
+            password: None,
+            ..self.clone()
+        }
+    }
+
     /// The access to the sentinels: the same TLS, their own credentials
     /// where given.
     pub(crate) fn to_sentinels(&self) -> Self {
+        let password = match self.sentinel_password.as_deref() {
+            Some("") => None,
+            Some(password) => Some(password.to_owned()),
+            None => self.password.clone(),
+        };
         Self {
             username: self.sentinel_username.clone().or(self.username.clone()),
-            password: self.sentinel_password.clone().or(self.password.clone()),
+            password,
             ..self.clone()
         }
     }
@@ -221,6 +261,18 @@ mod tests {
             "redis-cluster://u:***@a:1,u:***@b:2,c:3"
         );
         assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        // Malformed, as a user may write it: still no password shown.
+        for url in [
+            "redis//weir:s3cret@cache:6379",
+            "weir:s3cret@cache:6379",
+            "redis:/weir:s3cret@cache:6379/0",
+            "redis+unix:///run/redis.sock?db=0&password=s3cret",
+            "redis-sentinel://:s3cret@a:1,u:s3cret@b:2/mymaster",
+        ] {
+            let shown = redacted(url);
+            assert!(!shown.contains("s3cret"), "{url} → {shown}");
+            assert!(shown.contains("***"), "{url} → {shown}");
+        }
         let access = Access {
             password: Some("s3cret".into()),
             ..Access::default()

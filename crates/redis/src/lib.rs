@@ -58,6 +58,16 @@ pub enum StoreError {
     /// No sentinel named a master of that name.
     #[error("no sentinel answered with the address of master `{0}`")]
     NoMaster(String),
+    /// A sentinel could not be asked where the master is.
+    #[error(
+        "sentinel {sentinel} did not name the master: {error} (the sentinels' credentials: [store] sentinel_username and sentinel_password_file, an empty file for none; without them, the master's are tried, then none)"
+    )]
+    Sentinel {
+        /// The sentinel's `host:port`.
+        sentinel: String,
+        /// What went wrong.
+        error: String,
+    },
     /// Redis refused the credentials given.
     #[error(
         "Redis refused the credentials of user `{user}`: check [store] username and password_file (or WEIR_REDIS_PASSWORD, or the URL's)"
@@ -288,13 +298,19 @@ impl RedisStore {
     /// Connects as [`RedisStore::connect`] does, with TLS and credentials
     /// beside the URL.
     pub async fn connect_with(url: &str, access: &Access) -> Result<Self, StoreError> {
+        let (kind, mut nodes) = access::nodes(url)?;
+        // The user Redis refused: the access's, else the URL's, else Redis's default.
+        let user = access
+            .username
+            .clone()
+            .or_else(|| Some(nodes.first()?.redis_settings().username()?.to_owned()))
+            .unwrap_or_else(|| "default".into());
         let denied = |e: redis::RedisError| match e.kind() {
-            redis::ErrorKind::AuthenticationFailed => StoreError::Credentials {
-                user: access.username.clone().unwrap_or_else(|| "default".into()),
-            },
+            redis::ErrorKind::AuthenticationFailed => {
+                StoreError::Credentials { user: user.clone() }
+            }
             _ => StoreError::Redis(e),
         };
-        let (kind, mut nodes) = access::nodes(url)?;
         let mut master = None;
         if let access::Kind::Sentinel(name) = &kind {
             let found = sentinel::master(&nodes, name, access, SENTINEL_TIMEOUT).await?;

@@ -17,8 +17,43 @@ pub(crate) async fn master(
     timeout: Duration,
 ) -> Result<ConnectionInfo, StoreError> {
     let to_sentinels = access.to_sentinels();
+    // The master's credentials, when the sentinels were given none of
+    // their own, may be refused by sentinels that take none (the common
+    // layout): then they are asked without.
+    let bare = access
+        .sentinel_password
+        .is_none()
+        .then(|| to_sentinels.without_credentials());
     let mut last = StoreError::NoMaster(name.to_owned());
     for sentinel in sentinels {
+        let mut found = ask(sentinel, name, &to_sentinels, timeout).await;
+        if let (Err(StoreError::Redis(e)), Some(bare)) = (&found, &bare)
+            && e.to_string().contains("without any password configured")
+        {
+            found = ask(sentinel, name, bare, timeout).await;
+        }
+        match found {
+            Ok(master) => return Ok(master),
+            Err(e @ StoreError::NoMaster(_)) => last = e,
+            Err(e) => {
+                last = StoreError::Sentinel {
+                    sentinel: address(sentinel),
+                    error: e.to_string(),
+                }
+            }
+        }
+    }
+    Err(last)
+}
+
+/// The master `name`'s address as `sentinel` names it.
+async fn ask(
+    sentinel: &ConnectionInfo,
+    name: &str,
+    to_sentinels: &Access,
+    timeout: Duration,
+) -> Result<ConnectionInfo, StoreError> {
+    {
         let asked = async {
             let client = to_sentinels.client(sentinel)?;
             let connect = client.get_multiplexed_async_connection();
@@ -37,12 +72,8 @@ pub(crate) async fn master(
                 .into_connection_info()?;
             Ok::<_, StoreError>(master.set_redis_settings(sentinel.redis_settings().clone()))
         };
-        match asked.await {
-            Ok(master) => return Ok(master),
-            Err(e) => last = e,
-        }
+        asked.await
     }
-    Err(last)
 }
 
 /// `host:port` of a node.

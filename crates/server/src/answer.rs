@@ -59,6 +59,11 @@ pub(crate) enum ApiError {
     /// The request body did not arrive whole within `[server]
     /// body_deadline`.
     BodyDeadline(std::time::Duration),
+    /// An HTTP/1.1 request without `Host` (RFC 9112 §3.2), or an HTTP/2 one
+    /// without `:authority` or `Host`.
+    MissingHost,
+    /// Every slot of a bounded, costly service (the playground) is taken.
+    Busy(String),
     /// A fault of weir's own (logged; its text never reaches the client).
     Internal,
 }
@@ -225,6 +230,12 @@ impl ApiError {
                     t.as_secs_f64()
                 ),
             ),
+            Self::MissingHost => (
+                S::BAD_REQUEST,
+                "MISSING_HOST",
+                "an HTTP/1.1 request names its host in a `Host` header".into(),
+            ),
+            Self::Busy(what) => (S::SERVICE_UNAVAILABLE, "BUSY", what.clone()),
             Self::Internal => (
                 S::INTERNAL_SERVER_ERROR,
                 "INTERNAL",

@@ -550,9 +550,8 @@ fn authenticate(
         .admin_token
         .as_deref()
         .ok_or(ApiError::AdminDisabled)?;
-    if let Some(wait) = peer.and_then(|ip| state.admin_locked(ip)) {
-        return Err(ApiError::AdminThrottled(wait));
-    }
+    // One client per /64 (`[server] ipv6_prefix`), as for every per-address bound.
+    let peer = peer.map(|ip| shared.config.server.limits.client(ip));
     // RFC 7235: the scheme is case-insensitive.
     let given = headers
         .get(http::header::AUTHORIZATION)
@@ -566,15 +565,23 @@ fn authenticate(
             .zip(token.bytes())
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
             == 0;
-    if !same {
-        if let Some(ip) = peer {
-            state.admin_failed(ip);
-        }
-        let peer = peer.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
-        tracing::warn!(%peer, "admin authentication failed");
-        return Err(ApiError::Unauthorized);
+    // The right token is never locked out, whoever shares its address
+    // (a NAT, a /64): the throttle answers only the wrong ones, after the
+    // same constant-time comparison, so it neither locks the admin out nor
+    // tells a guesser more than a refusal would. Guessing is bounded by the
+    // token itself (16 characters at least, checked at config).
+    if same {
+        return Ok(shared);
     }
-    Ok(shared)
+    if let Some(wait) = peer.and_then(|ip| state.admin_locked(ip)) {
+        return Err(ApiError::AdminThrottled(wait));
+    }
+    if let Some(ip) = peer {
+        state.admin_failed(ip);
+    }
+    let peer = peer.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
+    tracing::warn!(%peer, "admin authentication failed");
+    Err(ApiError::Unauthorized)
 }
 
 /// `?source=` of the key endpoints: where the identity came from.

@@ -230,10 +230,13 @@ impl Local {
     /// every policy that is unchanged.
     fn new(
         table: &PolicyTable,
-        max_keys: usize,
+        store: &crate::config::StoreConfig,
         previous: Option<&Local>,
     ) -> Result<Self, weir_limiter::Error> {
-        let mut builder = Limiter::builder().max_keys(max_keys).max_key_len(MAX_KEY);
+        let mut builder = Limiter::builder()
+            .max_keys(store.max_keys)
+            .max_leases(store.max_leases)
+            .max_key_len(MAX_KEY);
         for (_, entry) in table.iter() {
             builder = builder.policy(entry.stored_as.clone(), entry.local);
             if let Some(max) = entry.max_keys {
@@ -329,7 +332,7 @@ impl Backend {
         table: &PolicyTable,
         previous: Option<&Backend>,
     ) -> Result<Self, weir_limiter::Error> {
-        let local = Local::new(table, config.store.max_keys, previous.map(Backend::local))?;
+        let local = Local::new(table, &config.store, previous.map(Backend::local))?;
         Ok(match &config.store.url {
             StoreUrl::Memory => Self::Memory(local),
             StoreUrl::Redis(url) => {

@@ -53,7 +53,6 @@ fn hop_by_hop_text(name: &str) -> bool {
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// The path parameters when `path` matches the route's pattern.
 fn path_matches<'a>(route: &'a Route, path: &'a str) -> Option<Few<(&'a str, &'a str)>> {
@@ -469,6 +468,7 @@ async fn through(
         policies: ids.to_vec(),
         key: key.clone(),
         admitted: cost,
+        missing: route.usage_missing,
     });
     // Boxed: the refusing path (most of a flood) then moves a small future.
     let forwarded = Box::pin(send(shared, route, path, request, peer, charge));
@@ -557,8 +557,41 @@ fn admission(route: &Route, headers: &HeaderMap) -> Result<u64, ApiError> {
     }
 }
 
-/// Removes the hop-by-hop headers, and those the `Connection` header names.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+/// Headers by which proxies tell an upstream about the client or the
+/// original request (beside `X-Forwarded-For`, `-Host` and `-Proto`, which
+/// weir writes itself): from a client that is not a trusted proxy they are
+/// removed, never passed on, whatever the upstream believes of them.
+fn forwarding(name: &str) -> bool {
+    matches!(
+        name,
+        "forwarded"
+            | "x-real-ip"
+            | "true-client-ip"
+            | "x-client-ip"
+            | "cf-connecting-ip"
+            | "fastly-client-ip"
+            | "x-cluster-client-ip"
+            | "x-original-forwarded-for"
+            | "x-forwarded-port"
+            | "x-forwarded-server"
+            | "x-forwarded-prefix"
+            | "x-forwarded-method"
+            | "x-forwarded-uri"
+            | "x-forwarded-ssl"
+            | "x-forwarded-scheme"
+            | "x-original-url"
+            | "x-original-uri"
+            | "x-original-method"
+            | "x-rewrite-url"
+            | "x-host"
+    )
+}
+
+/// Removes the hop-by-hop headers, and those the `Connection` header names
+/// but for those `kept` says weir reads (a route's identity and cost
+/// headers: a client cannot have the upstream miss the identity it was
+/// charged as).
+fn strip_hop_by_hop(headers: &mut HeaderMap, kept: impl Fn(&str) -> bool) {
     // One scan over the names present, which nearly always finds none but
     // an upstream's `Connection: keep-alive`.
     let (mut connection, mut fixed) = (false, false);
@@ -580,7 +613,10 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         for value in first.iter().chain(&more) {
             for listed in value.to_str().unwrap_or_default().split(',') {
                 let listed = listed.trim();
-                if !listed.eq_ignore_ascii_case("close") && !hop_by_hop_text(listed) {
+                if !listed.eq_ignore_ascii_case("close")
+                    && !hop_by_hop_text(listed)
+                    && !kept(&listed.to_ascii_lowercase())
+                {
                     headers.remove(listed);
                 }
             }
@@ -687,7 +723,7 @@ async fn send(
             let (mut parts, body) = response.into_parts();
             // Clients are answered in HTTP/1.1, whatever the upstream spoke.
             parts.version = Version::HTTP_11;
-            strip_hop_by_hop(&mut parts.headers);
+            strip_hop_by_hop(&mut parts.headers, |_| false);
             return Response::from_parts(parts, body);
         }
         Ok(Err(e)) => e,
@@ -722,11 +758,14 @@ fn upstream_headers(
     peer: Option<SocketAddr>,
     secure: bool,
 ) {
-    strip_hop_by_hop(headers);
-    // The client's host goes on as X-Forwarded-Host; the upstream's is Host.
-    if let Some(host) = headers.remove(header::HOST) {
-        headers.insert(X_FORWARDED_HOST, host);
-    }
+    strip_hop_by_hop(headers, |name| route.reads(name));
+    // The client's host goes on as X-Forwarded-Host (never the client's
+    // own: a request without `Host` is refused before it gets here); the
+    // upstream's is Host.
+    match headers.remove(header::HOST) {
+        Some(host) => headers.insert(X_FORWARDED_HOST, host),
+        None => headers.remove(X_FORWARDED_HOST),
+    };
     if let Some(host) = &route.host {
         headers.insert(header::HOST, host.clone());
     }
@@ -748,13 +787,15 @@ fn upstream_headers(
             }
         }
         // Looked up only when one is there: a scan of the few names sent.
-        false
-            if headers
+        false if headers.keys().any(|name| forwarding(name.as_str())) => {
+            let sent: Vec<HeaderName> = headers
                 .keys()
-                .any(|name| name == header::FORWARDED || name == X_REAL_IP) =>
-        {
-            headers.remove(header::FORWARDED);
-            headers.remove(X_REAL_IP);
+                .filter(|name| forwarding(name.as_str()))
+                .cloned()
+                .collect();
+            for name in sent {
+                headers.remove(name);
+            }
         }
         false => {}
     }
@@ -902,7 +943,7 @@ mod tests {
                 HeaderValue::from_static(value),
             );
         }
-        strip_hop_by_hop(&mut headers);
+        strip_hop_by_hop(&mut headers, |_| false);
         let mut left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
         left.sort_unstable();
         assert_eq!(left, ["content-type", "x-kept"]);
@@ -912,7 +953,7 @@ mod tests {
             for (name, value) in [first, ("x-kept", "3")] {
                 headers.append(name, HeaderValue::from_static(value));
             }
-            strip_hop_by_hop(&mut headers);
+            strip_hop_by_hop(&mut headers, |_| false);
             assert_eq!(headers.keys().collect::<Vec<_>>(), ["x-kept"]);
         }
     }

@@ -136,6 +136,9 @@ pub struct App {
     api_paths: Arc<[&'static str]>,
     /// `[server.tls]` (the internal face: `[server.internal_tls]`).
     tls: Option<tls::TlsFiles>,
+    /// Its acceptor once loaded: one for every thread of the listener, so
+    /// that all serve the same certificate, the last good one.
+    loaded: Arc<std::sync::Mutex<Option<tls::Tls>>>,
 }
 
 impl App {
@@ -150,6 +153,7 @@ impl App {
         };
         Self {
             tls,
+            loaded: Arc::default(),
             router: app(state.clone(), face),
             gateway: (face != Face::Internal).then_some(state),
             face,
@@ -161,10 +165,19 @@ impl App {
     /// The listener's TLS, loaded now (a pair that does not load is an
     /// error naming the file).
     pub(crate) fn tls(&self) -> Result<Option<tls::Tls>, String> {
-        self.tls
-            .as_ref()
-            .map(|files| tls::Tls::new(files, tls::Alpn::Http))
-            .transpose()
+        let Some(files) = &self.tls else {
+            return Ok(None);
+        };
+        let mut loaded = self
+            .loaded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(tls) = &*loaded {
+            return Ok(Some(tls.clone()));
+        }
+        let tls = tls::Tls::new(files, tls::Alpn::Http)?;
+        *loaded = Some(tls.clone());
+        Ok(Some(tls))
     }
 
     /// The state, when `path` goes to the gateway directly: any path the
@@ -375,9 +388,11 @@ pub async fn run_grpc_per_core(
 ) -> std::io::Result<()> {
     // One set of connection caps for the listener, across its threads.
     let open = Arc::default();
+    let tls = grpc::grpc_tls(&state)?;
     let threads = serve::per_core(listener, threads, "weir-grpc", move |listener| {
         let (state, open, stop) = (state.clone(), Arc::clone(&open), stop.clone());
-        async move { grpc::serve_grpc(listener, state, open, serve::stopped(stop)).await }
+        let tls = tls.clone();
+        async move { grpc::serve_grpc(listener, state, tls, open, serve::stopped(stop)).await }
     })?;
     joined(threads).await
 }

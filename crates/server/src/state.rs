@@ -90,6 +90,7 @@ impl Shared {
         let (Some(new_keys), Some(client)) = (&self.new_keys, client) else {
             return Ok(NewKeys::Allowed);
         };
+        let client = self.config.server.limits.client(client);
         match &self.backend {
             Backend::Memory(local) if checks.iter().all(|c| local.contains(c)) => {
                 Ok(NewKeys::Allowed)
@@ -119,7 +120,7 @@ impl Shared {
         if let (Some(new_keys), Some(client), Backend::Redis { .. }, 1..) =
             (&self.new_keys, client, &self.backend, created)
         {
-            let client = client.to_string();
+            let client = self.config.server.limits.client(client).to_string();
             if let Ok(id) = new_keys.policy(NEW_KEYS) {
                 let check = weir_limiter::Check::new(id, &client);
                 let _ = new_keys.report(check.cost(created as u64));

@@ -187,6 +187,12 @@ pub(crate) const MAX_ROWS: usize = 20_000;
 const MAX_POLICIES: usize = 6;
 /// The largest playground request body.
 pub(crate) const MAX_BODY: usize = 1 << 20;
+/// Playground runs at once, across every request and listener: a run of
+/// the largest trace holds about 25 MB while it simulates and plots, so
+/// the playground holds at most about 50 MB, whatever the clients send.
+/// A request past them gets `503 BUSY` with `Retry-After: 1`.
+pub(crate) const MAX_RUNS: usize = 2;
+static RUNS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_RUNS);
 
 #[derive(Debug, Deserialize)]
 struct Playground {
@@ -250,12 +256,20 @@ pub(crate) async fn simulate(
         };
         policies.push((text.to_owned(), policy));
     }
-    let plotted = tokio::task::spawn_blocking(move || plot(policies, &asked.trace))
-        .await
-        .map_err(|e| {
-            tracing::error!(error = %e, "the playground's simulation failed");
-            ApiError::Internal
-        })??;
+    let Ok(run) = RUNS.try_acquire() else {
+        return Err(ApiError::Busy(format!(
+            "the playground runs at most {MAX_RUNS} simulations at once; retry in a second, or replay the trace with `weir simulate`"
+        )));
+    };
+    let plotted = tokio::task::spawn_blocking(move || {
+        let _run = run;
+        plot(policies, &asked.trace)
+    })
+    .await
+    .map_err(|e| {
+        tracing::error!(error = %e, "the playground's simulation failed");
+        ApiError::Internal
+    })??;
     Ok(Json(plotted).into_response())
 }
 

@@ -1,11 +1,16 @@
 //! Usage known only once the upstream has answered (the tokens of an LLM
 //! answer): read from the answer as it streams to the client, unbuffered,
-//! and reported when it completes — what it exceeds the admission charge by.
+//! and reported as soon as weir reads it — what it exceeds the admission
+//! charge (and what was reported before) by.
 //!
-//! The report is charged before the client sees the answer's last byte, so
-//! a client's next request already meets its debt. A client that leaves
-//! early does not escape it: the rest of the answer is read in the
-//! background and reported all the same.
+//! The report is charged before the client sees the bytes that carried the
+//! usage (a header's at the first frame, an event's or a line's with that
+//! event or line, a JSON body's at its end), so a client's next request
+//! already meets its debt, whatever the client does after: stall, hang up,
+//! or never read the rest. A client that leaves early does not escape it
+//! either: the rest of the answer is read in the background and reported
+//! all the same. An answer that says no usage is charged the route's
+//! `usage_missing`, when it has one.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -34,24 +39,46 @@ pub(crate) struct Charge {
     pub(crate) key: String,
     /// What the admission check charged.
     pub(crate) admitted: u64,
+    /// The route's `usage_missing`: the usage of an answer that says none.
+    pub(crate) missing: Option<u64>,
 }
 
 impl Charge {
-    /// Reports `usage` minus what was charged on admission (nothing when
-    /// it is smaller: no refunds). Missing usage and a failed report are
-    /// counted and logged, never the client's error.
-    async fn settle(self, usage: Option<u64>) {
-        let Some(used) = usage else {
-            metrics::counter!("weir_usage_missing_total", "route" => self.route.to_string())
-                .increment(1);
-            tracing::warn!(route = %self.route, "the upstream's answer did not say its usage");
-            return;
-        };
-        let excess = used.saturating_sub(self.admitted);
-        let table = &self.shared.table;
+    /// The usage of an answer that ended saying `usage` (counted and
+    /// logged when it said none).
+    fn at_end(&self, usage: Option<u64>, said: bool) -> Option<u64> {
+        if usage.is_some() || said {
+            return usage;
+        }
+        metrics::counter!("weir_usage_missing_total", "route" => self.route.to_string())
+            .increment(1);
+        tracing::warn!(route = %self.route, charged = ?self.missing, "the upstream's answer did not say its usage");
+        self.missing
+    }
+
+    /// Reports what `used` exceeds `reported` (what admission and earlier
+    /// reports charged) by: nothing when it is smaller (no refunds). A
+    /// failed report is counted and logged, never the client's error.
+    fn settle(&self, used: u64, reported: u64) -> Settling {
+        let excess = used.saturating_sub(reported);
+        let (shared, route) = (Arc::clone(&self.shared), Arc::clone(&self.route));
+        let (policies, key) = (self.policies.clone(), self.key.clone());
+        Box::pin(async move {
+            Self::report(&shared, &route, &policies, &key, excess, used).await;
+        })
+    }
+
+    async fn report(
+        shared: &Shared,
+        route: &str,
+        policies: &[PolicyId],
+        key: &str,
+        excess: u64,
+        used: u64,
+    ) {
+        let table = &shared.table;
         // A report over a policy's bound is charged up to it.
-        let checks: Vec<Check<'_>> = self
-            .policies
+        let checks: Vec<Check<'_>> = policies
             .iter()
             // A concurrency policy holds what runs, not what it used.
             .filter(|&&policy| {
@@ -61,7 +88,7 @@ impl Charge {
             })
             .map(|&policy| Check {
                 policy,
-                key: &self.key,
+                key,
                 cost: excess.min(table.get(policy).policy.max_report()),
             })
             .collect();
@@ -69,12 +96,12 @@ impl Charge {
             return;
         }
         // The keys were admitted a moment ago: no new-key guard.
-        let reported = self.shared.backend.report(table, &checks, NewKeys::Allowed);
+        let reported = shared.backend.report(table, &checks, NewKeys::Allowed);
         if let Err(e) = reported.await {
-            metrics::counter!("weir_usage_unreported_total", "route" => self.route.to_string())
+            metrics::counter!("weir_usage_unreported_total", "route" => route.to_owned())
                 .increment(1);
             let error = crate::answer::ApiError::from(e).detail();
-            tracing::warn!(route = %self.route, used, %error, "usage could not be reported");
+            tracing::warn!(route, used, %error, "usage could not be reported");
         }
     }
 }
@@ -92,6 +119,13 @@ enum Read {
     Json {
         pointer: String,
         body: Option<Vec<u8>>,
+    },
+    /// JSON lines (`application/x-ndjson`, `application/jsonl`): the line
+    /// being read; each line a JSON document.
+    Lines {
+        pointer: String,
+        line: Vec<u8>,
+        too_long: bool,
     },
     /// Server-sent events: the line being read and the event's data.
     Events {
@@ -138,6 +172,13 @@ impl Scanner {
                         data: Vec::new(),
                         too_long: false,
                     },
+                    Some(
+                        "application/x-ndjson" | "application/jsonl" | "application/json-lines",
+                    ) => Read::Lines {
+                        pointer,
+                        line: Vec::new(),
+                        too_long: false,
+                    },
                     Some(k) if k == "application/json" || k.ends_with("+json") => Read::Json {
                         pointer,
                         body: Some(Vec::new()),
@@ -179,8 +220,42 @@ impl Scanner {
                     self.line(chunk);
                 }
             }
+            Read::Lines { .. } => {
+                for chunk in data.split_inclusive(|&b| b == b'\n') {
+                    self.json_line(chunk);
+                }
+            }
             Read::Trailers(_) | Read::Nothing => {}
         }
+    }
+
+    /// A piece of a JSON line, ending with `\n` when complete: a line that
+    /// holds the usage sets it (the last one wins).
+    fn json_line(&mut self, chunk: &[u8]) {
+        let Read::Lines {
+            pointer,
+            line,
+            too_long,
+        } = &mut self.read
+        else {
+            return;
+        };
+        if line.len() + chunk.len() > MAX_SCAN {
+            *too_long = true;
+            line.clear();
+        } else {
+            line.extend_from_slice(chunk);
+        }
+        if !chunk.ends_with(b"\n") {
+            return;
+        }
+        if !std::mem::take(too_long) {
+            let text = line.trim_ascii();
+            if let Some(n) = lookup(text, pointer) {
+                self.found = Some(n);
+            }
+        }
+        line.clear();
     }
 
     /// A piece of an event stream's line, ending with `\n` when complete.
@@ -239,6 +314,7 @@ impl Scanner {
                 self.line(b"\n");
                 self.line(b"\n");
             }
+            Read::Lines { .. } => self.json_line(b"\n"),
             Read::Json { body: None, .. } | Read::Trailers(_) | Read::Nothing => {}
         }
         self.found
@@ -260,9 +336,13 @@ type Settling = Pin<Box<dyn Future<Output = ()> + Send>>;
 pub(crate) struct Metered {
     inner: Option<Answer>,
     scanner: Scanner,
-    charge: Option<Charge>,
-    /// The report under way, and the frame held back until it is charged.
+    charge: Charge,
+    /// What admission and the reports so far charged.
+    reported: u64,
+    /// A report under way, and the frame held back until it is charged.
     settling: Option<(Settling, Option<Frame<Bytes>>)>,
+    /// The answer has ended and its usage was settled (or is settling).
+    done: bool,
     /// The longest the rest of an answer may pause once the client left.
     idle: Duration,
 }
@@ -272,21 +352,41 @@ impl Metered {
         Self {
             inner: Some(inner),
             scanner,
-            charge: Some(charge),
+            reported: charge.admitted,
+            charge,
             settling: None,
+            done: false,
             idle,
         }
     }
 
-    /// The answer has ended: report, holding back `last` until charged.
+    /// Usage read beyond what was reported: reported now, `held` back
+    /// until it is charged.
+    fn settle_read(&mut self, held: Option<Frame<Bytes>>) -> Option<Frame<Bytes>> {
+        match self.scanner.found {
+            Some(used) if used > self.reported => {
+                self.settling = Some((self.charge.settle(used, self.reported), held));
+                self.reported = used;
+                None
+            }
+            _ => held,
+        }
+    }
+
+    /// The answer has ended: report what is left, holding back `last`
+    /// until charged.
     fn finish(&mut self, last: Option<Frame<Bytes>>) {
         self.inner = None;
+        self.done = true;
+        let said = self.scanner.found.is_some();
         let usage = self.scanner.finish();
-        let settle = self.charge.take().map(|c| c.settle(usage));
-        self.settling = Some((
-            settle.map_or_else(|| Box::pin(async {}) as Settling, |s| Box::pin(s)),
-            last,
-        ));
+        let used = self.charge.at_end(usage, said).unwrap_or(0);
+        let settle = match used > self.reported {
+            true => self.charge.settle(used, self.reported),
+            false => Box::pin(async {}) as Settling,
+        };
+        self.reported = self.reported.max(used);
+        self.settling = Some((settle, last));
     }
 }
 
@@ -300,11 +400,15 @@ impl Body for Metered {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
         loop {
-            if let Some((settle, last)) = &mut this.settling {
+            if let Some((settle, held)) = &mut this.settling {
                 ready!(settle.as_mut().poll(cx));
-                let last = last.take();
+                let held = held.take();
                 this.settling = None;
-                return Poll::Ready(last.map(Ok));
+                match held {
+                    Some(frame) => return Poll::Ready(Some(Ok(frame))),
+                    None if this.inner.is_none() => return Poll::Ready(None),
+                    None => continue,
+                }
             }
             let Some(inner) = &mut this.inner else {
                 return Poll::Ready(None);
@@ -316,7 +420,10 @@ impl Body for Metered {
                         this.finish(Some(frame));
                         continue;
                     }
-                    return Poll::Ready(Some(Ok(frame)));
+                    match this.settle_read(Some(frame)) {
+                        Some(frame) => return Poll::Ready(Some(Ok(frame))),
+                        None => continue,
+                    }
                 }
                 Some(Err(e)) => {
                     // Cut short by the upstream: what was read is all there is.
@@ -356,9 +463,11 @@ impl Drop for Metered {
         };
         if let Some((settle, _)) = self.settling.take() {
             runtime.spawn(settle);
+        }
+        if self.done {
             return;
         }
-        let (Some(mut inner), Some(charge)) = (self.inner.take(), self.charge.take()) else {
+        let Some(mut inner) = self.inner.take() else {
             return;
         };
         let mut scanner = std::mem::replace(
@@ -368,13 +477,24 @@ impl Drop for Metered {
                 read: Read::Nothing,
             },
         );
-        let idle = self.idle;
+        let charge = Charge {
+            shared: Arc::clone(&self.charge.shared),
+            route: Arc::clone(&self.charge.route),
+            policies: std::mem::take(&mut self.charge.policies),
+            key: std::mem::take(&mut self.charge.key),
+            ..self.charge
+        };
+        let (idle, reported) = (self.idle, self.reported);
         runtime.spawn(async move {
             use http_body_util::BodyExt;
             while let Ok(Some(Ok(frame))) = tokio::time::timeout(idle, inner.frame()).await {
                 scanner.frame(&frame);
             }
-            charge.settle(scanner.finish()).await;
+            let said = scanner.found.is_some();
+            let usage = scanner.finish();
+            if let Some(used) = charge.at_end(usage, said) {
+                charge.settle(used, reported).await;
+            }
         });
     }
 }

@@ -45,14 +45,30 @@ pub struct Route {
     /// for byte.
     pub fold_case: bool,
     /// `usage`: where the answer's actual cost is found; what it exceeds
-    /// the admission charge by is reported once the answer completes.
+    /// the admission charge by is reported as soon as it is read.
     pub usage: Option<Usage>,
+    /// `usage_missing`: the usage charged for an answer that says none
+    /// (an OpenAI-style stream whose client did not ask for usage); none:
+    /// only the admission charge (counted in `weir_usage_missing_total`).
+    pub usage_missing: Option<u64>,
     /// `cost`: what a request is charged on admission.
     pub cost: Cost,
     /// `concurrency_cost`: what a request holds of its concurrency
     /// policies while it runs — 1 (the default) or another fixed number,
     /// or `None` (`"cost"`) for the route's `cost`.
     pub concurrency_cost: Option<u64>,
+}
+
+impl Route {
+    /// Whether weir reads the request header `name` (lower case) on this
+    /// route: an identity source or the cost.
+    pub fn reads(&self, name: &str) -> bool {
+        let identity = std::iter::once(&self.identity).chain(self.fallbacks.iter().map(|(i, _)| i));
+        identity
+            .into_iter()
+            .any(|i| matches!(i, Identity::Header(h) if h.as_str() == name))
+            || matches!(&self.cost, Cost::Header { name: h, .. } if h.as_str() == name)
+    }
 }
 
 /// Where an upstream's answer says what it actually cost.
@@ -143,6 +159,7 @@ pub(super) struct Raw {
     max_body: Option<Spanned<toml::Value>>,
     identity_case: Option<Spanned<String>>,
     usage: Option<Spanned<String>>,
+    usage_missing: Option<Spanned<u64>>,
     cost: Option<Spanned<toml::Value>>,
     min_cost: Option<Spanned<u64>>,
     concurrency_cost: Option<Spanned<toml::Value>>,
@@ -215,6 +232,14 @@ pub(super) fn parse(
         let max_body = max_body(raw, &place, report);
         let fold_case = fold_case(raw, &place, report);
         let usage = usage(raw, &place, report);
+        let usage_missing = raw.usage_missing.as_ref().map(|m| *m.get_ref());
+        if let (Some(m), None) = (&raw.usage_missing, &usage) {
+            report.error(
+                &m.span(),
+                &place("usage_missing"),
+                "needs `usage`: it is charged for an answer that does not say its usage",
+            );
+        }
         let cost = cost(raw, &place, report);
         let concurrency_cost = concurrency_cost(raw, &place, report);
         if let (Some(identity), Some(upstream)) = (identity, upstream) {
@@ -236,6 +261,7 @@ pub(super) fn parse(
                 max_body,
                 fold_case,
                 usage,
+                usage_missing,
                 cost,
                 concurrency_cost,
             });

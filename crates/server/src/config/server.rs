@@ -1,7 +1,7 @@
 //! `[server]`: where weir listens, the admin token, and the bounds that
 //! keep a listener on the internet up (docs/SECURITY.md).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -95,6 +95,31 @@ pub struct ConnectionLimits {
     pub max_connections_per_ip: usize,
     /// After SIGTERM, how long requests in flight may take to finish.
     pub shutdown_timeout: Duration,
+    /// `ipv6_prefix`: the leading bits of an IPv6 address that name one
+    /// client for every per-address bound (connections, new keys, failed
+    /// admin attempts): a host that rotates its addresses inside its /64
+    /// is one client. 128 counts every address apart.
+    pub ipv6_prefix: u8,
+}
+
+/// The default of `[server] ipv6_prefix`: a /64, the network one host (or
+/// one customer's LAN) is given.
+pub(crate) const IPV6_PREFIX: u8 = 64;
+
+impl ConnectionLimits {
+    /// The client `ip` counts as for the per-address bounds: an IPv4
+    /// address whole (and an IPv4-mapped IPv6 one as IPv4), an IPv6
+    /// address as its network of `ipv6_prefix` bits.
+    pub fn client(&self, ip: IpAddr) -> IpAddr {
+        match ip.to_canonical() {
+            IpAddr::V6(v6) => {
+                let bits = u32::from(self.ipv6_prefix.min(128));
+                let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+                IpAddr::V6((v6.to_bits() & mask).into())
+            }
+            v4 => v4,
+        }
+    }
 }
 
 impl Default for ConnectionLimits {
@@ -107,6 +132,7 @@ impl Default for ConnectionLimits {
             max_connections: 10_000,
             max_connections_per_ip: 256,
             shutdown_timeout: Duration::from_secs(30),
+            ipv6_prefix: IPV6_PREFIX,
         }
     }
 }
@@ -126,6 +152,7 @@ pub(super) struct Raw {
     shutdown_timeout: Option<Spanned<String>>,
     max_connections: Option<Spanned<u64>>,
     max_connections_per_ip: Option<Spanned<u64>>,
+    ipv6_prefix: Option<Spanned<u64>>,
     trusted_proxies: Option<Spanned<Vec<String>>>,
     new_keys_per_ip: Option<Spanned<u64>>,
     shadow: Option<Spanned<bool>>,
@@ -374,6 +401,20 @@ fn limits(raw: &Raw, report: &mut Report<'_>) -> ConnectionLimits {
             "max_connections_per_ip",
             report,
         ),
+        ipv6_prefix: match &raw.ipv6_prefix {
+            None => defaults.ipv6_prefix,
+            Some(v) => match u8::try_from(*v.get_ref()) {
+                Ok(bits @ 1..=128) => bits,
+                _ => {
+                    report.error(
+                        &v.span(),
+                        "[server] ipv6_prefix",
+                        format!("{} is not a prefix length from 1 to 128 (the default, {IPV6_PREFIX}, counts a /64 as one client; 128 counts every address)", v.get_ref()),
+                    );
+                    defaults.ipv6_prefix
+                }
+            },
+        },
     }
 }
 

@@ -36,6 +36,9 @@ pub struct StoreConfig {
     pub timeout: Duration,
     /// The key budget of the in-process store (and of the local fallback).
     pub max_keys: usize,
+    /// The most leases the in-process store's concurrency policies hold at
+    /// once (each at most `weir_limiter::LEASE_BYTES`).
+    pub max_leases: usize,
     /// The local fallback's share of each limit, in parts per million.
     pub fallback_share: u64,
     /// `replica_acks = N`: an admission is answered once N replicas hold
@@ -58,6 +61,7 @@ pub(super) struct Raw {
     url: Option<Spanned<String>>,
     timeout: Option<Spanned<String>>,
     max_keys: Option<Spanned<u64>>,
+    max_leases: Option<Spanned<u64>>,
     fallback_share: Option<Spanned<Value>>,
     replica_acks: Option<Spanned<u64>>,
     refusal_cache: Option<bool>,
@@ -137,6 +141,12 @@ pub(super) fn parse(raw: Raw, env: &super::Env, report: &mut Report<'_>) -> Stor
         .map_or(weir_limiter::DEFAULT_MAX_KEYS, |m| {
             usize::try_from(*m.get_ref()).unwrap_or(usize::MAX).max(1)
         });
+    let max_leases = raw
+        .max_leases
+        .as_ref()
+        .map_or(weir_limiter::DEFAULT_MAX_LEASES, |m| {
+            usize::try_from(*m.get_ref()).unwrap_or(usize::MAX).max(1)
+        });
     let replica_acks = match &raw.replica_acks {
         None => 0,
         Some(n) => match u32::try_from(*n.get_ref()) {
@@ -156,6 +166,7 @@ pub(super) fn parse(raw: Raw, env: &super::Env, report: &mut Report<'_>) -> Stor
         url,
         timeout,
         max_keys,
+        max_leases,
         fallback_share,
         replica_acks,
         refusal_cache: raw.refusal_cache.unwrap_or(true),
@@ -223,7 +234,8 @@ fn access(raw: &Raw, env: &super::Env, redis: bool, report: &mut Report<'_>) -> 
         username: raw.username.as_ref().map(|u| u.get_ref().clone()),
         password: password.filter(|p| !p.is_empty()),
         sentinel_username: raw.sentinel_username.as_ref().map(|u| u.get_ref().clone()),
-        sentinel_password: sentinel_password.filter(|p| !p.is_empty()),
+        // An empty file: the sentinels take no password (kept as "").
+        sentinel_password,
     };
     if !redis {
         let given = [
