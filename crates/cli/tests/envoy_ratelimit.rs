@@ -299,6 +299,30 @@ fn unsupported_variables_are_errors_that_name_them() {
     }
 }
 
+/// `--print-config` shows the configuration as it is served, but for a
+/// password inside `REDIS_URL`.
+#[test]
+fn print_config_shows_no_password() {
+    let runtime = Runtime::new("envoy-ratelimit-print");
+    runtime.publish("v1", &[("mongo.yaml", &example("mongo.yaml"))]);
+    let ports = [free_port(), free_port(), free_port()];
+    let out = envoy_ratelimit(&runtime, Some("weir:s3cret-77@127.0.0.1:6379"), ports)
+        .arg("--print-config")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("url = \"redis://weir:***@127.0.0.1:6379\""),
+        "{said}"
+    );
+    assert!(!said.contains("s3cret-77"), "{said}");
+}
+
 /// One GET, its status.
 fn request_at_status(addr: &str, path: &str) -> (u16, String) {
     let answer = request_at(addr, "GET", path, "", "");

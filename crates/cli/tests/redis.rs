@@ -569,3 +569,77 @@ upstream = "http://127.0.0.1:9"
         "not before its lease could expire: {waited:?}"
     );
 }
+
+/// Credentials Redis refuses stop `weir serve` at start, naming the user
+/// and not the password; `weir simulate --store` and `weir bench --store`
+/// read `WEIR_REDIS_PASSWORD` as `weir serve` does, and never show a
+/// password in an error either.
+#[test]
+fn refused_credentials_stop_serve_and_no_command_shows_the_password() {
+    const PASSWORD: &str = "right-pw-4c1d";
+    let redis = weir_testkit::RedisServer::start(&[]);
+    redis.cli(&["CONFIG", "SET", "requirepass", PASSWORD]);
+    let wrong = crate::serve::temp("wrong-password", "wrong-pw-9e2a\n");
+    let config = format!(
+        "[store]\nurl = \"redis://weir@127.0.0.1:{}\"\npassword_file = \"{}\"\n\n[policies.api]\nalgorithm = \"gcra\"\nburst = 5\nrate = \"1/s\"\n",
+        redis.port,
+        wrong.display()
+    );
+    let path = crate::serve::temp("wrong-credentials.toml", &config);
+    let served = crate::serve::weir()
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&served.stderr);
+    assert!(!served.status.success(), "{said}");
+    assert!(
+        said.contains("refused the credentials of user `weir`"),
+        "{said}"
+    );
+    assert!(!said.contains("wrong-pw"), "{said}");
+
+    let trace = crate::serve::temp("trace.csv", "time,key\n0,a\n");
+    let inside = format!("redis://:wrong-pw-9e2a@127.0.0.1:{}", redis.port);
+    let plain = format!("redis://127.0.0.1:{}", redis.port);
+    let simulate = |url: &str, password: Option<&str>| {
+        let mut command = crate::serve::weir();
+        command
+            .args([
+                "simulate",
+                "--algorithm",
+                "gcra",
+                "--burst",
+                "2",
+                "--rate",
+                "1/s",
+                "--trace",
+            ])
+            .arg(&trace)
+            .args(["--store", url])
+            .env_remove("WEIR_REDIS_PASSWORD");
+        if let Some(password) = password {
+            command.env("WEIR_REDIS_PASSWORD", password);
+        }
+        command.output().unwrap()
+    };
+    let refused = simulate(&inside, None);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{said}");
+    assert!(said.contains("redis://:***@127.0.0.1"), "{said}");
+    assert!(!said.contains("wrong-pw"), "{said}");
+    let by_env = simulate(&plain, Some(PASSWORD));
+    let said = String::from_utf8_lossy(&by_env.stderr);
+    assert!(
+        by_env.status.success(),
+        "WEIR_REDIS_PASSWORD is read: {said}"
+    );
+
+    let bench = crate::serve::weir()
+        .args(["bench", "--duration", "1s", "--store", &inside])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&bench.stderr);
+    assert!(!bench.status.success(), "{said}");
+    assert!(!said.contains("wrong-pw"), "{said}");
+}

@@ -224,6 +224,36 @@ fn config_example_passes_check_and_errors_name_their_lines() {
     );
 }
 
+/// A store URL written wrong is shown in the error with its password
+/// hidden, however it is wrong.
+#[test]
+fn config_check_never_shows_a_password_in_a_malformed_url() {
+    for (n, url) in [
+        "redis//weir:pw-8d1f@cache:6379",
+        "weir:pw-8d1f@cache:6379",
+        "redis://weir:pw-8d1f@cache:notaport",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let bad = temp(
+            &format!("bad-url-{n}.toml"),
+            &format!(
+                "[store]\nurl = \"{url}\"\n\n[policies.a]\nalgorithm = \"gcra\"\nburst = 1\nrate = \"1/s\"\n"
+            ),
+        );
+        let check = weir().args(["config", "check"]).arg(&bad).output().unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
+        assert_eq!(check.status.code(), Some(2), "{url}: {said}");
+        assert!(said.contains("[store] url"), "{url}: {said}");
+        assert!(!said.contains("pw-8d1f"), "{url}: {said}");
+    }
+}
+
 #[test]
 fn sighup_reloads_and_a_bad_config_keeps_the_old_one() {
     let one = "[policies.a]\nalgorithm = \"token-bucket\"\ncapacity = 1\nrate = \"1/h\"\n\n[policies.b]\nalgorithm = \"fixed-window\"\nlimit = 1\nwindow = \"1h\"\n";

@@ -146,3 +146,64 @@ fn by_default_each_policy_has_its_share_of_the_budget() {
         }
     }
 }
+
+/// Leases are bounded in number (so in bytes): with `max_leases` of 1,000
+/// over two concurrency policies, one with a limit of 100 stores at most
+/// 500 / 100 = 5 keys, whatever its key budget, and one with a limit of
+/// 1 at most 500.
+#[test]
+fn leases_are_bounded_by_max_leases() {
+    let limiter = Limiter::builder()
+        .policy(
+            "wide",
+            Policy::parse("concurrency limit=100 lease=7d").unwrap(),
+        )
+        .policy(
+            "narrow",
+            Policy::parse("concurrency limit=1 lease=7d").unwrap(),
+        )
+        .max_leases(1_000)
+        .clock(FakeClock::at(1))
+        .build()
+        .unwrap();
+    let mut held = 0;
+    for (name, keys, per_key, stored) in [("wide", 10, 100, 5), ("narrow", 1_000, 1, 500)] {
+        let id = limiter.policy(name).unwrap();
+        for k in 0..keys {
+            for _ in 0..per_key {
+                match limiter.check_all(&[Check::new(id, &format!("{name}-{k}"))]) {
+                    Ok(d) => held += usize::from(d.allowed),
+                    Err(Error::TooManyKeys { .. }) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        let kept = (0..keys)
+            .filter(|k| limiter.contains(id, &format!("{name}-{k}")))
+            .count();
+        assert_eq!(kept, stored, "{name}");
+    }
+    assert_eq!(held, 5 * 100 + 500, "no more leases than max_leases");
+}
+
+/// A release or a renewal of a key that is not stored holds nothing and
+/// stores nothing: it takes no key from the budget.
+#[test]
+fn releases_and_renewals_store_no_key() {
+    let limiter = Limiter::builder()
+        .policy(
+            "jobs",
+            Policy::parse("concurrency limit=2 lease=1m").unwrap(),
+        )
+        .max_keys(10)
+        .clock(FakeClock::at(1))
+        .build()
+        .unwrap();
+    let id = limiter.policy("jobs").unwrap();
+    for i in 0..100 {
+        let key = format!("k-{i}");
+        assert!(!limiter.release(id, &key, 42).unwrap().allowed);
+        assert!(!limiter.renew(id, &key, 42).unwrap().allowed);
+    }
+    assert_eq!(limiter.len(), 0);
+}

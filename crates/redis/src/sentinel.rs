@@ -28,9 +28,10 @@ pub(crate) async fn master(
     for sentinel in sentinels {
         let mut found = ask(sentinel, name, &to_sentinels, timeout).await;
         if let (Err(StoreError::Redis(e)), Some(bare)) = (&found, &bare)
-            && e.to_string().contains("without any password configured")
+            && e.kind() == redis::ErrorKind::AuthenticationFailed
+            && let Ok(master) = ask(sentinel, name, bare, timeout).await
         {
-            found = ask(sentinel, name, bare, timeout).await;
+            found = Ok(master);
         }
         match found {
             Ok(master) => return Ok(master),

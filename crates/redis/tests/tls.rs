@@ -195,3 +195,44 @@ fn the_acl_rule_is_enough_on_a_cluster() {
         decides(&runtime, &store);
     }
 }
+
+/// The common Sentinel layout: the master asks for a password, the
+/// sentinels for none. Without sentinel credentials of its own, weir tries
+/// the master's on the sentinels, and asks them without when they refuse;
+/// an empty sentinel password says "none" outright. A sentinel that cannot
+/// be asked is named in the error.
+#[test]
+fn sentinels_without_a_password_before_a_master_with_one() {
+    let group = weir_testkit::Sentinels::start();
+    // Both nodes: the sentinels, without it, may see the master fail and
+    // promote the replica.
+    for node in group.nodes.iter().rev() {
+        node.cli(&["CONFIG", "SET", "masterauth", "master-pw"]);
+        node.cli(&["CONFIG", "SET", "requirepass", "master-pw"]);
+    }
+    let runtime = runtime();
+    let url = group.url();
+    let connect = |access: &Access| runtime.block_on(RedisStore::connect_with(&url, access));
+    let master = Access {
+        password: Some("master-pw".into()),
+        ..Access::default()
+    };
+    let store = connect(&master).expect("the sentinels asked without the master's password");
+    decides(&runtime, &store);
+    let none_for_sentinels = Access {
+        sentinel_password: Some(String::new()),
+        ..master.clone()
+    };
+    let store = connect(&none_for_sentinels).expect("an empty sentinel password: none");
+    decides(&runtime, &store);
+    let wrong = Access {
+        sentinel_password: Some("not-theirs".into()),
+        ..master
+    };
+    let error = connect(&wrong).unwrap_err().to_string();
+    assert!(error.contains("sentinel 127.0.0.1:"), "{error}");
+    assert!(
+        !error.contains("not-theirs") && !error.contains("master-pw"),
+        "{error}"
+    );
+}

@@ -302,3 +302,33 @@ fn plot(policies: Vec<(String, Policy)>, trace: &str) -> Result<Plotted, ApiErro
         .collect();
     Ok(Plotted { svg, lanes })
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// With every run taken, a playground request is answered `503 BUSY`
+    /// at once, whatever it asks: concurrent runs cannot add up.
+    #[tokio::test]
+    async fn the_playground_runs_at_most_max_runs_at_once() {
+        use tower::ServiceExt;
+        let text = "[policies.api]\nalgorithm = \"gcra\"\nburst = 5\nrate = \"1/s\"\n";
+        let config = crate::config::parse(text, &Default::default()).unwrap();
+        let state = AppState::new(crate::Shared::new(config, None).unwrap());
+        let app = crate::app(state, crate::Face::All);
+        let ask = || {
+            let body = r#"{"policies":["api"],"trace":"time,key\n0,a\n0.5,a\n"}"#;
+            http::Request::post("/v1/simulate")
+                .body(Body::from(body))
+                .unwrap()
+        };
+        let taken = RUNS.acquire_many(MAX_RUNS as u32).await.unwrap();
+        let busy = app.clone().oneshot(ask()).await.unwrap();
+        assert_eq!(busy.status(), 503);
+        assert_eq!(busy.headers()["retry-after"], "1");
+        drop(taken);
+        let answered = app.oneshot(ask()).await.unwrap();
+        assert_eq!(answered.status(), 200);
+    }
+}

@@ -351,6 +351,62 @@ async fn clients_get_http_1_1_and_the_upstream_gets_forwarding_headers() {
     assert!(head.contains(&format!("host: {up}")), "{head}");
 }
 
+/// What an untrusted client says of itself through other proxies' headers
+/// never reaches the upstream, `Connection` cannot strip the identity weir
+/// charged, and an HTTP/1.1 request without `Host` is refused (it would
+/// leave the client's own `X-Forwarded-Host` to the upstream).
+#[tokio::test]
+async fn untrusted_forwarding_claims_are_removed_and_a_missing_host_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (up, head) = old_upstream().await;
+    let config = format!(
+        "[policies.p]\nalgorithm = \"gcra\"\nburst = 5\nrate = \"1/s\"\n\n[[routes]]\nmatch = \"GET /old\"\nidentity = \"header:x-tenant\"\npolicies = [\"p\"]\nupstream = \"http://{up}\"\n"
+    );
+    let (addr, _) = start(&config).await;
+    let ask = |request: &'static str| async move {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        answer
+    };
+    let claims = [
+        "true-client-ip",
+        "x-client-ip",
+        "cf-connecting-ip",
+        "fastly-client-ip",
+        "x-cluster-client-ip",
+        "x-original-url",
+        "x-rewrite-url",
+        "x-original-uri",
+        "x-forwarded-port",
+        "x-forwarded-server",
+        "x-forwarded-prefix",
+        "x-forwarded-uri",
+        "x-host",
+    ];
+    let sent: String = claims.iter().map(|c| format!("{c}: 6.6.6.6\r\n")).collect();
+    let request = format!(
+        "GET /old HTTP/1.1\r\nHost: shop.example\r\nX-Tenant: acme\r\nConnection: close, x-tenant\r\n{sent}\r\n"
+    );
+    let answer = ask(Box::leak(request.into_boxed_str())).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let seen = head.lock().unwrap().clone();
+    assert!(
+        !seen.contains("6.6.6.6"),
+        "an untrusted client's claims: {seen}"
+    );
+    assert!(
+        seen.contains("x-tenant: acme"),
+        "the identity weir charged reaches the upstream: {seen}"
+    );
+    head.lock().unwrap().clear();
+    let answer = ask("GET /old HTTP/1.1\r\nX-Tenant: acme\r\nX-Forwarded-Host: evil.example\r\nConnection: close\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("MISSING_HOST"), "{answer}");
+    assert!(head.lock().unwrap().is_empty(), "never forwarded");
+}
+
 /// An upstream that records paths and answers at once, except `/hang`,
 /// which it never answers.
 async fn recording_upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {

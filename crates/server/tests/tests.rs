@@ -8,6 +8,7 @@ mod envoy;
 mod fuzz;
 mod gateway;
 mod hardening;
+mod http2;
 mod leases;
 mod rollout;
 mod tls;

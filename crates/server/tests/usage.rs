@@ -25,6 +25,11 @@ algorithm = "token-bucket"
 capacity = 100
 rate = "100/h"
 
+[policies.tokens-unsaid]
+algorithm = "token-bucket"
+capacity = 100
+rate = "100/h"
+
 [[routes]]
 match = "POST /v1/chat/completions"
 identity = "header:x-tenant"
@@ -46,6 +51,14 @@ policies = ["tokens-per-hour"]
 upstream = "http://{llm}"
 usage = "json:/usage/total_tokens"
 cost = "header:x-max-tokens"
+
+[[routes]]
+match = "POST /missing"
+identity = "header:x-tenant"
+policies = ["tokens-unsaid"]
+upstream = "http://{llm}"
+usage = "json:/usage/total_tokens"
+usage_missing = 60
 
 [[routes]]
 match = "POST /floored"
@@ -205,6 +218,89 @@ async fn a_client_that_leaves_mid_answer_is_charged_all_the_same() {
     drop(client);
     // The rest of the answer is read without the client, then charged.
     charged_after_leaving(&llm, addr, "gone").await;
+}
+
+/// Sends `body` to `path` as `tenant` over a raw connection and reads the
+/// answer until it holds `until`; the connection stays open, unread after.
+async fn read_until(
+    addr: SocketAddr,
+    path: &str,
+    tenant: &str,
+    body: &str,
+    until: &str,
+) -> tokio::net::TcpStream {
+    let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: weir\r\nX-Tenant: {tenant}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    client.write_all(request.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains(until) {
+        let n = tokio::time::timeout(Duration::from_secs(5), client.read(&mut buf))
+            .await
+            .expect("the part of the answer asked for arrives")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed before `{until}`: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    client
+}
+
+/// The usage is charged when weir reads it, not when the answer ends: an
+/// upstream that sends the usage event and then holds the stream open for
+/// seconds (or a client that stops reading there) defers nothing. Server-
+/// sent events and JSON lines (Ollama's `application/x-ndjson`) alike.
+#[tokio::test]
+async fn usage_is_charged_as_soon_as_it_is_read() {
+    let llm = Llm::start().await;
+    let (addr, _) = start(&config(llm.addr)).await;
+    let url = format!("http://{addr}/v1/chat/completions");
+    for (tenant, ndjson) in [("events", false), ("lines", true)] {
+        let body = format!(r#"{{"usage":31,"stream":true,"ndjson":{ndjson},"hold_ms":4000}}"#);
+        let open = read_until(addr, "/v1/chat/completions", tenant, &body, "total_tokens").await;
+        // 1 charged on admission and 30 on reading, of 10: in debt while the
+        // answer is still open.
+        let next = send("POST", &url, &[("x-tenant", tenant)], &ask(1, false)).await;
+        assert_eq!(
+            next.status, 429,
+            "{tenant}: charged before the answer ended"
+        );
+        assert_eq!(llm.finished(), 0, "{tenant}: the answer is still open");
+        drop(open);
+    }
+}
+
+/// An answer that says no usage is charged the route's `usage_missing`
+/// (an OpenAI stream whose client did not ask for usage).
+#[tokio::test]
+async fn an_answer_without_usage_is_charged_usage_missing() {
+    let llm = Llm::start().await;
+    let (addr, _) = start(&config(llm.addr)).await;
+    let url = format!("http://{addr}/missing");
+    let who = [("x-tenant", "silent")];
+    // 100 an hour: 1 on admission, then the 59 that the 60 of a stream that
+    // said none exceeds it by.
+    let streamed = send("POST", &url, &who, r#"{"stream":true}"#).await;
+    assert_eq!(streamed.status, 200);
+    let answered = send("POST", &url, &who, r#"{"usage":1}"#).await;
+    assert_eq!(answered.status, 200);
+    let left: u64 = answered
+        .header("ratelimit")
+        .split("r=")
+        .nth(1)
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(left, 100 - 60 - 1, "{}", answered.header("ratelimit"));
 }
 
 /// Once the upstream has finished the answer of `tenant`, who left, its

@@ -1,11 +1,13 @@
 //! A fake LLM upstream over real HTTP/1.1: `POST` a JSON body
-//! `{"usage": N, "stream": bool, "pause_ms": M, "head_ms": H}` and it
+//! `{"usage": N, "stream": bool, "pause_ms": M, "head_ms": H, "hold_ms":
+//! D, "ndjson": bool}` and it
 //! answers, `H` ms later, with `N` tokens used — in an `x-usage-tokens`
 //! header, in an OpenAI-style `application/json` body
 //! (`/usage/total_tokens`; gzipped when the request accepts `gzip`, as
 //! real APIs do), or, with `stream`, in the last `data:` event of a
-//! `text/event-stream` answer (events `M` ms apart) and in an
-//! `x-usage-tokens` trailer.
+//! `text/event-stream` answer (events `M` ms apart; the end `D` ms after
+//! the usage event) and in an `x-usage-tokens` trailer; with `ndjson`, as
+//! Ollama streams: `application/x-ndjson` lines, the last with the usage.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -110,22 +112,36 @@ async fn answer(
         };
         return Ok(response.unwrap());
     }
+    let hold = Duration::from_millis(asked["hold_ms"].as_u64().unwrap_or(0));
+    let ndjson = asked["ndjson"].as_bool().unwrap_or(false);
     let (mut tx, body) = Channel::new(1);
     tokio::spawn(async move {
         for content in CONTENT_EVENTS {
-            let event = format!(
-                "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{content}\"}}}}],\"usage\":null}}\n\n"
-            );
+            let event = match ndjson {
+                true => format!("{{\"message\":{{\"content\":\"{content}\"}},\"done\":false}}\n"),
+                false => format!(
+                    "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{content}\"}}}}],\"usage\":null}}\n\n"
+                ),
+            };
             if tx.send_data(Bytes::from(event)).await.is_err() {
                 return;
             }
             tokio::time::sleep(pause).await;
         }
-        let last = match tokens {
-            Some(t) => format!("data: {}\n\ndata: [DONE]\n\n", usage_json(t)),
-            None => "data: [DONE]\n\n".to_owned(),
+        let (last, end) = match (ndjson, tokens) {
+            (true, Some(t)) => (format!("{}\n", usage_json(t)), String::new()),
+            (true, None) => ("{\"done\":true}\n".to_owned(), String::new()),
+            (false, Some(t)) => (
+                format!("data: {}\n\n", usage_json(t)),
+                "data: [DONE]\n\n".to_owned(),
+            ),
+            (false, None) => (String::new(), "data: [DONE]\n\n".to_owned()),
         };
-        let _ = tx.send_data(Bytes::from(last)).await;
+        if tx.send_data(Bytes::from(last)).await.is_err() {
+            return;
+        }
+        tokio::time::sleep(hold).await;
+        let _ = tx.send_data(Bytes::from(end)).await;
         let mut trailers = http::HeaderMap::new();
         if let Some(tokens) = tokens {
             trailers.insert("x-usage-tokens", tokens.into());
@@ -133,8 +149,12 @@ async fn answer(
         let _ = tx.send_trailers(trailers).await;
         finished.fetch_add(1, Ordering::SeqCst);
     });
+    let kind = match ndjson {
+        true => "application/x-ndjson",
+        false => "text/event-stream",
+    };
     let response = response
-        .header("content-type", "text/event-stream")
+        .header("content-type", kind)
         .header("trailer", "x-usage-tokens")
         .body(Either::Right(body));
     Ok(response.unwrap())

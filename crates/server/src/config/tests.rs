@@ -290,7 +290,7 @@ fn every_documented_key_is_accepted() {
             for mention in text.split(&format!("`{table}")).skip(1) {
                 let key: String = mention
                     .chars()
-                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
                     .collect();
                 assert!(
                     known.contains(&key.as_str()),
@@ -461,4 +461,38 @@ fn descriptor_rules_say_what_envoyproxy_ratelimit_files_say_and_are_checked() {
     );
     let config = parse(&ok, &Env::default()).unwrap();
     assert_eq!(config.descriptors[0].replaces, ["other"]);
+}
+
+#[test]
+fn an_ipv6_network_is_one_client_for_the_per_address_bounds() {
+    use std::net::IpAddr;
+    let policy = "[policies.p]\nalgorithm = \"gcra\"\nburst = 1\nrate = \"1/s\"\n";
+    let limits = parse(policy, &Env::default()).unwrap().server.limits;
+    let ip = |text: &str| text.parse::<IpAddr>().unwrap();
+    assert_eq!(limits.ipv6_prefix, 64);
+    let same = ["2001:db8:1:2::1", "2001:db8:1:2:ffff:ffff:ffff:ffff"];
+    assert_eq!(limits.client(ip(same[0])), limits.client(ip(same[1])));
+    assert_eq!(limits.client(ip(same[0])), ip("2001:db8:1:2::"));
+    assert_ne!(
+        limits.client(ip(same[0])),
+        limits.client(ip("2001:db8:1:3::1"))
+    );
+    // IPv4 whole, and as IPv4 when mapped into IPv6.
+    assert_eq!(limits.client(ip("192.0.2.7")), ip("192.0.2.7"));
+    assert_eq!(limits.client(ip("::ffff:192.0.2.7")), ip("192.0.2.7"));
+    let every = parse(
+        &format!("[server]\nipv6_prefix = 128\n\n{policy}"),
+        &Env::default(),
+    );
+    let every = every.unwrap().server.limits;
+    assert_eq!(every.client(ip(same[1])), ip(same[1]));
+    let wrong = parse(
+        &format!("[server]\nipv6_prefix = 129\n\n{policy}"),
+        &Env::default(),
+    );
+    let error = wrong.unwrap_err().to_string();
+    assert!(
+        error.contains("ipv6_prefix") && error.contains("1 to 128"),
+        "{error}"
+    );
 }
