@@ -626,6 +626,29 @@ impl<C: Clock> Limiter<C> {
     /// name is always the same policy and state; at most [`AD_HOC`] of them,
     /// each with its keys in the limiter's budget.
     pub fn ad_hoc(&self, name: &str, policy: Policy) -> Result<PolicyId, Error> {
+        self.ad_hoc_with(name, policy, None)
+    }
+
+    /// [`Limiter::ad_hoc`] for the ad-hoc policy `name` of `previous` (an
+    /// earlier limiter of the same configuration), with its keys: the two
+    /// share its state from now on. Nothing when `previous` has none.
+    pub fn adopt_ad_hoc<D>(&self, name: &str, previous: &Limiter<D>) -> Option<PolicyId> {
+        let named = previous
+            .ad_hoc
+            .iter()
+            .filter_map(OnceLock::get)
+            .find(|n| n.name == name)?;
+        let policy = *named.store.policy();
+        self.ad_hoc_with(name, policy, Some(named.store.clone()))
+            .ok()
+    }
+
+    fn ad_hoc_with(
+        &self,
+        name: &str,
+        policy: Policy,
+        store: Option<Arc<Store>>,
+    ) -> Result<PolicyId, Error> {
         if let Some(&i) = self.index.get(name) {
             return Ok(PolicyId(i));
         }
@@ -642,10 +665,14 @@ impl<C: Clock> Limiter<C> {
                 "at most {AD_HOC} ad-hoc policies; `{name}` is one more"
             ))
         })?;
+        let store = store.unwrap_or_else(|| Arc::new(Store::new(policy, self.shards)));
+        let budget = Budget::new(usize::MAX, Some(self.ad_hoc_budget.clone()));
+        // Kept keys count against the budget from the start.
+        budget.add(store.len());
         let _ = cell.set(Named {
             name: name.to_owned(),
-            store: Arc::new(Store::new(policy, self.shards)),
-            budget: Budget::new(usize::MAX, Some(self.ad_hoc_budget.clone())),
+            store,
+            budget,
         });
         names.insert(name.to_owned(), slot);
         Ok(PolicyId(self.policies.len() + slot))

@@ -118,6 +118,9 @@ pub struct Checked {
     /// Per check, how far its key's latest time moved its time forward
     /// (docs/SPEC.md's clamp): its durations are measured from then.
     late: Vec<Nanos>,
+    /// Per check refused at a cost above 1, the wait until a check of cost
+    /// 1 would fit (its remaining stays 0 until then); else 0.
+    unit_waits: Vec<Nanos>,
     /// Keys this call stored that did not exist before.
     pub created: usize,
     /// A check marked [`Check::no_new_key`] found its key missing: the
@@ -612,7 +615,9 @@ impl RedisStore {
         if let Some(refusals) = &self.refusals {
             let now = at.unwrap_or_else(|| refusals.local_now());
             let policy = checks[0].check.policy;
-            if let Some(refusal) = cached.and_then(|c| c.answer(&keys[0], policy, clock, now)) {
+            let cost = checks[0].check.cost;
+            if let Some(refusal) = cached.and_then(|c| c.answer(&keys[0], policy, cost, clock, now))
+            {
                 return Ok(Checked::refused(refusal));
             }
             sent = keys.iter().fold(now, |t, k| refusals.take(k, clock, t));
@@ -650,14 +655,21 @@ impl RedisStore {
                 }
             }
         }
-        if let (Some(cache), Some(key), [decision], [late]) = (
+        if let (Some(cache), Some(key), [decision], [late], [unit_wait]) = (
             cached,
             cache_key,
             checked.all.decisions.as_slice(),
             checked.late.as_slice(),
+            checked.unit_waits.as_slice(),
         ) {
             let decided = sent.saturating_add(*late);
-            cache.record(&key, checks[0].check.policy, clock, decided, decision);
+            let check = &checks[0].check;
+            let refused = refusals::Refused {
+                cost: check.cost,
+                decision,
+                unit_wait: *unit_wait,
+            };
+            cache.record(&key, check.policy, clock, decided, &refused);
         }
         Ok(checked)
     }
@@ -813,6 +825,7 @@ impl Checked {
             },
             state_lost: false,
             late: vec![0],
+            unit_waits: vec![0],
             created: 0,
             new_key_refused: false,
         }
@@ -820,8 +833,9 @@ impl Checked {
 }
 
 /// The script's reply per check: allowed, remaining, retry_after, reset,
-/// delay, late, created (after the request's all_allowed and state_lost).
-pub(crate) const PER_CHECK: usize = 7;
+/// delay, late, created, and a refusal's wait for cost 1 (after the
+/// request's all_allowed and state_lost).
+pub(crate) const PER_CHECK: usize = 8;
 
 fn parse(reply: &[i64], count: usize) -> Result<Checked, StoreError> {
     if reply.len() != 2 + PER_CHECK * count {
@@ -830,6 +844,7 @@ fn parse(reply: &[i64], count: usize) -> Result<Checked, StoreError> {
     let n = |x: i64| u64::try_from(x).map_err(|_| StoreError::Reply);
     let mut decisions = Vec::with_capacity(count);
     let mut late = Vec::with_capacity(count);
+    let mut unit_waits = Vec::with_capacity(count);
     let (mut created, mut new_key_refused) = (0, false);
     for d in reply[2..].chunks(PER_CHECK) {
         created += usize::from(d[6] == 1);
@@ -843,6 +858,7 @@ fn parse(reply: &[i64], count: usize) -> Result<Checked, StoreError> {
             lease: None,
         });
         late.push(n(d[5])?);
+        unit_waits.push(n(d[7])?);
     }
     Ok(Checked {
         all: AllDecision {
@@ -851,6 +867,7 @@ fn parse(reply: &[i64], count: usize) -> Result<Checked, StoreError> {
         },
         state_lost: reply[1] == 1,
         late,
+        unit_waits,
         created,
         new_key_refused,
     })

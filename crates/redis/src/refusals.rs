@@ -1,11 +1,15 @@
 //! The refusal cache: a refusal from Redis is a promise about the future.
 //!
-//! A check of cost 1 refused with `retry_after = d` means the key has less
-//! than one unit of allowance until `d` has passed, and nothing but time can
-//! give it more: no instance can be admitted meanwhile (every check costs at
-//! least 1), so every check of cost 1 of that policy and key until then is
-//! refused — with `remaining` 0, `retry_after` the rest of `d` and `reset`
-//! the rest of the refusal's `reset` — and is answered here, without a call.
+//! A check of cost `c` refused with `retry_after = d` means the key has less
+//! than `c` units of allowance until `d` has passed, and nothing but time
+//! can give it more: no instance can be admitted meanwhile (every check
+//! costs at least 1), so every check of cost `c` of that policy and key
+//! until then is refused — with `retry_after` the rest of `d` and `reset`
+//! the rest of the refusal's `reset` — and, while its `remaining` is 0 (a
+//! check of cost 1 would be refused too: until the script's `wait1`, the
+//! same as `d` for cost 1), with `remaining` 0. Such checks are answered
+//! here, without a call. Another cost goes to Redis (its wait differs), and
+//! so does a check past the time its `remaining` could have grown.
 //! The wait is measured from when the request was *sent*: Redis decided it
 //! no earlier, so the promise can only end later than the cache assumes.
 //!
@@ -15,8 +19,9 @@
 //! another instance (Redis's wait grows; the cached one does not, so the
 //! cached `retry_after` is then a lower bound), and a loss of Redis's state
 //! (the key starts over in Redis; the cache refuses until `d`, stricter
-//! than Redis, never more lenient). Other costs, several policies at once,
-//! shadow checks, reports and peeks always go to Redis.
+//! than Redis, never more lenient). Several policies at once, shadow
+//! checks, reports, peeks and concurrency limits (a release frees room
+//! before the wait) always go to Redis.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError, Weak};
@@ -33,11 +38,12 @@ pub const CHANNEL: &str = "rl:v1:resets";
 /// sweeps out expired refusals, and caches nothing new if none expired.
 pub(crate) const MAX_ENTRIES: usize = 100_000;
 
-/// Whether the cache may answer a request: one charged check of cost 1,
-/// neither a shadow nor a report (the others always go to Redis).
+/// Whether the cache may answer a request: one charged check of a cost
+/// of 1 or more, neither a shadow nor a report (the others always go to
+/// Redis).
 pub(crate) fn cacheable(checks: &[crate::Check<'_>], mode: crate::Mode) -> bool {
     matches!(mode, crate::Mode::Charge { .. })
-        && matches!(checks, [c] if c.check.cost == 1 && !(c.report || c.shadow))
+        && matches!(checks, [c] if c.check.cost >= 1 && !(c.report || c.shadow))
         // A concurrency refusal's wait is an upper bound: a release frees
         // room before it.
         && !matches!(checks[0].check.policy, Policy::Concurrency(_))
@@ -55,12 +61,24 @@ pub(crate) enum Clock {
 struct Refusal {
     policy: Policy,
     clock: Clock,
+    /// The cost refused.
+    cost: u64,
     /// The latest time the key was checked at (docs/SPEC.md's clamp).
     seen: Nanos,
-    /// When one unit is available again.
+    /// When `cost` units are available again.
     until: Nanos,
+    /// When one unit is (until then `remaining` is 0).
+    unit_until: Nanos,
     /// When the key is fully available again.
     idle_at: Nanos,
+}
+
+/// What Redis answered to a check of one cost, for the cache to keep.
+pub(crate) struct Refused<'a> {
+    pub(crate) cost: u64,
+    pub(crate) decision: &'a Decision,
+    /// For a cost above 1 refused, the wait until a check of cost 1 fits.
+    pub(crate) unit_wait: Nanos,
 }
 
 /// Refusals still in force, by store key.
@@ -90,22 +108,23 @@ impl Refusals {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The refusal of a check of cost 1 of `key` at `now`, if one is
+    /// The refusal of a check of `cost` of `key` at `now`, if one is
     /// promised.
     pub(crate) fn answer(
         &self,
         key: &str,
         policy: &Policy,
+        cost: u64,
         clock: Clock,
         now: Nanos,
     ) -> Option<Decision> {
         let mut entries = self.entries();
         let refusal = entries.get_mut(key)?;
-        if refusal.clock != clock || refusal.policy != *policy {
+        if refusal.clock != clock || refusal.policy != *policy || refusal.cost != cost {
             return None;
         }
         let at = now.max(refusal.seen);
-        if at >= refusal.until {
+        if at >= refusal.until.min(refusal.unit_until) {
             return None;
         }
         refusal.seen = at;
@@ -130,24 +149,34 @@ impl Refusals {
         }
     }
 
-    /// Remembers the answer of Redis to a check of cost 1 of `key` sent at
-    /// `sent`, if it was a refusal.
+    /// Remembers the answer of Redis to a check of `key` sent at `sent`,
+    /// if it was a refusal with `remaining` 0.
     pub(crate) fn record(
         &self,
         key: &str,
         policy: &Policy,
         clock: Clock,
         sent: Nanos,
-        decision: &Decision,
+        refused: &Refused<'_>,
     ) {
-        if decision.allowed || decision.retry_after == 0 {
+        let decision = refused.decision;
+        // A wait saturated at the longest (weir-core's MAX_WAIT) is not a
+        // time that passes: answered by Redis, never counted down here.
+        let saturated = decision.retry_after.max(decision.reset) >= weir_core::policy::MAX_WAIT;
+        if decision.allowed || decision.retry_after == 0 || decision.remaining != 0 || saturated {
             return;
         }
+        let until = sent.saturating_add(decision.retry_after);
         let refusal = Refusal {
             policy: *policy,
             clock,
+            cost: refused.cost,
             seen: sent,
-            until: sent.saturating_add(decision.retry_after),
+            until,
+            unit_until: match refused.cost {
+                1 => until,
+                _ => sent.saturating_add(refused.unit_wait),
+            },
             idle_at: sent.saturating_add(decision.reset),
         };
         let mut entries = self.entries();
@@ -162,10 +191,13 @@ impl Refusals {
             // Answers can come back out of order: the refusal decided last
             // promises the most (an admission between two refusals comes
             // after the first one's `until`).
-            Some(held) if held.clock == clock && held.policy == *policy => {
+            Some(held)
+                if held.clock == clock && held.policy == *policy && held.cost == refusal.cost =>
+            {
                 held.seen = held.seen.max(refusal.seen);
                 if refusal.until > held.until {
-                    (held.until, held.idle_at) = (refusal.until, refusal.idle_at);
+                    (held.until, held.unit_until, held.idle_at) =
+                        (refusal.until, refusal.unit_until, refusal.idle_at);
                 }
             }
             _ => {

@@ -29,7 +29,9 @@
 --                      " i=ID" the lease a check takes, " x=ID" a release and
 --                      " w=ID" a renewal of lease ID (cost ignored)
 -- Returns, request after request, {all_allowed, state_lost, then per check:
--- allowed, remaining, retry_after, reset, delay, late, created} (durations
+-- allowed, remaining, retry_after, reset, delay, late, created, wait1}
+-- (`wait1`: for a check of cost above 1 that was refused, the wait until
+-- one of cost 1 fits, else 0; durations
 -- in ns; `late`: how far the key's latest time moved the check's time
 -- forward, the origin of its durations being the given time plus `late`;
 -- `created`: 1 when this call stored a key that did not exist, 2 when a
@@ -848,13 +850,14 @@ local function concurrency(L, D, cost, lease, blob, ts, tn, total)
   return allowed, remaining, retry, reset, delay, new, new, remaining, reset
 end
 
--- The checks of the request being decided, thirteen slots each from
--- `checks[13 * (i - 1)]`, reused by the next request: allowed, remaining,
+-- The checks of the request being decided, fourteen slots each from
+-- `checks[14 * (i - 1)]`, reused by the next request: allowed, remaining,
 -- retry, reset, whether the delay is over the longest allowed; the state
 -- text if charged and the refreshed one (false: none); the standing with no
 -- request (remaining, reset); shadow; late; the key was missing and must
--- not be created (2), or missing (1), or there (0); the delay. One table
--- for the call: tables are most of a check's cost.
+-- not be created (2), or missing (1), or there (0); the delay; a refusal's
+-- wait for a check of cost 1. One table for the call: tables are most of a
+-- check's cost.
 local checks = {}
 
 -- A key's state: its text (`raw`; `true` for a key lost with the store's
@@ -937,7 +940,7 @@ local function commit(k, n, all, blocked, lost, redis_time, out, no)
   out[no + 1], out[no + 2] = math.max(all, 0), lost
   no = no + 2
   for i = 1, n do
-    local c = 13 * (i - 1)
+    local c = 14 * (i - 1)
     local allowed, remaining, reset, delay = checks[c + 1], checks[c + 2], checks[c + 4], checks[c + 13]
     local refused = allowed == 0 or checks[c + 5]
     local stored = false
@@ -954,8 +957,8 @@ local function commit(k, n, all, blocked, lost, redis_time, out, no)
     elseif stored and checks[c + 12] == 1 and positive(reset) then created = 1 end
     out[no + 1], out[no + 2], out[no + 3] = allowed, remaining, reply(checks[c + 3])
     out[no + 4], out[no + 5], out[no + 6] = reply(reset), reply(delay), checks[c + 11]
-    out[no + 7] = created
-    no = no + 7
+    out[no + 7], out[no + 8] = created, reply(checks[c + 14])
+    no = no + 8
   end
   return no
 end
@@ -1010,7 +1013,16 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
       if allowed == 1 then remaining, retry, reset, delay = left0, 0, idle0, 0 end
       new = fresh
     end
-    local c = 13 * (i - 1)
+    -- Refused at a cost above 1: also the wait until a check of cost 1
+    -- fits, until which the key's remaining stays 0 (the refusal cache's
+    -- promise for this cost holds until then).
+    local wait1 = 0
+    if allowed == 0 and cost > 1 and not report and not lease then
+      local a1, _, r1 = algorithm(arg, kind, a, b, c, 1, false, false, raw, s1, s2, s3, s4, s5, s6, blob, ts, tn, nil, s7)
+      if a1 == 0 then wait1 = r1 end
+    end
+    local c = 14 * (i - 1)
+    checks[c + 14] = wait1
     checks[c + 1], checks[c + 2], checks[c + 3], checks[c + 4] = allowed, remaining, retry, reset
     checks[c + 5], checks[c + 6], checks[c + 7] = over(delay, max_delay, mode), new or false, fresh or false
     checks[c + 8], checks[c + 9], checks[c + 10] = left0, idle0, shadow
@@ -1020,7 +1032,7 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
 
   local all, blocked = 1, false
   for i = 1, n do
-    local c = 13 * (i - 1)
+    local c = 14 * (i - 1)
     if not checks[c + 10] and (checks[c + 1] == 0 or checks[c + 5]) then all = 0 end
     if checks[c + 12] == 2 then all, blocked = 0, true end
   end

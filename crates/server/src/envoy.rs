@@ -303,7 +303,27 @@ fn resolve(shared: &Shared, target: Target) -> Result<PolicyId, Status> {
     shared
         .table
         .ad_hoc(&stored_as, name, policy, rule)
-        .ok_or_else(|| Status::resource_exhausted("too many distinct descriptor limits at once"))
+        .ok_or_else(|| Status::resource_exhausted(AD_HOC_FULL))
+}
+
+/// What a request is told when every slot for descriptor limits holds one
+/// named within the last minute.
+const AD_HOC_FULL: &str = "too many distinct descriptor limits named within the last minute";
+
+/// [`answer`] from the configuration served now; when its table holds its
+/// most of the limits requests name, room is made (those unused for a
+/// minute let go) and the request is answered again.
+pub(crate) async fn answer_now(
+    state: &AppState,
+    request: &RateLimitRequest,
+) -> Result<RateLimitResponse, Status> {
+    let shared = state.current();
+    match answer(&shared, request).await {
+        Err(s) if s.message() == AD_HOC_FULL && state.make_room(&shared) => {
+            answer(&state.current(), request).await
+        }
+        answered => answered,
+    }
 }
 
 /// The gRPC status of a request the backend could not decide. A store
@@ -625,8 +645,7 @@ impl RateLimitService for RateLimiter {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
-        let shared = self.state.current();
-        let answered = answer(&shared, request.get_ref()).await;
+        let answered = answer_now(&self.state, request.get_ref()).await;
         let code = match &answered {
             Ok(r) if r.overall_code == i32::from(Code::OverLimit) => "over_limit",
             Ok(_) => "ok",
@@ -689,6 +708,57 @@ mod tests {
         // As envoyproxy/ratelimit: an unknown domain has no limits.
         let t = translate(&config, &unknown).unwrap();
         assert!(t.iter().all(Option::is_none), "{t:?}");
+    }
+
+    /// The slots for limits requests name are a least-recently-used cache:
+    /// once all are taken, a new limit makes room by letting go of those
+    /// unused for a while, keeping the recent ones with their keys; when
+    /// all were used lately, the request is refused for that while only.
+    #[tokio::test]
+    async fn descriptor_limits_make_room_for_new_ones() {
+        use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+        let config = crate::config::parse(CONFIG, &Default::default()).unwrap();
+        let state = AppState::new(Shared::new(config, None).unwrap());
+        let ask = |n: u32| {
+            let mut limited = descriptor(&[("ip", "1.2.3.4")]);
+            limited.limit = Some(RateLimitOverride {
+                requests_per_unit: n,
+                unit: Unit::Hour.into(),
+            });
+            RateLimitRequest {
+                domain: "d".into(),
+                descriptors: vec![limited],
+                hits_addend: 0,
+            }
+        };
+        let remaining = |answered: Result<RateLimitResponse, Status>| {
+            answered.unwrap().statuses[0].limit_remaining
+        };
+        for n in 1..=crate::table::AD_HOC as u32 {
+            answer_now(&state, &ask(1000 + n)).await.unwrap();
+        }
+        // Every slot was used within the minute: refused, none let go.
+        let full = answer_now(&state, &ask(5000)).await.unwrap_err();
+        assert_eq!(full.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(full.message(), AD_HOC_FULL);
+        // A while later one limit is named again (and charged): it stays,
+        // with its key, when room is made; the others give way.
+        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+        assert_eq!(remaining(answer_now(&state, &ask(1001)).await), 999);
+        let seen = state.current();
+        assert!(state.make_room_within(&seen, std::time::Duration::from_millis(50)));
+        assert!(!Arc::ptr_eq(&seen, &state.current()), "a new table serves");
+        assert_eq!(remaining(answer_now(&state, &ask(5000)).await), 5000 - 1);
+        assert_eq!(
+            remaining(answer_now(&state, &ask(1001)).await),
+            998,
+            "a recent limit keeps its keys"
+        );
+        assert_eq!(
+            remaining(answer_now(&state, &ask(1002)).await),
+            1002 - 1,
+            "a let-go limit starts afresh"
+        );
     }
 
     #[test]

@@ -203,7 +203,7 @@ pub(crate) async fn json(State(state): State<Arc<AppState>>, body: Body) -> Resp
         Ok(request) => request,
         Err(e) => return bad(e),
     };
-    match crate::envoy::answer(&shared, &request).await {
+    match crate::envoy::answer_now(&state, &request).await {
         Ok(response) => {
             let status = match Code::try_from(response.overall_code) {
                 Ok(Code::OverLimit) => StatusCode::TOO_MANY_REQUESTS,

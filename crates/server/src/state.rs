@@ -30,7 +30,7 @@ pub struct Shared {
     pub backend: Backend,
     pub(crate) meters: Meters,
     /// `[server] new_keys_per_ip`: new keys each client address may create.
-    new_keys: Option<Limiter>,
+    new_keys: Option<Arc<Limiter>>,
     /// The fingerprint of the configuration's text (0: not from a file).
     pub hash: u64,
 }
@@ -56,13 +56,13 @@ impl Shared {
                 })?;
                 let policy = Policy::token_bucket(u64::from(n), rate)
                     .map_err(|e| weir_limiter::Error::Config(e.to_string()))?;
-                Some(
+                Some(Arc::new(
                     Limiter::builder()
                         .policy(NEW_KEYS, policy)
                         .max_keys(NEW_KEY_CLIENTS)
                         .policy_max_keys(NEW_KEYS, NEW_KEY_CLIENTS)
                         .build()?,
-                )
+                ))
             }
         };
         Ok(Self {
@@ -233,6 +233,57 @@ impl AppState {
             entry.sweep_leases();
         }
         self.metrics.render()
+    }
+
+    /// Makes room for limits requests name (Envoy's per-descriptor
+    /// `limit`) when the table `seen` holds its most of them: serves from
+    /// now on the same configuration with a table that keeps the limits
+    /// named within [`crate::table::AD_HOC_RECENT`] (with their keys) and
+    /// lets the others go, as a least-recently-used cache would. The old
+    /// table lives on until the requests that use it end. False when every
+    /// limit was named that recently (no room can be made: the request is
+    /// refused as `RESOURCE_EXHAUSTED`, for a minute at most).
+    pub(crate) fn make_room(&self, seen: &Arc<Shared>) -> bool {
+        self.make_room_within(seen, crate::table::AD_HOC_RECENT)
+    }
+
+    /// [`AppState::make_room`], keeping the limits named within `within`.
+    pub(crate) fn make_room_within(&self, seen: &Arc<Shared>, within: Duration) -> bool {
+        let current = self.current();
+        if !Arc::ptr_eq(&current, seen) {
+            // Reloaded, or room made by another request, since.
+            return true;
+        }
+        let Some(recent) = current.table.ad_hoc_recent(within) else {
+            return false;
+        };
+        let mut next = match Shared::new(current.config.clone(), Some(&current)) {
+            Ok(next) => next,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot make room for new descriptor limits");
+                return false;
+            }
+        };
+        next.hash = current.hash;
+        next.new_keys = current.new_keys.clone();
+        let (limiter, previous) = (
+            &next.backend.local().limiter,
+            &current.backend.local().limiter,
+        );
+        for named in &recent {
+            let kept = next
+                .table
+                .ad_hoc(&named.stored_as, &named.name, named.policy, named.base);
+            if kept.is_some() {
+                limiter.adopt_ad_hoc(&named.stored_as, previous);
+            }
+        }
+        tracing::info!(
+            kept = recent.len(),
+            "descriptor limits: room made for new ones; those unused for a minute let go"
+        );
+        let _ = self.current.compare_and_swap(&current, Arc::new(next));
+        true
     }
 
     /// The configuration being served.

@@ -234,12 +234,36 @@ pub struct PolicyTable {
     near_limit: Option<u64>,
     /// Entries added by requests that name their own limit.
     ad_hoc: Box<[OnceLock<Entry>]>,
-    ad_hoc_names: Mutex<HashMap<String, PolicyId>>,
+    ad_hoc_names: Mutex<HashMap<String, AdHoc>>,
     store: StoreConfig,
 }
 
-/// The most limits requests may name (Envoy's per-descriptor `limit`).
+/// The most limits requests may name (Envoy's per-descriptor `limit`) in
+/// one table; when they are all taken, the state makes a table whose limits
+/// are those used within [`AD_HOC_RECENT`] (see `AppState::make_room`).
 pub const AD_HOC: usize = weir_limiter::AD_HOC;
+
+/// A limit named by a request within this long is kept when room is made
+/// for new ones; older ones give way (and, in process, their keys).
+pub const AD_HOC_RECENT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A limit a request named: its entry, the rule it was named under, and
+/// when a request last named it.
+#[derive(Debug)]
+struct AdHoc {
+    id: PolicyId,
+    base: Option<PolicyId>,
+    used: std::time::Instant,
+}
+
+/// A limit a request named, as [`PolicyTable::ad_hoc`] takes it.
+#[derive(Debug, Clone)]
+pub(crate) struct Named {
+    pub(crate) stored_as: String,
+    pub(crate) name: String,
+    pub(crate) policy: Policy,
+    pub(crate) base: Option<PolicyId>,
+}
 
 impl PolicyTable {
     /// The table of `policies` (ids are their indexes) and `overrides`.
@@ -338,11 +362,13 @@ impl PolicyTable {
             .ad_hoc_names
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(&id) = names.get(stored_as) {
-            return Some(id);
+        if let Some(known) = names.get_mut(stored_as) {
+            known.used = std::time::Instant::now();
+            return Some(known.id);
         }
         let slot = names.len();
         let cell = self.ad_hoc.get(slot)?;
+        let base_id = base;
         let base = base.map(|b| self.get(b));
         let config = PolicyConfig {
             name: name.to_owned(),
@@ -354,8 +380,40 @@ impl PolicyTable {
         };
         let _ = cell.set(Entry::new(&config, stored_as.to_owned(), &self.store));
         let id = PolicyId(self.entries.len() + slot);
-        names.insert(stored_as.to_owned(), id);
+        let used = std::time::Instant::now();
+        names.insert(
+            stored_as.to_owned(),
+            AdHoc {
+                id,
+                base: base_id,
+                used,
+            },
+        );
         Some(id)
+    }
+
+    /// The limits requests named within `within`, to carry into a table
+    /// that makes room for new ones; `None` when every slot is still taken
+    /// by one of them (no room would be made).
+    pub(crate) fn ad_hoc_recent(&self, within: std::time::Duration) -> Option<Vec<Named>> {
+        let names = self
+            .ad_hoc_names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let recent: Vec<Named> = names
+            .iter()
+            .filter(|(_, a)| a.used.elapsed() < within)
+            .map(|(stored_as, a)| {
+                let entry = self.get(a.id);
+                Named {
+                    stored_as: stored_as.clone(),
+                    name: entry.name.clone(),
+                    policy: entry.policy,
+                    base: a.base,
+                }
+            })
+            .collect();
+        (recent.len() < AD_HOC).then_some(recent)
     }
 
     /// The policy a client named (the decision API, the admin endpoints).
