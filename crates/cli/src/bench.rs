@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow};
+use anyhow::{Context, anyhow, bail};
 use hdrhistogram::Histogram;
 use weir_core::units::parse_duration;
 use weir_limiter::Limiter;
@@ -99,6 +99,16 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         serde_json::json!({ "refused_new_keys": total.refused, "keys_stored": limiter.len() });
     let report = total.report(&policy, args, start.elapsed().as_secs_f64(), extra);
     println!("{report}");
+    // A run whose calls failed did not measure what it says: an error.
+    if total.refused > 0 {
+        bail!(
+            "{} of {} checks failed at the store ({}): the rates above count only the {} decided",
+            total.refused,
+            total.decisions,
+            weir_redis::redacted(&args.store),
+            total.decisions - total.refused
+        );
+    }
     Ok(())
 }
 
@@ -146,9 +156,10 @@ impl Tally {
             "policy": policy.to_string(),
             "keys": args.keys,
             "threads": args.threads,
-            "decisions": self.decisions,
+            "decisions": self.decisions - self.refused,
             "seconds": seconds,
-            "decisions_per_sec": self.decisions as f64 / seconds,
+            // Only what was decided: a failed call is not a decision.
+            "decisions_per_sec": (self.decisions - self.refused) as f64 / seconds,
             "allowed": self.allowed,
             "rejected": self.decisions - self.allowed - self.refused,
             "p50_ns": self.latency.value_at_quantile(0.5),
@@ -277,6 +288,16 @@ fn run_redis(args: &Args, policy: weir_core::Policy, duration: u64) -> anyhow::R
     });
     let report = total.report(&policy, args, start.elapsed().as_secs_f64(), extra);
     println!("{report}");
+    // A run whose calls failed did not measure what it says: an error.
+    if total.refused > 0 {
+        bail!(
+            "{} of {} checks failed at the store ({}): the rates above count only the {} decided",
+            total.refused,
+            total.decisions,
+            weir_redis::redacted(&args.store),
+            total.decisions - total.refused
+        );
+    }
     Ok(())
 }
 

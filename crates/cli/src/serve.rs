@@ -204,6 +204,8 @@ fn serve_source(source: Source, reload: Reload, ignored: &[String]) -> anyhow::R
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    // Before anything connects in the background or listens.
+    runtime.block_on(credentials_accepted(&config.store))?;
     if let Some(telemetry) = &config.server.telemetry {
         runtime
             .block_on(async { weir_server::telemetry::install(telemetry) })
@@ -265,12 +267,11 @@ async fn serve(source: Source, reload: Reload, ignored: &[String]) -> anyhow::Re
     let reloadable = path.is_some() || source.generated.is_some();
     let state = AppState::from_source(source).map_err(|e| anyhow!("{e}"))?;
     let config = &state.current().config;
-    credentials_accepted(&config.store).await?;
     let listeners = Listeners::bind(&config.server)?;
     let file = path
         .as_ref()
         .map_or("example".into(), |p| p.display().to_string());
-    listeners.announce(config.server.json_logs, &file)?;
+    listeners.announce(&config.server, &file)?;
     if !ignored.is_empty() {
         tracing::warn!(variables = %ignored.join(", "), "weir does not read these: they tune envoyproxy/ratelimit's own implementation, or weir does otherwise (docs/MIGRATING.md)");
     }
@@ -347,24 +348,37 @@ impl Listeners {
 
     /// What listens where: a plain line each for people (and scripts), or
     /// — JSON logs are JSON only — one log object each.
-    fn announce(&self, json: bool, file: &str) -> anyhow::Result<()> {
+    fn announce(
+        &self,
+        server: &weir_server::config::ServerConfig,
+        file: &str,
+    ) -> anyhow::Result<()> {
+        let json = server.json_logs;
         let announce = |what: &str, url: String| match json {
             true => tracing::info!(target: "weir::listening", %url, config = %file, "{what}"),
             false => eprintln!("{what} on {url}"),
         };
+        // The scheme a client uses: https on a listener with TLS.
+        let scheme = |tls: bool| if tls { "https" } else { "http" };
+        let main = self.main.local_addr()?;
         announce(
             "weir listening",
-            format!("http://{}", self.main.local_addr()?),
+            format!("{}://{main}", scheme(server.tls.is_some())),
         );
         if let Some(grpc) = &self.grpc {
             let at = grpc.local_addr()?;
-            announce("weir rate limit service (gRPC)", at.to_string());
+            let tls = if server.grpc_tls.is_some() {
+                " (TLS)"
+            } else {
+                ""
+            };
+            announce("weir rate limit service (gRPC)", format!("{at}{tls}"));
         }
         if let Some(internal) = &self.internal {
             let at = internal.local_addr()?;
             announce(
                 "weir internal (decision API, admin, metrics)",
-                format!("http://{at}"),
+                format!("{}://{at}", scheme(server.internal_tls.is_some())),
             );
         }
         Ok(())

@@ -636,10 +636,48 @@ fn refused_credentials_stop_serve_and_no_command_shows_the_password() {
     );
 
     let bench = crate::serve::weir()
-        .args(["bench", "--duration", "1s", "--store", &inside])
+        .args([
+            "bench",
+            "--algorithm",
+            "gcra",
+            "--burst",
+            "2",
+            "--rate",
+            "1/s",
+        ])
+        .args(["--duration", "1s", "--store", &inside])
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&bench.stderr);
     assert!(!bench.status.success(), "{said}");
     assert!(!said.contains("wrong-pw"), "{said}");
+}
+
+/// `weir bench` on a store whose every call fails (here Redis refuses the
+/// script) reports no rate for what it did not decide, and exits 1.
+#[test]
+fn bench_fails_loudly_when_the_store_fails() {
+    let redis = weir_testkit::RedisServer::start(&[]);
+    redis.cli(&["ACL", "SETUSER", "default", "-evalsha", "-eval"]);
+    let bench = crate::serve::weir()
+        .args([
+            "bench",
+            "--algorithm",
+            "gcra",
+            "--burst",
+            "2",
+            "--rate",
+            "1/s",
+        ])
+        .args(["--duration", "500ms", "--store", &redis.url()])
+        .output()
+        .unwrap();
+    let (out, said) = (
+        String::from_utf8_lossy(&bench.stdout),
+        String::from_utf8_lossy(&bench.stderr),
+    );
+    assert!(!bench.status.success(), "{out}{said}");
+    assert!(said.contains("checks failed at the store"), "{said}");
+    let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(report["decisions_per_sec"], 0.0, "{report}");
 }

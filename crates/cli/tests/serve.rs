@@ -58,14 +58,17 @@ impl Server {
             let line = log
                 .recv_timeout(Duration::from_secs(20))
                 .expect("weir starts");
-            if let Some(addr) = line.strip_prefix("weir listening on http://") {
+            if let Some(addr) = line
+                .strip_prefix("weir listening on http://")
+                .or_else(|| line.strip_prefix("weir listening on https://"))
+            {
                 break addr.to_owned();
             }
             // JSON logs: the same, as a log object.
             let json = serde_json::from_str::<serde_json::Value>(&line).unwrap_or_default();
             if json["fields"]["message"] == "weir listening" {
                 let url = json["fields"]["url"].as_str().unwrap();
-                break url.trim_start_matches("http://").to_owned();
+                break url.split("://").last().unwrap().to_owned();
             }
         };
         let log = std::sync::Mutex::new(log);
@@ -618,5 +621,57 @@ fn the_access_log_has_a_line_per_gateway_request() {
             l.contains("\"INFO\"") && !l.contains("\"access\"") && !l.contains("weir listening")
         });
         assert_eq!(infos.count(), 0, "{lines:#?}");
+    }
+}
+
+/// Every thread of the listener serves the last certificate that loaded:
+/// rotated to a new pair, then the files written badly, no handshake shows
+/// the first pair again (each thread once kept a pair of its own, and one
+/// that missed the rotation went back to the first).
+#[test]
+fn a_bad_certificate_write_keeps_the_last_good_one_on_every_thread() {
+    let (first, rotated) = (
+        weir_testkit::Certs::new("cli-rotate-first"),
+        weir_testkit::Certs::new("cli-rotate-second"),
+    );
+    let live = weir_testkit::Certs::new("cli-rotate-live");
+    for file in ["server.pem", "server-key.pem"] {
+        std::fs::copy(first.path(file), live.path(file)).unwrap();
+    }
+    let both = [first.read("ca.pem"), rotated.read("ca.pem")].concat();
+    std::fs::write(first.path("ca.pem"), both).unwrap();
+    let config = format!(
+        "[server.tls]\ncert = \"{}\"\nkey = \"{}\"\n\n[policies.api]\nalgorithm = \"gcra\"\nburst = 5\nrate = \"1/s\"\n",
+        live.path("server.pem").display(),
+        live.path("server-key.pem").display()
+    );
+    let path = temp("rotate-threads.toml", &config);
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
+    let addr: std::net::SocketAddr = server.addr.parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let shown = || runtime.block_on(first.shown(addr)).unwrap();
+    let replace = |file: &str, bytes: &[u8]| {
+        let staged = live.path(&format!("{file}.staged"));
+        std::fs::write(&staged, bytes).unwrap();
+        std::fs::rename(&staged, live.path(file)).unwrap();
+    };
+    assert_eq!(shown(), first.leaf());
+    std::thread::sleep(Duration::from_millis(1_100));
+    replace("server.pem", &rotated.read("server.pem"));
+    replace("server-key.pem", &rotated.read("server-key.pem"));
+    // One handshake that sees the new pair, then the files broken at once.
+    let seen = eventually(Duration::from_secs(5), || shown() == rotated.leaf());
+    assert!(seen, "the rotated pair is served");
+    replace("server-key.pem", b"not a key");
+    std::thread::sleep(Duration::from_millis(1_100));
+    for _ in 0..20 {
+        assert_eq!(
+            shown(),
+            rotated.leaf(),
+            "the last good pair, on every thread"
+        );
     }
 }

@@ -135,6 +135,14 @@ impl ApiError {
                         error: CostError::Zero,
                         ..
                     } => (S::UNPROCESSABLE_ENTITY, "INVALID_COST"),
+                    CheckError::Cost {
+                        error: CostError::NoLeases,
+                        ..
+                    } => (S::UNPROCESSABLE_ENTITY, "NOT_A_CONCURRENCY_POLICY"),
+                    CheckError::Cost {
+                        error: CostError::NoReports,
+                        ..
+                    } => (S::UNPROCESSABLE_ENTITY, "NO_REPORTS"),
                     CheckError::Cost { .. } => (S::UNPROCESSABLE_ENTITY, "COST_NEVER_FITS"),
                     CheckError::KeyTooLong { .. } => (S::UNPROCESSABLE_ENTITY, "KEY_TOO_LONG"),
                     CheckError::DuplicateCheck { .. } => {

@@ -63,6 +63,9 @@ pub enum Target {
     Report(PolicyId),
     /// A `refuse = true` rule: over the limit, whatever is counted.
     Refuse,
+    /// An `unlimited = true` rule: `OK`, nothing counted, and (as
+    /// envoyproxy/ratelimit answers) `limit_remaining` 4294967295.
+    Unlimited,
     /// The descriptor's own `limit` (`RateLimitOverride`): the matched
     /// rule's algorithm with its quota replaced, or — no rule matching — a
     /// fixed window of `requests_per_unit` per `unit`.
@@ -116,7 +119,14 @@ pub fn translate(config: &Config, request: &RateLimitRequest) -> Result<Translat
             .collect();
         let (rule, shared) = match config.descriptor_tree.find(&request.domain, &entries) {
             Found::Limit { limit, shared } => (config.descriptors.get(*limit), shared),
-            Found::None | Found::UnknownDomain => (None, Vec::new()),
+            Found::None => (None, Vec::new()),
+            // As envoyproxy/ratelimit: a domain it does not know has no
+            // limits, not even one the descriptor names itself.
+            Found::UnknownDomain => {
+                names.push(None);
+                out.push(None);
+                continue;
+            }
         };
         // A descriptor's own limit bypasses the rules: it neither replaces
         // nor is replaced.
@@ -150,8 +160,9 @@ pub fn translate(config: &Config, request: &RateLimitRequest) -> Result<Translat
                 None,
             ) => Target::Rule(*policy),
             (Some(DescriptorRule { refuse: true, .. }), None) => Target::Refuse,
-            // No rule, or an unlimited one.
-            (_, None) => {
+            (Some(_), None) => Target::Unlimited,
+            // No rule.
+            (None, None) => {
                 out.push(None);
                 continue;
             }
@@ -285,7 +296,11 @@ fn resolve(shared: &Shared, target: Target) -> Result<PolicyId, Status> {
     let (rule, requests_per_unit, unit) = match target {
         Target::Rule(id) | Target::Report(id) => return Ok(id),
         // Answered before any policy is resolved (see `refused`).
-        Target::Refuse => return Err(Status::internal("a refusing rule has no policy")),
+        Target::Refuse | Target::Unlimited => {
+            return Err(Status::internal(
+                "a refusing or unlimited rule has no policy",
+            ));
+        }
         Target::Limit {
             rule,
             requests_per_unit,
@@ -421,21 +436,29 @@ pub(crate) async fn answer(
         .iter()
         .map(|t| matches!(t, Some((Target::Report(_), _, _))))
         .collect();
+    let statuses = translated
+        .iter()
+        .map(|t| DescriptorStatus {
+            code: Code::Ok.into(),
+            limit_remaining: match t {
+                Some((Target::Unlimited, _, _)) => u32::MAX,
+                _ => 0,
+            },
+            ..DescriptorStatus::default()
+        })
+        .collect();
     let mut translated: Vec<Option<(PolicyId, &str, u64)>> = translated
         .iter()
         .map(|t| {
             t.as_ref()
+                .filter(|(target, _, _)| *target != Target::Unlimited)
                 .map(|(target, key, cost)| Ok((resolve(shared, *target)?, key.as_str(), *cost)))
                 .transpose()
         })
         .collect::<Result<_, Status>>()?;
-    let ok = DescriptorStatus {
-        code: Code::Ok.into(),
-        ..DescriptorStatus::default()
-    };
     let mut response = RateLimitResponse {
         overall_code: Code::Ok.into(),
-        statuses: vec![ok; translated.len()],
+        statuses,
         ..RateLimitResponse::default()
     };
     report(shared, &mut translated, &reporting, &mut response).await?;
@@ -472,8 +495,10 @@ fn refused(translated: &Translated) -> RateLimitResponse {
         .iter()
         .map(|t| {
             let refuse = matches!(t, Some((Target::Refuse, _, _)));
+            let unlimited = matches!(t, Some((Target::Unlimited, _, _)));
             DescriptorStatus {
                 code: if refuse { Code::OverLimit } else { Code::Ok }.into(),
+                limit_remaining: if unlimited { u32::MAX } else { 0 },
                 current_limit: refuse.then(|| RateLimit {
                     name: "refuse".into(),
                     requests_per_unit: 0,

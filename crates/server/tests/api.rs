@@ -145,6 +145,21 @@ async fn bad_input_gets_its_own_4xx_and_charges_nothing() {
         );
         assert!(reply.json()["detail"].is_string());
     }
+    // A release on a policy that holds no leases says so.
+    let release = format!("http://{addr}/v1/release");
+    let reply = send(
+        "POST",
+        &release,
+        &[],
+        r#"{"policy":"api","key":"x","lease":"00000000000000ab"}"#,
+    )
+    .await;
+    assert_eq!(
+        (reply.status, reply.json()["error"].as_str().unwrap()),
+        (422, "NOT_A_CONCURRENCY_POLICY"),
+        "{}",
+        reply.body
+    );
     let long = format!(r#"{{"policy":"api","key":"{}"}}"#, "k".repeat(600));
     assert_eq!(
         send("POST", &url, &[], &long).await.json()["error"],

@@ -480,6 +480,17 @@ async fn a_descriptor_with_its_own_limit_is_decided_at_that_limit() {
         codes.push(answer.statuses[0].code);
     }
     assert_eq!(codes, [ok, over]);
+    // A domain weir does not know has no limits, not even the request's
+    // own (as envoyproxy/ratelimit).
+    for _ in 0..3 {
+        let request = RateLimitRequest {
+            domain: "nobody-knows".into(),
+            descriptors: vec![limited(&[("tenant", "y")], 1)],
+            hits_addend: 0,
+        };
+        let answer = client.should_rate_limit(request).await.unwrap();
+        assert_eq!(answer.into_inner().overall_code, ok);
+    }
 }
 
 #[tokio::test]
@@ -670,10 +681,26 @@ replaces = ["free"]
     assert_eq!(decide(&[("path", "/api/a")]).await, Code::Ok);
     assert_eq!(decide(&[("path", "/api/a")]).await, Code::OverLimit);
     assert_eq!(decide(&[("path", "/api/b")]).await, Code::Ok, "its own key");
-    // The exact value before the wildcard: unlimited.
+    // The exact value before the wildcard: unlimited, with
+    // envoyproxy/ratelimit's limit_remaining (math.MaxUint32); no rule at
+    // all answers 0.
     for _ in 0..3 {
         assert_eq!(decide(&[("path", "/api/health")]).await, Code::Ok);
     }
+    drop(decide);
+    let remaining = |r: RateLimitResponse| r.statuses[0].limit_remaining;
+    let health = vec![descriptor(&[("path", "/api/health")], None)];
+    let unlimited = ask(&mut client, health, 0).await.unwrap();
+    assert_eq!(remaining(unlimited), u32::MAX);
+    let nothing = vec![descriptor(&[("nothing", "here")], None)];
+    assert_eq!(remaining(ask(&mut client, nothing, 0).await.unwrap()), 0);
+    let mut decide = async |entries: &[(&str, &str)]| {
+        code(
+            &ask(&mut client, vec![descriptor(entries, None)], 0)
+                .await
+                .unwrap(),
+        )
+    };
     // The default after both: two.
     for expected in [Code::Ok, Code::Ok, Code::OverLimit] {
         assert_eq!(decide(&[("path", "/cart")]).await, expected);
@@ -776,6 +803,9 @@ fn an_imported_envoyproxy_ratelimit_config_decides_as_its_files() {
                     }
                     let sharing = shared.iter().any(Option::is_some);
                     assert_eq!(key.contains('~'), sharing, "{why}: {key}");
+                }
+                Found::Limit { .. } => {
+                    assert_eq!(got.map(|g| g.0), Some(Target::Unlimited), "{why}")
                 }
                 _ => assert_eq!(got, None, "{why}"),
             }

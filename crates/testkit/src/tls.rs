@@ -111,6 +111,33 @@ impl Certs {
     }
 }
 
+impl Certs {
+    /// The DER of this set's server certificate (`server.pem`'s leaf).
+    pub fn leaf(&self) -> Vec<u8> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        let leaf: CertificateDer<'static> =
+            CertificateDer::pem_slice_iter(&self.read("server.pem"))
+                .next()
+                .unwrap()
+                .unwrap();
+        leaf.to_vec()
+    }
+
+    /// The leaf certificate a TLS server at `addr` shows in a full
+    /// handshake, trusting this set's CA.
+    pub async fn shown(&self, addr: std::net::SocketAddr) -> Result<Vec<u8>, std::io::Error> {
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let tls = self
+            .connector(false, &[b"http/1.1"])
+            .connect(name, tcp)
+            .await?;
+        let shown = tls.get_ref().1.peer_certificates().and_then(|c| c.first());
+        Ok(shown.map(|c| c.to_vec()).unwrap_or_default())
+    }
+}
+
 impl Drop for Certs {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
