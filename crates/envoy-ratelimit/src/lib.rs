@@ -293,8 +293,10 @@ pub struct Leaf<'a> {
     /// The path to its node: each step's key, value (`None` for the
     /// key's default) and `share_threshold`.
     pub path: Vec<(&'a str, Option<&'a str>, bool)>,
-    /// The limit.
-    pub limit: &'a Limit,
+    /// The limit; `None` for a node without a `rate_limit` (no limit
+    /// applies to what it matches, however a default or wildcard beside
+    /// it is limited).
+    pub limit: Option<&'a Limit>,
 }
 
 impl Node<Limit> {
@@ -305,11 +307,13 @@ impl Node<Limit> {
         path: &mut Vec<(&'a str, Option<&'a str>, bool)>,
         out: &mut Vec<Leaf<'a>>,
     ) {
-        if let Some(limit) = &self.limit {
+        // Every node but the domain's root: one without a limit still
+        // matches before a default or wildcard does.
+        if self.limit.is_some() || !path.is_empty() {
             out.push(Leaf {
                 domain,
                 path: path.clone(),
-                limit,
+                limit: self.limit.as_ref(),
             });
         }
         let mut children: Vec<(&String, &Node<Limit>)> = self.children.iter().collect();

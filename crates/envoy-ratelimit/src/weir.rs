@@ -1,5 +1,6 @@
 //! envoyproxy/ratelimit's limits as weir's configuration: a fixed-window
-//! policy per limit and a `[[descriptors]]` rule per node that has one. The
+//! policy per limit and a `[[descriptors]]` rule per node (one without a
+//! limit exempts what it matches). The
 //! rules form the same tree, matched the same way, so the configuration
 //! decides every descriptor as the files do; `weir config import
 //! envoy-ratelimit` prints it, and `weir envoy-ratelimit` serves it.
@@ -7,7 +8,7 @@
 use std::collections::HashSet;
 use std::fmt::Write as _;
 
-use crate::{Leaf, Limits, Unit};
+use crate::{Limits, Unit};
 
 /// Options of the translation.
 #[derive(Debug, Clone, Copy, Default)]
@@ -18,8 +19,9 @@ pub struct Options {
 
 /// The policies and rules of `limits` as weir TOML (no `[server]` or
 /// `[store]`): a policy per limit, named by [`policy_name`] (made unique),
-/// and a rule per node with a limit — `unlimited = true` for theirs,
-/// `refuse = true` for a `requests_per_unit` of 0.
+/// and a rule per node — `unlimited = true` for theirs, `refuse = true` for
+/// a `requests_per_unit` of 0, `no_limit = true` for a node without a
+/// `rate_limit`.
 pub fn to_toml(limits: &Limits, options: Options) -> String {
     let leaves = limits.limits();
     let mut out = String::new();
@@ -37,13 +39,17 @@ pub fn to_toml(limits: &Limits, options: Options) -> String {
         let _ = writeln!(rules, "\n[[descriptors]]");
         let _ = writeln!(rules, "domain = {}", quote(leaf.domain));
         let _ = writeln!(rules, "entries = [{}]", entries.join(", "));
-        let limit = leaf.limit;
+        let Some(limit) = leaf.limit else {
+            // A node without a limit: what it matches is exempt.
+            let _ = writeln!(rules, "no_limit = true");
+            continue;
+        };
         match (limit.unlimited, limit.unit) {
             (true, _) => {
                 let _ = writeln!(rules, "unlimited = true");
             }
             (false, Some(unit)) if limit.requests_per_unit > 0 => {
-                let name = unique_name(leaf, &mut names);
+                let name = unique_name(limit, &mut names);
                 let _ = writeln!(out, "\n# {}", limit.path);
                 let _ = writeln!(out, "[policies.{name}]");
                 let _ = writeln!(out, "algorithm = \"fixed-window\"");
@@ -103,22 +109,28 @@ fn window(unit: Unit) -> String {
 }
 
 /// The policy name of a limit's path (`domain.key_value.key`): its letters,
-/// digits, `-` and `_`, anything else a `-`, at most 56 bytes.
+/// digits, `-` and `_`, anything else a `-`; a path longer than a policy
+/// name may be (60 bytes, room left for [`unique_name`]'s `-N`) keeps its
+/// start and its end around a `--`, so that the key it ends with still
+/// shows.
 pub fn policy_name(path: &str) -> String {
-    let mut name: String = path
+    let name: String = path
         .chars()
         .map(|c| match c {
             'a'..='z' | 'A'..='Z' | '0'..='9' | '-' | '_' => c,
             _ => '-',
         })
         .collect();
-    name.truncate(56);
-    name
+    if name.len() <= 60 {
+        return name;
+    }
+    // ASCII only by now: byte positions are characters.
+    format!("{}--{}", &name[..29], &name[name.len() - 29..])
 }
 
 /// [`policy_name`], with `-2`, `-3`… where it is taken.
-fn unique_name(leaf: &Leaf<'_>, taken: &mut HashSet<String>) -> String {
-    let base = policy_name(&leaf.limit.path);
+fn unique_name(limit: &crate::Limit, taken: &mut HashSet<String>) -> String {
+    let base = policy_name(&limit.path);
     let mut name = base.clone();
     let mut n = 2;
     while !taken.insert(name.clone()) {

@@ -99,7 +99,10 @@ fn a_limit_applies_only_at_the_node_the_last_entry_reaches() {
         (six.name.as_deref(), six.replaces.as_slice()),
         (Some("yearly"), &["other".to_owned()][..])
     );
-    assert_eq!(limits.limits().len(), 9);
+    // Nine limits, and two nodes without one (each a rule of its own).
+    let leaves = limits.limits();
+    assert_eq!(leaves.iter().filter(|l| l.limit.is_some()).count(), 9);
+    assert_eq!(leaves.len(), 11);
 }
 
 #[test]
@@ -260,14 +263,19 @@ fn invalid_files_are_refused_naming_the_file_and_the_descriptor() {
 /// finds what the files find, request by request.
 #[test]
 fn a_tree_rebuilt_from_its_paths_matches_alike() {
-    let wild = "domain: shop\ndescriptors:\n  - key: path\n    value: /api/*\n    share_threshold: true\n    descriptors:\n      - key: method\n        rate_limit: { unit: second, requests_per_unit: 7 }\n  - key: path\n    value: /api/v*\n    rate_limit: { unit: second, requests_per_unit: 8 }\n";
+    let wild = "domain: shop\ndescriptors:\n  - key: path\n    value: /api/*\n    share_threshold: true\n    descriptors:\n      - key: method\n        rate_limit: { unit: second, requests_per_unit: 7 }\n  - key: path\n    value: /api/v*\n    rate_limit: { unit: second, requests_per_unit: 8 }\n  - key: remote_address\n    rate_limit: { unit: second, requests_per_unit: 9 }\n  - key: remote_address\n    value: 10.0.0.1\n";
     let limits = Limits::load([("shop.yaml", SHOP), ("wild.yaml", wild)], true).unwrap();
     let mut tree = weir_envoy_ratelimit::Tree::default();
     for leaf in limits.limits() {
         let path: Vec<(&str, Option<&str>)> = leaf.path.iter().map(|&(k, v, _)| (k, v)).collect();
         let shared = leaf.path.iter().any(|&(_, _, s)| s);
-        tree.insert(leaf.domain, &path, leaf.limit.path.clone(), shared)
-            .unwrap();
+        tree.insert(
+            leaf.domain,
+            &path,
+            leaf.limit.map(|l| l.path.clone()),
+            shared,
+        )
+        .unwrap();
     }
     let requests: &[&[(&str, &str)]] = &[
         &[("key1", "v"), ("subkey1", "x")],
@@ -283,6 +291,9 @@ fn a_tree_rebuilt_from_its_paths_matches_alike() {
         &[("path", "/api/x"), ("method", "GET")],
         &[("path", "/api/v1")],
         &[("path", "/other")],
+        // A value without a limit beside a limited default: exempt.
+        &[("remote_address", "10.0.0.1")],
+        &[("remote_address", "10.0.0.2")],
     ];
     for entries in requests {
         let from_files = match limits.find("shop", entries) {
@@ -290,7 +301,10 @@ fn a_tree_rebuilt_from_its_paths_matches_alike() {
             _ => None,
         };
         let rebuilt = match tree.find("shop", entries) {
-            Found::Limit { limit, shared } => Some((limit.clone(), shared)),
+            Found::Limit {
+                limit: Some(path),
+                shared,
+            } => Some((path.clone(), shared)),
             _ => None,
         };
         assert_eq!(rebuilt, from_files, "{entries:?}");

@@ -89,6 +89,15 @@ pub const MAX_DESCRIPTORS: usize = 64;
 /// identity — its domain, keys and values as Envoy sent them — is at most
 /// [`MAX_IDENTITY`] bytes, the bound of every face.
 pub fn translate(config: &Config, request: &RateLimitRequest) -> Result<Translated, String> {
+    translate_named(config, request).map(|(translated, _)| translated)
+}
+
+/// [`translate`], and per descriptor the `name` of the rule that matched it
+/// (its `current_limit.name`, as envoyproxy/ratelimit answers the YAML's).
+fn translate_named<'c>(
+    config: &'c Config,
+    request: &RateLimitRequest,
+) -> Result<(Translated, Vec<Option<&'c str>>), String> {
     if request.domain.is_empty() {
         return Err("`domain` is empty".into());
     }
@@ -160,6 +169,11 @@ pub fn translate(config: &Config, request: &RateLimitRequest) -> Result<Translat
                 None,
             ) => Target::Rule(*policy),
             (Some(DescriptorRule { refuse: true, .. }), None) => Target::Refuse,
+            // Matched, and exempt: answered as no rule is.
+            (Some(DescriptorRule { no_limit: true, .. }), None) => {
+                out.push(None);
+                continue;
+            }
             (Some(_), None) => Target::Unlimited,
             // No rule.
             (None, None) => {
@@ -213,7 +227,7 @@ pub fn translate(config: &Config, request: &RateLimitRequest) -> Result<Translat
             }
         }
     }
-    Ok(out)
+    Ok((out, names))
 }
 
 /// A policy's sustained limit as Envoy shows it: requests per unit — a
@@ -424,7 +438,8 @@ pub(crate) async fn answer(
     shared: &Shared,
     request: &RateLimitRequest,
 ) -> Result<RateLimitResponse, Status> {
-    let translated = translate(&shared.config, request).map_err(Status::invalid_argument)?;
+    let (translated, names) =
+        translate_named(&shared.config, request).map_err(Status::invalid_argument)?;
     if translated
         .iter()
         .flatten()
@@ -480,7 +495,7 @@ pub(crate) async fn answer(
         )
         .await;
     match decided {
-        Ok(verdict) => Ok(answered(shared, response, &checks, &slot, &verdict)),
+        Ok(verdict) => Ok(answered(shared, response, &checks, &slot, &names, &verdict)),
         Err(Undecided::Unavailable { denied: true }) => {
             Ok(store_unavailable(response, &translated))
         }
@@ -555,6 +570,7 @@ fn answered(
     mut response: RateLimitResponse,
     checks: &[Check<'_>],
     slot: &[Option<usize>],
+    names: &[Option<&str>],
     verdict: &crate::backend::Verdict,
 ) -> RateLimitResponse {
     let ids: Vec<PolicyId> = checks.iter().map(|c| c.policy).collect();
@@ -564,7 +580,7 @@ fn answered(
         .map(|(id, d)| shared.table.get(*id).part(d, verdict.degraded))
         .collect();
     let parts = verdict.visible(&shared.table, &ids);
-    for (status, s) in response.statuses.iter_mut().zip(slot) {
+    for ((status, s), rule_name) in response.statuses.iter_mut().zip(slot).zip(names) {
         let Some(i) = *s else { continue };
         let (part, check) = (&decided[i], &checks[i]);
         // A shadow policy that would refuse answers OK.
@@ -573,7 +589,8 @@ fn answered(
             false => Code::Ok,
         };
         let policy = &shared.table.get(check.policy).policy;
-        *status = descriptor_status(code, part.name, policy, &part.decision);
+        let name = rule_name.unwrap_or(part.name);
+        *status = descriptor_status(code, name, policy, &part.decision);
     }
     // `[server] envoy_header_names`: the X-RateLimit fields under other
     // names (envoyproxy/ratelimit's LIMIT_*_HEADER).
@@ -617,7 +634,8 @@ pub(crate) async fn rlconfig(
     let shared = state.current();
     let config = &shared.config;
     let mut out = String::new();
-    for rule in &config.descriptors {
+    // A node without a limit is not one of theirs to print.
+    for rule in config.descriptors.iter().filter(|r| !r.no_limit) {
         let path: Vec<String> = rule
             .entries
             .iter()

@@ -652,6 +652,11 @@ policy = "two"
 
 [[descriptors]]
 domain = "kartly"
+entries = ["path=/status"]
+no_limit = true
+
+[[descriptors]]
+domain = "kartly"
 entries = ["file=*.pdf"]
 policy = "one"
 share_threshold = true
@@ -694,6 +699,21 @@ replaces = ["free"]
     assert_eq!(remaining(unlimited), u32::MAX);
     let nothing = vec![descriptor(&[("nothing", "here")], None)];
     assert_eq!(remaining(ask(&mut client, nothing, 0).await.unwrap()), 0);
+    // A rule's YAML-style `name` is its descriptors' current_limit.name.
+    let free = vec![descriptor(&[("tenant", "t1"), ("plan", "free")], None)];
+    let answered = ask(&mut client, free, 0).await.unwrap();
+    assert_eq!(
+        answered.statuses[0].current_limit.as_ref().unwrap().name,
+        "free"
+    );
+    // A node without a limit (their whitelisting): the default beside it
+    // does not apply, and it answers as no rule does.
+    for _ in 0..4 {
+        let status = vec![descriptor(&[("path", "/status")], None)];
+        let answered = ask(&mut client, status, 0).await.unwrap();
+        assert_eq!(answered.overall_code, i32::from(Code::Ok));
+        assert_eq!(remaining(answered), 0);
+    }
     let mut decide = async |entries: &[(&str, &str)]| {
         code(
             &ask(&mut client, vec![descriptor(entries, None)], 0)

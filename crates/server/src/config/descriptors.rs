@@ -27,6 +27,11 @@ pub struct DescriptorRule {
     /// `refuse = true`: every descriptor it matches is over the limit
     /// (envoyproxy/ratelimit's `requests_per_unit: 0`).
     pub refuse: bool,
+    /// `no_limit = true`: matched, and no limit applies — not even a
+    /// default or wildcard rule beside it (envoyproxy/ratelimit's node
+    /// without a `rate_limit`, their way to exempt a value). Unlike
+    /// `unlimited`, answered as no rule is (`limit_remaining` 0).
+    pub no_limit: bool,
     /// `report = true`: its descriptors are usage reported after the fact
     /// (always `OK`, charged with `hits_addend`), e.g. the call Envoy makes
     /// when a stream is done (`apply_on_stream_done`).
@@ -54,6 +59,7 @@ pub(super) struct Raw {
     policy: Option<Spanned<String>>,
     unlimited: Option<Spanned<bool>>,
     refuse: Option<Spanned<bool>>,
+    no_limit: Option<Spanned<bool>>,
     report: Option<bool>,
     key_entries: Option<Spanned<Vec<String>>>,
     name: Option<Spanned<String>>,
@@ -113,29 +119,34 @@ pub(super) fn parse(
         fn set(flag: &Option<Spanned<bool>>) -> Option<&Spanned<bool>> {
             flag.as_ref().filter(|f| *f.get_ref())
         }
-        let (unlimited, refuse) = (set(&rule.unlimited), set(&rule.refuse));
-        let policy = match (&rule.policy, unlimited.or(refuse)) {
-            (Some(policy), None) => match policy_of(policy, resolve, known, leased) {
+        let (unlimited, refuse, no_limit) =
+            (set(&rule.unlimited), set(&rule.refuse), set(&rule.no_limit));
+        let flags: Vec<(&str, &Spanned<bool>)> = [
+            ("unlimited", unlimited),
+            ("refuse", refuse),
+            ("no_limit", no_limit),
+        ]
+        .into_iter()
+        .filter_map(|(key, flag)| flag.map(|f| (key, f)))
+        .collect();
+        let policy = match (&rule.policy, flags.as_slice()) {
+            (Some(policy), []) => match policy_of(policy, resolve, known, leased) {
                 Ok(id) => Some(id),
                 Err(message) => {
                     report.error(&policy.span(), &place("policy"), message);
                     continue;
                 }
             },
-            (None, Some(_)) if unlimited.is_none() || refuse.is_none() => None,
-            (_, Some(flag)) => {
-                let message = "give one of policy, unlimited = true and refuse = true";
-                let key = if unlimited.is_some() {
-                    "unlimited"
-                } else {
-                    "refuse"
-                };
+            (None, [_]) => None,
+            (_, [.., (key, flag)]) => {
+                let message =
+                    "give one of policy, unlimited = true, refuse = true and no_limit = true";
                 report.error(&flag.span(), &place(key), message);
                 continue;
             }
-            (None, None) => {
+            (None, []) => {
                 let message = format!(
-                    "name the policy that decides it (defined: {}), or set unlimited = true or refuse = true",
+                    "name the policy that decides it (defined: {}), or set unlimited = true, refuse = true or no_limit = true",
                     known()
                 );
                 report.error(&rule.entries.span(), &place("policy"), message);
@@ -143,9 +154,10 @@ pub(super) fn parse(
             }
         };
         let is_report = rule.report.unwrap_or(false);
-        if let (true, Some(flag)) = (is_report, unlimited.or(refuse)) {
-            let message = "a report rule charges a policy: it cannot be unlimited or refuse";
-            report.error(&flag.span(), &place("report"), message);
+        if let (true, Some((key, flag))) = (is_report, flags.first()) {
+            let message =
+                "a report rule charges a policy: it cannot be unlimited, refuse or no_limit";
+            report.error(&flag.span(), &place(key), message);
             continue;
         }
         let name = rule.name.as_ref().map(|n| n.get_ref().clone());
@@ -198,6 +210,7 @@ pub(super) fn parse(
             entries,
             policy,
             refuse: refuse.is_some(),
+            no_limit: no_limit.is_some(),
             report: is_report,
             key_entries: rule.key_entries.as_ref().map(|k| k.get_ref().clone()),
             name,
