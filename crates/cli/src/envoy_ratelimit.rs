@@ -441,9 +441,25 @@ fn store(
     Ok((lines, password))
 }
 
+/// What `weir envoy-ratelimit` serves while its config directory holds no
+/// file: no descriptor is limited, as envoyproxy/ratelimit starts; weir
+/// needs a policy, which no rule names.
+const NO_FILES_YET: &str = "
+# No config files yet: every descriptor is answered OK until some appear.
+# (weir needs a policy; no rule names this one.)
+[policies.no-config-files-yet]
+algorithm = \"fixed-window\"
+limit = 1
+window = \"1s\"
+";
+
 impl Settings {
     /// The configuration served: the prelude, then the config files' limits.
     fn config(&self) -> anyhow::Result<String> {
+        let empty = read_dir(&self.dir, self.ignore_dotfiles).is_ok_and(|f| f.is_empty());
+        if empty {
+            return Ok(format!("{}{NO_FILES_YET}", self.prelude));
+        }
         let limits = import(
             &self.dir,
             self.merge_domains,

@@ -321,6 +321,29 @@ fn print_config_shows_no_password() {
         "{said}"
     );
     assert!(!said.contains("s3cret-77"), "{said}");
+    // A config directory without files yet: served (nothing limited), as
+    // theirs starts, not an error.
+    runtime.publish("v2", &[]);
+    let ports = [free_port(), free_port(), free_port()];
+    let out = envoy_ratelimit(&runtime, None, ports)
+        .arg("--print-config")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("No config files yet"), "{said}");
+    let path = crate::serve::temp("no-files-yet.toml", &said);
+    let checked = crate::serve::weir()
+        .args(["config", "check"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let why = String::from_utf8_lossy(&checked.stderr);
+    assert!(checked.status.success(), "{why}");
 }
 
 /// One GET, its status.

@@ -29,9 +29,10 @@ use crate::state::AppState;
 const MAX_BODY: usize = 64 * 1024;
 
 /// A request in protobuf's JSON mapping: lowerCamelCase names, and the
-/// proto names accepted as well.
+/// proto names accepted as well; a field it does not have is an error that
+/// names it (as protobuf's JSON parser answers), never read as missing.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct JsonRequest {
     #[serde(default)]
     domain: String,
@@ -42,7 +43,7 @@ struct JsonRequest {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct JsonDescriptor {
     #[serde(default)]
     entries: Vec<JsonEntry>,
@@ -52,6 +53,7 @@ struct JsonDescriptor {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct JsonEntry {
     #[serde(default)]
     key: String,
@@ -60,7 +62,7 @@ struct JsonEntry {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct JsonLimit {
     #[serde(default, alias = "requests_per_unit")]
     requests_per_unit: u32,
@@ -226,5 +228,24 @@ mod tests {
         assert_eq!(duration(0, 500_000_000), "0.500s");
         assert_eq!(duration(2, 1_000), "2.000001s");
         assert_eq!(duration(0, 1), "0.000000001s");
+    }
+}
+
+#[cfg(test)]
+mod fields {
+    use super::*;
+
+    /// A misspelt field is named, not read as a missing one.
+    #[test]
+    fn an_unknown_field_is_named() {
+        let error = serde_json::from_str::<JsonRequest>(
+            r#"{"domian":"shop","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("unknown field `domian`"), "{error}");
+        assert!(error.contains("domain"), "what is valid: {error}");
+        let known = r#"{"domain":"shop","hits_addend":2,"descriptors":[{"entries":[{"key":"k","value":"v"}],"hitsAddend":"3"}]}"#;
+        assert!(serde_json::from_str::<JsonRequest>(known).is_ok());
     }
 }
