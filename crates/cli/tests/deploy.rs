@@ -155,15 +155,42 @@ fn the_kubernetes_manifests_validate_and_their_config_checks() {
         grace > shutdown,
         "grace {grace} s, shutdown_timeout {shutdown} s"
     );
+    // `kubectl apply -k` applies what `kubectl apply -f` does.
+    let mut manifests: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml"))
+        .collect();
+    manifests.sort();
+    let mut listed: Vec<String> = read("Kustomization")
+        .lines()
+        .filter_map(|l| l.strip_prefix("- "))
+        .map(str::to_owned)
+        .collect();
+    listed.sort();
+    assert_eq!(listed, manifests, "Kustomization's resources");
+    // Envoy reaches every pod through the headless Service; the config's
+    // Redis is the one redis.yaml runs.
+    let services = read("service.yaml");
+    assert!(services.contains("name: weir-grpc\n") && services.contains("clusterIP: None"));
+    let snippet = std::fs::read_to_string(root().join("deploy/envoy/weir-cluster.snippet.yaml"));
+    assert!(
+        snippet
+            .unwrap()
+            .contains("address: weir-grpc.default.svc.cluster.local")
+    );
+    assert!(read("redis.yaml").contains("kind: Service\nmetadata:\n  name: redis\n"));
+    assert!(toml.contains("redis://redis:6379") || toml.contains(password.to_str().unwrap()));
     if !installed("kubernetes-validate", "the_kubernetes_manifests_validate") {
         return;
     }
+    // `kubectl apply -f deploy/kubernetes/` reads every .yaml, .yml and
+    // .json file there: each must be a manifest (the Prometheus Operator's
+    // PodMonitor, a custom resource, sits in a directory of its own).
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        // A custom resource (no schema) and an Envoy snippet.
-        if !name.ends_with(".yaml") || name == "podmonitor.yaml" || name.ends_with(".snippet.yaml")
-        {
+        if !(name.ends_with(".yaml") || name.ends_with(".yml") || name.ends_with(".json")) {
             continue;
         }
         let out = Command::new("kubernetes-validate")
@@ -550,9 +577,11 @@ fn yaml(path: &Path, test: &str) -> Option<serde_json::Value> {
 }
 
 /// The compose file starts the docs/envoy example: Redis, weir built from
-/// the Dockerfile, a sample upstream and Envoy, each with the example's own
-/// files, which pass `weir config check` and Envoy's `--mode validate`; and
-/// the addresses they use of each other agree.
+/// the Dockerfile, a sample upstream and Envoy on one compose network (no
+/// host networking), each with its file here — docs/envoy's own but for the
+/// addresses, which name the services — that passes `weir config check` and
+/// Envoy's `--mode validate`; the addresses they use of each other agree,
+/// and what is published reaches a listener on every interface.
 #[test]
 fn the_compose_file_runs_the_envoy_example_with_configs_that_check() {
     let test = "the_compose_file_runs_the_envoy_example";
@@ -563,6 +592,12 @@ fn the_compose_file_runs_the_envoy_example_with_configs_that_check() {
     let services = compose["services"].as_object().unwrap();
     let names: Vec<&str> = services.keys().map(String::as_str).collect();
     assert_eq!(names, ["envoy", "redis", "upstream", "weir"]);
+    for (name, service) in services {
+        assert!(
+            service.get("network_mode").is_none(),
+            "{name}: on the compose network"
+        );
+    }
     let mount = |service: &str, inside: &str| -> PathBuf {
         let volumes = services[service]["volumes"].as_array().unwrap();
         let volume = volumes
@@ -574,7 +609,15 @@ fn the_compose_file_runs_the_envoy_example_with_configs_that_check() {
         assert!(host.is_file(), "{}", host.display());
         host
     };
-    // weir: the image of the repository's Dockerfile, the example's config.
+    // Each file is docs/envoy's, its addresses those of the network.
+    let docs = |file: &str| std::fs::read_to_string(root().join("docs/envoy").join(file)).unwrap();
+    let body = |text: &str| -> String {
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    // weir: the image of the repository's Dockerfile, its config here.
     let build = services["weir"]["build"].as_str().unwrap();
     assert!(dir.join(build).join("Dockerfile").is_file());
     let command = &services["weir"]["command"];
@@ -582,22 +625,63 @@ fn the_compose_file_runs_the_envoy_example_with_configs_that_check() {
     let config = mount("weir", "/etc/weir/weir.toml");
     run(crate::serve::weir().args(["config", "check"]).arg(&config));
     let toml = std::fs::read_to_string(&config).unwrap();
-    // Its health check asks a listener of that config.
+    let expected = body(&docs("weir.toml"))
+        .replace(
+            "listen = \"127.0.0.1:8080\"  ",
+            "listen = \"0.0.0.0:8080\"    ",
+        )
+        .replace("grpc = \"127.0.0.1:8081\"  ", "grpc = \"0.0.0.0:8081\"    ")
+        .replace("redis://127.0.0.1:6379", "redis://redis:6379");
+    assert_eq!(
+        body(&toml),
+        expected,
+        "weir.toml is docs/envoy/weir.toml but for addresses"
+    );
+    // Its health check asks a listener of that config (inside the container).
     let health = services["weir"]["healthcheck"]["test"].as_array().unwrap();
     let url = health[3].as_str().unwrap();
-    let at = url.trim_start_matches("http://").split('/').next().unwrap();
+    let port = url
+        .trim_start_matches("http://127.0.0.1:")
+        .split('/')
+        .next()
+        .unwrap();
     assert!(
-        toml.contains(&format!("\"{at}\"")),
+        toml.contains(&format!("listen = \"0.0.0.0:{port}\"")),
         "{url} is not a listener of {toml}"
     );
-    // Redis where weir's store is; the upstream where Envoy's route is.
+    // Redis where weir's store is; the upstream and weir where Envoy's
+    // clusters are.
     let redis = services["redis"]["command"].to_string();
-    assert!(toml.contains("url = \"redis://127.0.0.1:6379\"") && redis.contains("\"6379\""));
+    assert!(toml.contains("url = \"redis://redis:6379\"") && redis.contains("\"6379\""));
     let envoy_yaml = mount("envoy", "/etc/envoy/envoy.yaml");
     let envoy = std::fs::read_to_string(&envoy_yaml).unwrap();
+    let expected = body(&docs("envoy.yaml"))
+        .replace(
+            "address: 127.0.0.1, port_value: 10000",
+            "address: 0.0.0.0, port_value: 10000",
+        )
+        .replace(
+            "address: 127.0.0.1, port_value: 9000",
+            "address: upstream, port_value: 9000",
+        )
+        .replace(
+            "address: 127.0.0.1, port_value: 8081",
+            "address: weir, port_value: 8081",
+        )
+        .replace("type: STATIC", "type: STRICT_DNS");
+    assert_eq!(
+        body(&envoy),
+        expected,
+        "envoy.yaml is docs/envoy/envoy.yaml but for addresses"
+    );
     let upstream = services["upstream"]["command"].to_string();
-    assert!(upstream.contains("127.0.0.1:9000") && envoy.contains("port_value: 9000"));
-    assert!(toml.contains("grpc = \"127.0.0.1:8081\"") && envoy.contains("port_value: 8081"));
+    assert!(upstream.contains("-listen=:9000"));
+    let published = |service: &str| services[service]["ports"].to_string();
+    assert!(published("envoy").contains("10000:10000"));
+    assert!(published("weir").contains("127.0.0.1:8080:8080"));
+    // The Envoy the tests validate with.
+    let image = services["envoy"]["image"].as_str().unwrap();
+    assert!(image.ends_with(":v1.40-latest"), "{image}");
     if !installed("envoy", test) {
         return;
     }
