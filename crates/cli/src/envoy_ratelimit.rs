@@ -335,7 +335,7 @@ fn settings(var: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Settings> {
         ),
         "envoy_json = true".to_owned(),
     ];
-    // weir_decisions_total{outcome="near_limit"}, their near_limit stat.
+    // weir_near_limit_total, their near_limit stat.
     let near = get("NEAR_LIMIT_RATIO", "0.8");
     match near.parse::<f64>() {
         Ok(r) if r > 0.0 && r < 1.0 => server.push(format!("near_limit_ratio = {r}")),

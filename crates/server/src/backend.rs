@@ -469,7 +469,7 @@ impl Backend {
                     if outcome == Outcome::Allowed
                         && table.near_limit(entry, d.remaining, verdict.degraded)
                     {
-                        entry.count(Outcome::NearLimit);
+                        entry.near_limit();
                     }
                 }
             }

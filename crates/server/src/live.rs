@@ -157,7 +157,7 @@ impl Live {
                 Counted::Limited
             }
             Outcome::ShadowLimited => Counted::ShadowLimited,
-            Outcome::Uncharged | Outcome::Error | Outcome::Unlimited | Outcome::NearLimit => {
+            Outcome::Uncharged | Outcome::Error | Outcome::Unlimited => {
                 return;
             }
         };

@@ -31,7 +31,11 @@ pub(crate) fn handle() -> PrometheusHandle {
             let _ = metrics::set_global_recorder(recorder);
             metrics::describe_counter!(
                 "weir_decisions_total",
-                "Decisions per policy and outcome (allowed, rejected, uncharged, error)"
+                "Decisions per policy and outcome (allowed, rejected, uncharged, error, shadow_limited, unlimited): each decision once"
+            );
+            metrics::describe_counter!(
+                "weir_near_limit_total",
+                "Admissions that left less than 1 - near_limit_ratio of the limit (a part of outcome=\"allowed\")"
             );
             metrics::describe_histogram!(
                 "weir_check_duration_seconds",

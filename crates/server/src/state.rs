@@ -45,8 +45,11 @@ impl Shared {
             StoreUrl::Memory => "memory",
             StoreUrl::Redis(_) => "redis",
         });
-        let table = PolicyTable::new(&config.policies, &config.overrides, &config.store)
+        let mut table = PolicyTable::new(&config.policies, &config.overrides, &config.store)
             .with_near_limit(config.server.near_limit_ratio);
+        if let Some(previous) = previous {
+            table.keep_books_of(&previous.table);
+        }
         let backend = Backend::new(&config, &table, previous.map(|p| &p.backend))?;
         let new_keys = match config.server.new_keys_per_ip {
             None => None,

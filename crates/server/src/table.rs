@@ -27,9 +27,6 @@ pub(crate) enum Outcome {
     ShadowLimited,
     /// An unlimited override admitted it without counting.
     Unlimited,
-    /// Admitted, leaving less than the near-limit share (counted besides
-    /// `Allowed`).
-    NearLimit,
 }
 
 /// What a policy answers with: its `RateLimit-Policy` item and limit.
@@ -76,15 +73,20 @@ pub struct Entry {
     pub(crate) local_fields: Fields,
     /// The body of the gateway's `429` when this policy refuses, made once.
     pub(crate) refused: axum::body::Bytes,
-    decisions: [Counter; 7],
+    decisions: [Counter; 6],
+    /// `weir_near_limit_total`: admissions that left less than the
+    /// near-limit share (a part of `allowed`, counted apart so that the
+    /// outcomes of `weir_decisions_total` add up to the decisions).
+    near_limit: Counter,
     fallbacks: Counter,
     reported: Counter,
     /// What the dashboard reads.
     pub(crate) live: crate::live::Live,
     /// A shaper's `weir_queue_depth`: requests held in its delay now.
     queue: Option<Gauge>,
-    /// A concurrency limit's leases granted here, for its metrics.
-    leases: Option<crate::leases::Book>,
+    /// A concurrency limit's leases granted here, for its metrics (kept
+    /// across reloads that leave the policy as it was, as its keys are).
+    leases: Option<std::sync::Arc<crate::leases::Book>>,
 }
 
 impl Entry {
@@ -123,12 +125,12 @@ impl Entry {
                 counter("error"),
                 counter("shadow_limited"),
                 counter("unlimited"),
-                counter("near_limit"),
             ],
+            near_limit: metrics::counter!("weir_near_limit_total", "policy" => name.clone()),
             fallbacks: metrics::counter!("weir_fallback_decisions_total", "policy" => name.clone()),
             reported: metrics::counter!("weir_reported_cost_total", "policy" => name.clone()),
             queue,
-            leases: crate::leases::Book::of(&name, &config.policy),
+            leases: crate::leases::Book::of(&name, &config.policy).map(std::sync::Arc::new),
             live: crate::live::Live::default(),
             policy: config.policy,
             local,
@@ -165,6 +167,11 @@ impl Entry {
 
     pub(crate) fn count(&self, outcome: Outcome) {
         self.decisions[outcome as usize].increment(1);
+    }
+
+    /// An admission that left less than the near-limit share.
+    pub(crate) fn near_limit(&self) {
+        self.near_limit.increment(1);
     }
 
     /// Usage reported after the fact.
@@ -416,6 +423,21 @@ impl PolicyTable {
         (recent.len() < AD_HOC).then_some(recent)
     }
 
+    /// Takes over the lease books of `previous`'s entries that are stored
+    /// as and decide as these do (a reload that left them as they were):
+    /// the leases they granted are still held, and still counted.
+    pub(crate) fn keep_books_of(&mut self, previous: &PolicyTable) {
+        for entry in &mut self.entries {
+            let kept = previous
+                .entries
+                .iter()
+                .find(|p| p.stored_as == entry.stored_as && p.policy == entry.policy);
+            if let (Some(kept), Some(_)) = (kept.and_then(|p| p.leases.clone()), &entry.leases) {
+                entry.leases = Some(kept);
+            }
+        }
+    }
+
     /// The policy a client named (the decision API, the admin endpoints).
     pub fn find(&self, name: &str) -> Option<PolicyId> {
         self.by_name.get(name).copied()
@@ -427,5 +449,34 @@ impl PolicyTable {
             .iter()
             .enumerate()
             .map(|(i, e)| (PolicyId(i), e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A reload that leaves a concurrency policy as it was keeps its lease
+    /// book (`weir_leases_in_use` does not drop to 0); one that changes it
+    /// starts a new book, as its keys start afresh.
+    #[test]
+    fn an_unchanged_policy_keeps_its_lease_book_across_a_reload() {
+        let table = |limit: u32| {
+            let text = format!(
+                "[policies.jobs]\nalgorithm = \"concurrency\"\nlimit = {limit}\nlease = \"1m\"\n"
+            );
+            let config = crate::config::parse(&text, &Default::default()).unwrap();
+            PolicyTable::new(&config.policies, &config.overrides, &config.store)
+        };
+        let book = |t: &PolicyTable| t.entries[0].leases.clone().unwrap();
+        let first = table(3);
+        first.entries[0].lease_taken(7);
+        let mut same = table(3);
+        same.keep_books_of(&first);
+        assert!(std::sync::Arc::ptr_eq(&book(&first), &book(&same)));
+        let mut changed = table(4);
+        changed.keep_books_of(&first);
+        assert!(!std::sync::Arc::ptr_eq(&book(&first), &book(&changed)));
     }
 }

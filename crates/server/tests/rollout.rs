@@ -209,10 +209,7 @@ async fn header_styles_and_the_near_limit_signal() {
         .await
         .body;
     assert_eq!(
-        series(
-            &metrics,
-            "weir_decisions_total{policy=\"api\",outcome=\"near_limit\"}"
-        ),
+        series(&metrics, "weir_near_limit_total{policy=\"api\"}"),
         2.0,
         "{metrics}"
     );
