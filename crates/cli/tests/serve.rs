@@ -586,17 +586,39 @@ fn the_access_log_has_a_line_per_gateway_request() {
         let mut command = weir();
         command.env_remove("RUST_LOG");
         let server = Server::spawn(command, &["--config", path.to_str().unwrap()]);
-        let (down, _) = server.request_with("GET", "/r", "x-id: acme\r\n", "");
+        let (down, _) =
+            server.request_with("GET", "/r", "x-id: acme\r\nx-request-id: req-7\r\n", "");
         let (limited, _) = server.request_with("GET", "/r", "x-id: acme\r\n", "");
-        assert_eq!((down, limited), (502, 429));
+        // Requests that match no route have their line too.
+        let (unrouted, _) = server.request("GET", "/nowhere", "");
+        let (bad, _) = server.request("GET", "/a/../r", "");
+        assert_eq!((down, limited, unrouted, bad), (502, 429, 404, 400));
         let lines = server.logs_for(Duration::from_millis(500));
         let access: Vec<serde_json::Value> = lines
             .iter()
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
             .filter(|l: &serde_json::Value| l["fields"]["message"] == "access")
             .collect();
-        assert_eq!(access.len(), 2, "{lines:#?}");
+        assert_eq!(access.len(), 4, "{lines:#?}");
         let fields = |i: usize, name: &str| access[i]["fields"][name].clone();
+        // The client's request id, or one of weir's own; the client; the path.
+        assert_eq!(fields(0, "id"), "req-7");
+        assert_eq!(fields(1, "id").as_str().unwrap().len(), 16);
+        assert_eq!(
+            (fields(1, "client"), fields(1, "path")),
+            ("127.0.0.1".into(), "/r".into())
+        );
+        assert_eq!(
+            (fields(2, "status"), fields(2, "route"), fields(2, "path")),
+            (404.into(), "".into(), "/nowhere".into())
+        );
+        assert_eq!(
+            (fields(3, "status"), fields(3, "outcome")),
+            (400.into(), "invalid".into())
+        );
+        // Whole microseconds: no float noise.
+        let latency = fields(1, "latency_ms").as_f64().unwrap();
+        assert_eq!((latency * 1000.0).round() / 1000.0, latency, "{latency}");
         assert_eq!(
             (fields(0, "status"), fields(0, "outcome")),
             (502.into(), "admitted".into())

@@ -286,27 +286,43 @@ pub(crate) async fn forward(
     request: Request,
 ) -> (Response, Option<Arc<str>>) {
     let shared = state.current();
+    let mut request = request;
+    // With the access log: the line's start, and the request's id (the
+    // client's `X-Request-Id` when it is a sane one, else a new one, sent
+    // on to the upstream).
+    let logged = shared
+        .config
+        .server
+        .access_log
+        .then(|| Access::start(&mut request, peer, &shared.config.server.trusted_proxies));
     // A copy of the URI (its parts are shared, not copied) for the path to
     // borrow from, as the request moves on.
     let uri = request.uri().clone();
     let path = match canonical(uri.path()) {
         Ok(path) => path,
-        Err(e) => return (e.into_response(), None),
+        Err(e) => {
+            let response = e.into_response();
+            if let Some(access) = &logged {
+                access.log(None, &response);
+            }
+            return (response, None);
+        }
     };
     let Matched { route, params } = match route(&shared, request.method(), &path) {
         Ok(found) => found,
-        Err(e) => return (e.into_response(), None),
+        Err(e) => {
+            let response = e.into_response();
+            if let Some(access) = &logged {
+                access.log(None, &response);
+            }
+            return (response, None);
+        }
     };
     let traced = Traced::start("weir.gateway");
     if traced.on() {
         traced.set("http.route", route.text.clone());
         traced.set("http.request.method", request.method().to_string());
     }
-    let logged = shared
-        .config
-        .server
-        .access_log
-        .then(|| (std::time::Instant::now(), request.method().clone()));
     // Awaited as it is made: a future bound to a name and then awaited, or
     // built in the awaited expression and moved into a wrapper, takes its
     // room twice in the enclosing future (measured: 6.7 kB instead of 3.8).
@@ -322,8 +338,8 @@ pub(crate) async fn forward(
         "http.response.status_code",
         i64::from(response.status().as_u16()),
     );
-    if let Some((started, method)) = logged {
-        access_log(route, &method, &response, started);
+    if let Some(access) = &logged {
+        access.log(Some(route), &response);
     }
     (response, Some(route.label.clone()))
 }
@@ -346,28 +362,89 @@ struct Logged {
 /// outcome, refusing policy, latency — and the identity only when
 /// `access_log_identity` asks for it. A request refused before it was
 /// decided is `invalid` (4xx) or `error` (5xx).
-fn access_log(route: &Route, method: &Method, response: &Response, started: std::time::Instant) {
-    let status = response.status().as_u16();
-    let logged = response.extensions().get::<Logged>();
-    let outcome = match (logged, status) {
-        (Some(l), _) => l.outcome,
-        (None, 500..) => "error",
-        (None, _) => "invalid",
-    };
-    let policy = logged.and_then(|l| l.policy.as_deref()).unwrap_or("");
-    let degraded = logged.is_some_and(|l| l.degraded);
-    let latency_ms = started.elapsed().as_secs_f64() * 1e3;
-    let route = route.text.as_str();
-    // Set only with `access_log_identity`.
-    match logged.and_then(|l| l.identity.as_deref()) {
-        Some(identity) => {
-            tracing::info!(target: "weir::access", route, %method, status, outcome, policy, degraded, latency_ms, identity, "access")
+/// A request the access log will have a line for, from its start.
+struct Access {
+    started: std::time::Instant,
+    method: Method,
+    /// As sent (the query left out: it may hold secrets).
+    path: String,
+    client: IpAddr,
+    id: HeaderValue,
+}
+
+/// The header of a request's id.
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+impl Access {
+    fn start(request: &mut Request, peer: Option<SocketAddr>, trusted: &[IpNet]) -> Self {
+        let sane = |v: &&HeaderValue| {
+            (1..=64).contains(&v.len())
+                && v.as_bytes()
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(b))
+        };
+        let id = match request.headers().get(X_REQUEST_ID).filter(sane) {
+            Some(id) => id.clone(),
+            None => {
+                let id = HeaderValue::from_str(&format!("{:016x}", fastrand::u64(..)));
+                let id = id.unwrap_or(HeaderValue::from_static("-"));
+                request.headers_mut().insert(X_REQUEST_ID, id.clone());
+                id
+            }
+        };
+        let unknown = IpAddr::from([0, 0, 0, 0]);
+        Self {
+            started: std::time::Instant::now(),
+            method: request.method().clone(),
+            path: request.uri().path().to_owned(),
+            client: peer.map_or(unknown, |p| client_ip(request.headers(), p.ip(), trusted)),
+            id,
         }
-        _ => {
-            tracing::info!(target: "weir::access", route, %method, status, outcome, policy, degraded, latency_ms, "access")
+    }
+
+    /// One line, info level, target `weir::access`: request id, client,
+    /// method, path, route (none: it matched none), status, outcome,
+    /// refusing policy, the upstream's status when it answered, latency —
+    /// and the identity only when `access_log_identity` asks for it. A
+    /// request refused before it was decided is `invalid` (4xx) or `error`
+    /// (5xx).
+    fn log(&self, route: Option<&Route>, response: &Response) {
+        let status = response.status().as_u16();
+        let logged = response.extensions().get::<Logged>();
+        let outcome = match (logged, status) {
+            (Some(l), _) => l.outcome,
+            (None, 500..) => "error",
+            (None, _) => "invalid",
+        };
+        let policy = logged.and_then(|l| l.policy.as_deref()).unwrap_or("");
+        let degraded = logged.is_some_and(|l| l.degraded);
+        let upstream_status = response
+            .extensions()
+            .get::<Upstreamed>()
+            .map_or(0, |_| status);
+        // Whole microseconds, as milliseconds: 0.745, never 0.7452099999.
+        let latency_ms = self.started.elapsed().as_micros() as f64 / 1000.0;
+        let (route, method, path) = (
+            route.map_or("", |r| r.text.as_str()),
+            &self.method,
+            &self.path,
+        );
+        let (id, client) = (self.id.to_str().unwrap_or("-"), self.client);
+        // Set only with `access_log_identity`.
+        match logged.and_then(|l| l.identity.as_deref()) {
+            Some(identity) => {
+                tracing::info!(target: "weir::access", id, %client, %method, path, route, status, outcome, policy, upstream_status, degraded, latency_ms, identity, "access")
+            }
+            _ => {
+                tracing::info!(target: "weir::access", id, %client, %method, path, route, status, outcome, policy, upstream_status, degraded, latency_ms, "access")
+            }
         }
     }
 }
+
+/// A response's extension: it is the upstream's answer.
+#[derive(Debug, Clone, Copy)]
+struct Upstreamed;
 
 /// A matched request: identified, decided, then forwarded or refused.
 async fn through(
@@ -724,6 +801,7 @@ async fn send(
             // Clients are answered in HTTP/1.1, whatever the upstream spoke.
             parts.version = Version::HTTP_11;
             strip_hop_by_hop(&mut parts.headers, |_| false);
+            parts.extensions.insert(Upstreamed);
             return Response::from_parts(parts, body);
         }
         Ok(Err(e)) => e,
