@@ -179,6 +179,65 @@ impl std::fmt::Debug for Env {
 
 /// Parses and validates `text`, with the secrets of `env` standing in for
 /// those the file does not give.
+/// The file read into its tables, every value of the wrong type reported
+/// (with its table and key, and what to write instead): a value that does
+/// not read is reported, blanked out, and the file read again, so that one
+/// error does not hide the next. `None` when the file cannot be read past
+/// an error (one that is not a key's value).
+fn typed(text: &str, report: &mut Report<'_>) -> Option<Raw> {
+    let mut text = text.to_owned();
+    for _ in 0..64 {
+        let e = match toml::from_str::<Raw>(&text) {
+            Ok(raw) => return Some(raw),
+            Err(e) => e,
+        };
+        let span = e.span().unwrap_or(0..0);
+        let before = text.get(..span.start).unwrap_or_default();
+        let start = before.rfind('\n').map_or(0, |i| i + 1);
+        let end = text[start..].find('\n').map_or(text.len(), |i| start + i);
+        let line = &text[start..end];
+        let message = e.message().trim().to_owned();
+        let Some((key, value)) = line
+            .split_once('=')
+            .filter(|_| !line.trim_start().starts_with('['))
+        else {
+            report.error(&span, "file", message);
+            return None;
+        };
+        // The table the key is in: the last header above it.
+        let table = text[..start]
+            .lines()
+            .rev()
+            .map(str::trim)
+            .find(|l| l.starts_with('['))
+            .map(|h| h.trim_matches(|c| c == '[' || c == ']').trim().to_owned());
+        let key = key.trim();
+        // A duration or a rate written as a bare number: how to write it.
+        let number = value.trim().parse::<f64>().is_ok() && message.contains("expected a string");
+        let duration = ["timeout", "deadline", "window", "lease", "wait"]
+            .iter()
+            .any(|end| key.trim().ends_with(end));
+        let hint = match (number, duration, key.trim()) {
+            (true, true, key) => format!(" (a duration: write {key} = \"{}s\")", value.trim()),
+            (true, _, "rate") => format!(" (a rate: write rate = \"{}/s\")", value.trim()),
+            _ => String::new(),
+        };
+        let place = match table {
+            Some(table) => format!("[{table}] {key}"),
+            None => key.to_owned(),
+        };
+        report.error(&span, &place, format!("{message}{hint}"));
+        // Blanked out, the line's bytes kept: later spans stay where they
+        // were. A value over several lines cannot be: the errors so far.
+        let blank = " ".repeat(end - start);
+        text.replace_range(start..end, &blank);
+        if toml::de::DeTable::parse(&text).is_err() {
+            return None;
+        }
+    }
+    None
+}
+
 pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
     let mut report = Report {
         text,
@@ -191,7 +250,8 @@ pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
     };
     let table = toml::de::DeTable::parse(text).map_err(|e| syntax(&mut report, e))?;
     keys::check(&table, &mut report);
-    let raw: Raw = toml::from_str(text).map_err(|e| syntax(&mut report, e))?;
+    let raw =
+        typed(text, &mut report).ok_or_else(|| ConfigErrors(std::mem::take(&mut report.errors)))?;
     let mut server = server::parse(raw.server, env.admin_token.clone(), &mut report);
     server.telemetry = raw
         .telemetry

@@ -496,3 +496,17 @@ fn an_ipv6_network_is_one_client_for_the_per_address_bounds() {
         "{error}"
     );
 }
+
+#[test]
+fn every_value_of_the_wrong_type_is_reported_at_once_with_its_key() {
+    let text = "[server]\nmax_connections = \"many\"\nshutdown_timeout = 30\n\n[policies.a]\nalgorithm = \"token-bucket\"\ncapacity = \"ten\"\nrate = 2\n";
+    let errors = parse(text, &Env::default()).unwrap_err().to_string();
+    for expected in [
+        "line 2: [server] max_connections: invalid type: string \"many\"",
+        "line 3: [server] shutdown_timeout: invalid type: integer `30`, expected a string (a duration: write shutdown_timeout = \"30s\")",
+        "line 7: [policies.a] capacity:",
+        "line 8: [policies.a] rate:",
+    ] {
+        assert!(errors.contains(expected), "{expected}\n{errors}");
+    }
+}
