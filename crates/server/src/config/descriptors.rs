@@ -138,7 +138,7 @@ pub(super) fn parse(
                 }
             },
             (None, [_]) => None,
-            (_, [.., (key, flag)]) => {
+            (_, [(key, flag), ..]) => {
                 let message =
                     "give one of policy, unlimited = true, refuse = true and no_limit = true";
                 report.error(&flag.span(), &place(key), message);
