@@ -154,10 +154,10 @@ pub(super) fn parse(
             }
         };
         let is_report = rule.report.unwrap_or(false);
-        if let (true, Some((key, flag))) = (is_report, flags.first()) {
+        if let (true, Some((_, flag))) = (is_report, flags.first()) {
             let message =
                 "a report rule charges a policy: it cannot be unlimited, refuse or no_limit";
-            report.error(&flag.span(), &place(key), message);
+            report.error(&flag.span(), &place("report"), message);
             continue;
         }
         let name = rule.name.as_ref().map(|n| n.get_ref().clone());
