@@ -32,6 +32,12 @@ rows.append(("token-bucket check", per_call("cost:tb", [(at(1000 + i), "tb 10 1 
 r.delete("cost:sl")
 per_call("cost:sl", [(at(1000, i * 10**6), f"sl 1000 {HOUR}") for i in range(1000)])
 rows.append(("sliding log, 1,000 entries: refused check (cost 2)", per_call("cost:sl", [(at(1001, i * 10**5), f"sl 1000 {HOUR} c=2") for i in range(2000)])))
+r.delete("cost:tb2")
+both = lambda i: ("2 0 %d %d" % (1002, i * 10**5), f"sl 1000 {HOUR}", "tb 1000000 1 1000")
+r.config_resetstat()
+for i in range(2000):
+    r.evalsha(sha, 2, "cost:sl", "cost:tb2", "-", *both(i))
+rows.append(("sliding log, 1,000 entries, and a token bucket: refused request", r.info("commandstats")["cmdstat_evalsha"]["usec_per_call"]))
 r.delete("cost:cc")
 per_call("cost:cc", [(at(1000), f"cc 1500 {HOUR} i={i + 1}") for i in range(1500)])
 rows.append(("1,500 leases: bogus renewal", per_call("cost:cc", [(at(1001), f"cc 1500 {HOUR} w=999999999")] * 1000)))

@@ -707,21 +707,28 @@ local function sliding_log(L, W_, wide, cost, report, raw, s3, s4, blob, ts, tn,
     if n < 0 then s, n = s - 1, n + E9 end
     return varint(s) .. varint(n)
   end
-  local rest = fs and string.sub(blob, after_first) or ''
-  if fs and paired ~= (wide and true or false) then
-    -- Entries written for another window's size: rewritten in this one's.
-    local parts, es, en, ps, pn, pos = {}, fs, fn, fs, fn, after_first
-    while pos <= #blob do
-      local c2
-      es, en, c2, pos = entry(pos, es, en)
-      parts[#parts + 1] = gap(es, en, ps, pn) .. varint(c2)
-      ps, pn = es, en
+  -- The live entries after the first, as stored: copied only when the
+  -- log is written.
+  local rest
+  local function live_rest()
+    if rest then return rest end
+    rest = fs and string.sub(blob, after_first) or ''
+    if fs and paired ~= (wide and true or false) then
+      -- Entries written for another window's size: rewritten in this one's.
+      local parts, es, en, ps, pn, pos = {}, fs, fn, fs, fn, after_first
+      while pos <= #blob do
+        local c2
+        es, en, c2, pos = entry(pos, es, en)
+        parts[#parts + 1] = gap(es, en, ps, pn) .. varint(c2)
+        ps, pn = es, en
+      end
+      rest = table.concat(parts)
     end
-    rest = table.concat(parts)
+    return rest
   end
   local function encode(extra)
     local body, last_s, last_n, sum = '', ls, ln, count
-    if fs then body = zero .. varint(fc) .. rest end
+    if fs then body = zero .. varint(fc) .. live_rest() end
     if extra then
       if not fs then
         body = zero .. varint(extra)
@@ -749,7 +756,9 @@ local function sliding_log(L, W_, wide, cost, report, raw, s3, s4, blob, ts, tn,
     return wide and X.dur(wide) or W_
   end
   local window = wide and X.dur(wide) or W_
-  fresh = encode(nil)
+  -- Made only if it is written (a refusal of one check, or a standing):
+  -- a refusal among several policies reads the log and writes nothing.
+  fresh = function() return encode(nil) end
   left0 = math.max(L - count, 0)
   if count > 0 then idle0 = left_of(ls, ln) end
   if report then
@@ -758,7 +767,7 @@ local function sliding_log(L, W_, wide, cost, report, raw, s3, s4, blob, ts, tn,
     local after = count + added
     allowed, remaining, reset = 1, math.max(L - after, 0), window
     if added == 0 then reset = idle0 end
-    if added > 0 then new = encode(added) else new = fresh end
+    if added > 0 then new = encode(added) else new = encode(nil) end
     -- The oldest entry (this report last) whose expiry leaves room for 1.
     if after + 1 > L then retry = wait_for(after + 1 - L) end
   elseif count + cost <= L then
@@ -815,7 +824,9 @@ local function concurrency(L, D, cost, lease, blob, ts, tn, total)
     return 0
   end
   left0, idle0 = math.max(L - used, 0), last()
-  fresh = encode(nil)
+  -- Made only if it is written (a refusal, or a standing: `used` is then
+  -- as read).
+  fresh = function() return encode(nil) end
   if op == 'i' then
     if used + cost <= L then
       allowed, remaining, reset = 1, L - used - cost, idle0
@@ -823,7 +834,7 @@ local function concurrency(L, D, cost, lease, blob, ts, tn, total)
         local es, en = add(ts, tn, D)
         used = used + cost
         new, reset = encode('|' .. id .. ' ' .. fmt3(cost, es, en)), D
-      else new = fresh end
+      else new = encode(nil) end
     else
       remaining, retry, reset = left0, wait_for(used + cost - L), idle0
     end
@@ -933,6 +944,12 @@ local function algorithm(arg, kind, a, b, c, cost, report, standing, raw, s1, s2
   error('weir: unknown policy kind ' .. tostring(kind))
 end
 
+-- A state's text, made now if it was left to be made when written.
+local function text(t)
+  if type(t) == 'function' then return t() end
+  return t
+end
+
 -- Charges (or refreshes) the keys of a request of `n` checks, KEYS[k + i],
 -- as `all` says, and writes its answer to `out` after position `no`;
 -- returns the new end.
@@ -948,7 +965,7 @@ local function commit(k, n, all, blocked, lost, redis_time, out, no)
       store(KEYS[k + i], checks[c + 6], reset, redis_time)
       stored = true
     elseif all == 0 and n == 1 and allowed == 0 and not blocked then
-      store(KEYS[k + i], checks[c + 7], reset, redis_time) -- a rejection refreshes accounting
+      store(KEYS[k + i], text(checks[c + 7]), reset, redis_time) -- a rejection refreshes accounting
       stored = true
     end
     if all == 0 and allowed == 1 then remaining, reset = checks[c + 8], checks[c + 9] end
@@ -1011,7 +1028,7 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
       -- Charges nothing: the standing, or a refusal while in debt. It moves
       -- the key's latest time, as any check does.
       if allowed == 1 then remaining, retry, reset, delay = left0, 0, idle0, 0 end
-      new = fresh
+      new = text(fresh)
     end
     -- Refused at a cost above 1: also the wait until a check of cost 1
     -- fits, until which the key's remaining stays 0 (the refusal cache's
