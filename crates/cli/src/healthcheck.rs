@@ -19,9 +19,20 @@ pub(crate) struct Args {
     /// http://127.0.0.1:9090/readyz.
     #[arg(value_name = "URL")]
     url: hyper::Uri,
-    /// How long to wait for the answer, in seconds.
-    #[arg(long, value_name = "SECONDS", default_value_t = 2)]
-    timeout: u64,
+    /// How long to wait for the answer: a duration (2s, 500ms), or a bare
+    /// number of seconds.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = timeout)]
+    timeout: Duration,
+}
+
+/// `--timeout`: `2s`, `500ms`, `1m`, or seconds as a bare number.
+fn timeout(text: &str) -> Result<Duration, String> {
+    if let Ok(seconds) = text.trim().parse::<u64>() {
+        return Ok(Duration::from_secs(seconds));
+    }
+    weir_core::units::parse_duration(text)
+        .map(Duration::from_nanos)
+        .map_err(|e| format!("{e} (a duration such as 2s or 500ms)"))
 }
 
 /// Whether the URL answered 2xx (false, exit status 1, says why on
@@ -38,15 +49,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<bool> {
         .build()
         .context("starting the health check")?;
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let status = runtime.block_on(async {
-        tokio::time::timeout(
-            Duration::from_secs(args.timeout),
-            client.get(args.url.clone()),
-        )
-        .await
-    });
+    let status = runtime
+        .block_on(async { tokio::time::timeout(args.timeout, client.get(args.url.clone())).await });
     match status {
-        Err(_) => eprintln!("{}: no answer within {} s", args.url, args.timeout),
+        Err(_) => eprintln!("{}: no answer within {:?}", args.url, args.timeout),
         Ok(Err(e)) => eprintln!("{}: {e}", args.url),
         Ok(Ok(answer)) if answer.status().is_success() => return Ok(true),
         Ok(Ok(answer)) => eprintln!("{}: {}", args.url, answer.status()),

@@ -911,4 +911,16 @@ fn healthcheck_says_why_it_fails() {
         .unwrap();
     assert_eq!(down.status.code(), Some(1), "{}", said(&down));
     assert!(said(&down).contains(&url), "{}", said(&down));
+    // --timeout takes a duration as well as seconds; anything else is named.
+    let quick = crate::serve::weir()
+        .args(["healthcheck", &url, "--timeout", "300ms"])
+        .output()
+        .unwrap();
+    assert_eq!(quick.status.code(), Some(1), "{}", said(&quick));
+    let wrong = crate::serve::weir()
+        .args(["healthcheck", &url, "--timeout", "soon"])
+        .output()
+        .unwrap();
+    assert_eq!(wrong.status.code(), Some(2), "{}", said(&wrong));
+    assert!(said(&wrong).contains("--timeout"), "{}", said(&wrong));
 }

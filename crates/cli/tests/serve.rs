@@ -697,3 +697,34 @@ fn a_bad_certificate_write_keeps_the_last_good_one_on_every_thread() {
         );
     }
 }
+
+/// At `log_level = "debug"` (envoyproxy/ratelimit's LOG_LEVEL=debug), the
+/// Envoy face logs a line per request — its domain, descriptor count and
+/// answer, never the entries' values.
+#[test]
+fn the_envoy_face_logs_each_request_at_debug() {
+    let text = "[server]\nenvoy_json = true\nlog_level = \"debug\"\n\n[policies.one]\nalgorithm = \"fixed-window\"\nlimit = 1\nwindow = \"1h\"\n\n[[descriptors]]\ndomain = \"shop\"\nentries = [\"user\"]\npolicy = \"one\"\n";
+    let path = temp("envoy-debug.toml", text);
+    let mut command = weir();
+    command.env_remove("RUST_LOG");
+    let server = Server::spawn(command, &["--config", path.to_str().unwrap()]);
+    let body = r#"{"domain":"shop","descriptors":[{"entries":[{"key":"user","value":"secret-identity-9"}]}]}"#;
+    for expected in [200, 429] {
+        assert_eq!(server.request("POST", "/json", body).0, expected);
+    }
+    let lines = server.logs_for(Duration::from_millis(500));
+    let logged: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("rate limit request"))
+        .collect();
+    assert_eq!(logged.len(), 2, "{lines:#?}");
+    assert!(
+        logged[1].contains("OVER_LIMIT") && logged[1].contains("shop"),
+        "{}",
+        logged[1]
+    );
+    assert!(
+        lines.iter().all(|l| !l.contains("secret-identity-9")),
+        "{lines:#?}"
+    );
+}

@@ -347,12 +347,41 @@ pub(crate) async fn answer_now(
     request: &RateLimitRequest,
 ) -> Result<RateLimitResponse, Status> {
     let shared = state.current();
-    match answer(&shared, request).await {
+    let answered = match answer(&shared, request).await {
         Err(s) if s.message() == AD_HOC_FULL && state.make_room(&shared) => {
             answer(&state.current(), request).await
         }
         answered => answered,
+    };
+    // At debug level (their LOG_LEVEL=debug), a line per request: its
+    // domain, how many descriptors, and the answer — never the entries'
+    // values, which are clients' identities.
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let domain = request.domain.as_str();
+        let descriptors = request.descriptors.len();
+        match &answered {
+            Ok(r) => {
+                let code = |c: i32| Code::try_from(c).unwrap_or(Code::Unknown).as_str_name();
+                let statuses: Vec<&str> = r.statuses.iter().map(|s| code(s.code)).collect();
+                tracing::debug!(
+                    domain,
+                    descriptors,
+                    overall = code(r.overall_code),
+                    ?statuses,
+                    "rate limit request"
+                );
+            }
+            Err(status) => {
+                tracing::debug!(
+                    domain,
+                    descriptors,
+                    error = status.message(),
+                    "rate limit request refused"
+                );
+            }
+        }
     }
+    answered
 }
 
 /// The gRPC status of a request the backend could not decide. A store

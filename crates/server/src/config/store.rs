@@ -162,6 +162,30 @@ pub(super) fn parse(raw: Raw, env: &super::Env, report: &mut Report<'_>) -> Stor
         },
     };
     let access = access(&raw, env, url != StoreUrl::Memory, report);
+    // TLS settings without TLS: silently unused, and a connection in clear
+    // to a Redis that expects TLS fails only at run time.
+    if let StoreUrl::Redis(text) = &url {
+        let secure = ["rediss://", "valkeys://"]
+            .iter()
+            .any(|s| text.starts_with(s));
+        let given = [
+            ("tls_ca", raw.tls_ca.as_ref().map(Spanned::span)),
+            ("tls_cert", raw.tls_cert.as_ref().map(Spanned::span)),
+            ("tls_key", raw.tls_key.as_ref().map(Spanned::span)),
+            (
+                "tls_insecure_skip_verify",
+                raw.tls_insecure_skip_verify.as_ref().map(Spanned::span),
+            ),
+        ];
+        if !secure && !access.tls {
+            for (key, span) in given {
+                if let Some(span) = span {
+                    let message = "is for TLS to Redis, and the url asks for none: write rediss:// (valkeys://), or set tls = true (a cluster or a sentinel URL)";
+                    report.error(&span, &format!("[store] {key}"), message);
+                }
+            }
+        }
+    }
     StoreConfig {
         url,
         timeout,

@@ -510,3 +510,28 @@ fn every_value_of_the_wrong_type_is_reported_at_once_with_its_key() {
         assert!(errors.contains(expected), "{expected}\n{errors}");
     }
 }
+
+#[test]
+fn tls_settings_without_tls_are_an_error() {
+    let ca = std::env::temp_dir().join(format!("weir-ca-{}.pem", std::process::id()));
+    std::fs::write(
+        &ca,
+        "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let text = |url: &str| {
+        format!(
+            "[store]\nurl = \"{url}\"\ntls_ca = \"{}\"\n\n[policies.a]\nalgorithm = \"gcra\"\nburst = 1\nrate = \"1/s\"\n",
+            ca.display()
+        )
+    };
+    let error = parse(&text("redis://cache:6379"), &Env::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("line 3: [store] tls_ca: is for TLS to Redis"),
+        "{error}"
+    );
+    assert!(parse(&text("rediss://cache:6379"), &Env::default()).is_ok());
+    let _ = std::fs::remove_file(&ca);
+}
