@@ -63,8 +63,10 @@ pub(crate) enum ConfigCommand {
 /// What `weir config import` reads.
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum Import {
-    /// envoyproxy/ratelimit's config directory (`$RUNTIME_ROOT/config`):
-    /// one YAML file per domain.
+    /// envoyproxy/ratelimit's config directory
+    /// (`$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/config`, or
+    /// `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/$RUNTIME_APPDIRECTORY`): one YAML
+    /// file per domain.
     EnvoyRatelimit {
         /// The directory of YAML files.
         dir: PathBuf,

@@ -27,7 +27,7 @@ enum OutputFormat {
 pub(crate) struct Args {
     #[command(flatten)]
     policy: PolicyFlags,
-    /// The trace: CSV with a `time` column (seconds) and optional `cost` and `key`; `-` reads stdin.
+    /// The trace: CSV with a `time` column (seconds) and optional `cost`, `key`, `op` (check, report; release and renew with a concurrency policy) and `lease` (a name for the lease a check takes, or the one a release or renewal acts on) columns; `-` reads stdin.
     #[arg(long, value_name = "FILE", required_unless_present = "scenario")]
     trace: Option<PathBuf>,
     /// Use a built-in trace instead of --trace.
