@@ -591,7 +591,9 @@ pub(crate) struct KeySource {
 }
 
 /// The scopes a stored key starts with (`api:acme`, `header:x-id:acme`).
-const SCOPES: [&str; 5] = ["api:", "peer:", "envoy:", "header:", "path:"];
+const SCOPES: [&str; 8] = [
+    "api:", "peer:", "envoy:", "header:", "path:", "query:", "cookie:", "route:",
+];
 
 /// The stored key an admin request addresses, and the policy table entry
 /// that holds it (an overridden identity's override). `key` is the identity
@@ -618,7 +620,9 @@ fn addressed(
     };
     // The identity as sent: what overrides are keyed by.
     let sent = match stored.split_once(':') {
-        Some(("header" | "path", rest)) => rest.split_once(':').map(|(_, v)| v),
+        Some(("header" | "path" | "query" | "cookie", rest)) => {
+            rest.split_once(':').map(|(_, v)| v)
+        }
         Some(("api" | "peer", v)) => Some(v),
         _ => None,
     };

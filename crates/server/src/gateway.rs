@@ -179,6 +179,12 @@ fn identity<'r>(
         .map(|(source, scope)| (source, scope));
     let mut blank = None;
     for (source, scope) in std::iter::once((&route.identity, &route.scope)).chain(fallbacks) {
+        if *source == Identity::Route {
+            // Every caller shares the route's key: its pattern as written.
+            let value = Cow::Owned(route.text.clone());
+            let key = scoped_key(scope, &value)?;
+            return Ok((value, key));
+        }
         let value = match source_value(source, request, params, client)? {
             Some(v) if !v.trim().is_empty() => v,
             Some(_) => {
@@ -234,6 +240,36 @@ fn source_value<'r>(
             .find(|(n, _)| n == name)
             .map(|(_, v)| Cow::Borrowed(*v)),
         Identity::Peer => client.map(|ip| Cow::Owned(ip.to_string())),
+        Identity::Query(name) => {
+            let query = request.uri().query().unwrap_or_default();
+            let mut values = form_urlencoded::parse(query.as_bytes()).filter(|(n, _)| n == name);
+            let (first, second) = (values.next(), values.next());
+            if second.is_some() {
+                return Err(ApiError::MissingIdentity(format!(
+                    "one `{name}` query parameter, not two"
+                )));
+            }
+            first.map(|(_, v)| Cow::Owned(v.into_owned()))
+        }
+        Identity::Cookie(name) => {
+            let mut values = request
+                .headers()
+                .get_all(header::COOKIE)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(';'))
+                .filter_map(|pair| pair.trim().split_once('='))
+                .filter(|(n, _)| n == name);
+            let (first, second) = (values.next(), values.next());
+            if second.is_some() {
+                return Err(ApiError::MissingIdentity(format!(
+                    "one `{name}` cookie, not two"
+                )));
+            }
+            first.map(|(_, v)| Cow::Borrowed(v.trim_matches('"')))
+        }
+        // One key for every caller: the route's (handled by `identity`).
+        Identity::Route => None,
     })
 }
 

@@ -798,16 +798,70 @@ upstream = "http://{up}"
     let bad = weir_server::config::parse(
         &config.replace(
             r#"["header:x-api-key", "peer"]"#,
-            r#"["header:x-api-key", "cookie:id"]"#,
+            r#"["header:x-api-key", "body:id"]"#,
         ),
         &Default::default(),
     )
     .unwrap_err()
     .to_string();
-    assert!(
-        bad.contains("identity") && bad.contains("cookie:id"),
-        "{bad}"
+    assert!(bad.contains("identity") && bad.contains("body:id"), "{bad}");
+}
+
+/// Identities from a query parameter (percent-decoded) or a cookie, and a
+/// limit on a whole route whoever calls (`identity = "route"`): each has
+/// its own key space, and two values of one source are refused, never
+/// taken as either.
+#[tokio::test]
+async fn identities_from_a_query_a_cookie_or_the_whole_route() {
+    let (up, _) = upstream().await;
+    let config = format!(
+        r#"
+[policies.one]
+algorithm = "fixed-window"
+limit = 1
+window = "1h"
+
+[[routes]]
+match = "GET /q"
+identity = "query:api_key"
+policies = ["one"]
+upstream = "http://{up}"
+
+[[routes]]
+match = "GET /c"
+identity = "cookie:session"
+policies = ["one"]
+upstream = "http://{up}"
+
+[[routes]]
+match = "GET /all"
+identity = "route"
+policies = ["one"]
+upstream = "http://{up}"
+"#
     );
+    let (addr, _) = start(&config).await;
+    let get = |path: &str, headers: &[(&'static str, &'static str)]| {
+        let (url, headers) = (format!("http://{addr}{path}"), headers.to_vec());
+        async move { send("GET", &url, &headers, "").await.status }
+    };
+    assert_eq!(get("/q?api_key=a%63me&x=1", &[]).await, 200);
+    assert_eq!(
+        get("/q?x=2&api_key=acme", &[]).await,
+        429,
+        "the same key, decoded"
+    );
+    assert_eq!(get("/q?api_key=other", &[]).await, 200);
+    assert_eq!(get("/q?api_key=a&api_key=b", &[]).await, 400, "two values");
+    assert_eq!(get("/q", &[]).await, 400, "none");
+    let cookie = |v: &'static str| [("cookie", v)];
+    assert_eq!(get("/c", &cookie("theme=dark; session=s1")).await, 200);
+    assert_eq!(get("/c", &cookie("session=s1")).await, 429);
+    assert_eq!(get("/c", &cookie("session=s2")).await, 200);
+    assert_eq!(get("/c", &cookie("session=s3; session=s4")).await, 400);
+    // The whole route: the first caller's one, then everyone's refusal.
+    assert_eq!(get("/all", &[("x-a", "1")]).await, 200);
+    assert_eq!(get("/all", &[("x-b", "2")]).await, 429);
 }
 
 /// `weir_queue_depth` is the requests a shaper holds now: two while two

@@ -115,14 +115,29 @@ pub enum Identity {
     Path(String),
     /// The peer's IP address.
     Peer,
+    /// A query parameter (`query:NAME`), percent-decoded.
+    Query(String),
+    /// A cookie (`cookie:NAME`).
+    Cookie(String),
+    /// The route itself (`route`): every caller shares one key, a limit on
+    /// the whole route (Kong's `limit_by = "service"`).
+    Route,
 }
 
 impl Identity {
     /// An identity source as written: `header:NAME` (a header name of at
-    /// most 64 characters, compared in lower case), `path:PARAM` or `peer`.
+    /// most 64 characters, compared in lower case), `path:PARAM`, `peer`,
+    /// `query:NAME`, `cookie:NAME` (names of at most 64 characters) or
+    /// `route`.
     pub fn parse(text: &str) -> Result<Self, String> {
+        let named = |name: &str| {
+            !name.is_empty() && name.len() <= 64 && !name.contains(['=', ';', '&', ' '])
+        };
         match text.split_once(':') {
             _ if text == "peer" => Ok(Self::Peer),
+            _ if text == "route" => Ok(Self::Route),
+            Some(("query", name)) if named(name) => Ok(Self::Query(name.to_owned())),
+            Some(("cookie", name)) if named(name) => Ok(Self::Cookie(name.to_owned())),
             Some(("header", name)) => match HeaderName::try_from(name) {
                 Ok(name) if name.as_str().len() <= 64 => Ok(Self::Header(name)),
                 _ => Err(format!(
@@ -131,7 +146,7 @@ impl Identity {
             },
             Some(("path", name)) if super::valid_name(name) => Ok(Self::Path(name.to_owned())),
             _ => Err(format!(
-                "`{text}` is not an identity (valid: \"header:NAME\", \"path:PARAM\", \"peer\", or a list of them)"
+                "`{text}` is not an identity (valid: \"header:NAME\", \"path:PARAM\", \"query:NAME\", \"cookie:NAME\", \"peer\", \"route\", or a list of them)"
             )),
         }
     }
@@ -143,6 +158,9 @@ impl Identity {
             Self::Header(name) => format!("header:{name}"),
             Self::Path(name) => format!("path:{name}"),
             Self::Peer => "peer".to_owned(),
+            Self::Query(name) => format!("query:{name}"),
+            Self::Cookie(name) => format!("cookie:{name}"),
+            Self::Route => "route".to_owned(),
         }
     }
 }
