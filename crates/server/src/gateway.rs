@@ -56,16 +56,28 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 
 /// The path parameters when `path` matches the route's pattern.
 fn path_matches<'a>(route: &'a Route, path: &'a str) -> Option<Few<(&'a str, &'a str)>> {
-    let mut parts = path.split('/').skip(1);
+    // What is left of the path after the segments matched so far; `None`
+    // once it has none left.
+    let mut left = Some(path.strip_prefix('/').unwrap_or(path));
     let mut params = Few::new();
     for segment in &route.segments {
-        match (segment, parts.next()?) {
-            (Segment::Literal(text), part) if text == part => {}
-            (Segment::Param(name), part) if !part.is_empty() => params.push((name.as_str(), part)),
+        let now = left?;
+        if let Segment::Rest(name) = segment {
+            params.push((name.as_str(), now));
+            return Some(params);
+        }
+        let (part, after) = match now.split_once('/') {
+            Some((part, after)) => (part, Some(after)),
+            None => (now, None),
+        };
+        match segment {
+            Segment::Literal(text) if text == part => {}
+            Segment::Param(name) if !part.is_empty() => params.push((name.as_str(), part)),
             _ => return None,
         }
+        left = after;
     }
-    parts.next().is_none().then_some(params)
+    left.is_none().then_some(params)
 }
 
 /// What a canonical path may hold unencoded when forwarded (each `/` in it

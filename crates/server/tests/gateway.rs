@@ -897,3 +897,57 @@ async fn queue_depth_counts_the_requests_held_now() {
     }
     assert_eq!(depth().await, Some(0.0));
 }
+
+/// A catch-all segment (`{*rest}`, last) takes the rest of the path, any
+/// number of segments, and is forwarded as it came; routes are tried in
+/// order, so a route before it still wins its own paths.
+#[tokio::test]
+async fn a_catch_all_route_takes_the_rest_of_the_path() {
+    let (up, seen) = recording_upstream().await;
+    let config = format!(
+        r#"
+[policies.many]
+algorithm = "gcra"
+burst = 100
+rate = "100/s"
+
+[[routes]]
+match = "GET /api/health"
+identity = "peer"
+policies = ["many"]
+upstream = "http://{up}"
+
+[[routes]]
+match = "GET /api/{{*rest}}"
+identity = "path:rest"
+policies = ["many"]
+upstream = "http://{up}"
+"#
+    );
+    let (addr, _) = start(&config).await;
+    for (path, status) in [
+        ("/api/health", 200),
+        ("/api/v1/items/7", 200),
+        // Matched, with nothing for the identity: refused, never a shared key.
+        ("/api/", 400),
+        ("/api", 404),
+        ("/other/x", 404),
+    ] {
+        let got = send("GET", &format!("http://{addr}{path}"), &[], "")
+            .await
+            .status;
+        assert_eq!(got, status, "{path}");
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.iter().any(|p| p.starts_with("/api/v1/items/7")),
+        "{seen:?}"
+    );
+    let bad = weir_server::config::parse(
+        &config.replace("/api/{*rest}", "/api/{*rest}/more"),
+        &Default::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(bad.contains("comes last"), "{bad}");
+}

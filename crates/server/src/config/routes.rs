@@ -104,6 +104,8 @@ pub enum Segment {
     Literal(String),
     /// Any one segment, named.
     Param(String),
+    /// `{*name}`, last: the rest of the path, any number of segments.
+    Rest(String),
 }
 
 /// The source of a request's identity.
@@ -211,7 +213,10 @@ fn size(text: &str) -> Option<u64> {
 /// parameter of `segments`) or `peer`.
 fn source(text: &str, segments: &[Segment]) -> Result<Identity, String> {
     match Identity::parse(text)? {
-        Identity::Path(name) if !segments.contains(&Segment::Param(name.clone())) => {
+        Identity::Path(name)
+            if !segments.contains(&Segment::Param(name.clone()))
+                && !segments.contains(&Segment::Rest(name.clone())) =>
+        {
             Err(format!("the match has no `{{{name}}}` segment"))
         }
         identity => Ok(identity),
@@ -315,17 +320,28 @@ fn matched(raw: &Raw, place: Place<'_>, report: &mut Report<'_>) -> (Option<Meth
             "the path must start with `/`, e.g. \"GET /sellers/{seller}/stock\"",
         );
     }
-    for part in path.split('/').skip(1) {
+    let parts: Vec<&str> = path.split('/').skip(1).collect();
+    for (i, part) in parts.iter().enumerate() {
         match part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
             Some(name) if super::valid_name(name) => {
                 segments.push(Segment::Param(name.to_owned()));
+            }
+            Some(rest) if rest.strip_prefix('*').is_some_and(super::valid_name) => {
+                if i + 1 < parts.len() {
+                    report.error(
+                        &at,
+                        &place("match"),
+                        format!("`{{{rest}}}` takes the rest of the path: it comes last, as in \"GET /api/{{*rest}}\""),
+                    );
+                }
+                segments.push(Segment::Rest(rest[1..].to_owned()));
             }
             Some(name) => report.error(
                 &at,
                 &place("match"),
                 format!("`{{{name}}}` is not a parameter name"),
             ),
-            None => segments.push(Segment::Literal(part.to_owned())),
+            None => segments.push(Segment::Literal((*part).to_owned())),
         }
     }
     (method, segments)
