@@ -80,6 +80,43 @@ fn path_matches<'a>(route: &'a Route, path: &'a str) -> Option<Few<(&'a str, &'a
     left.is_none().then_some(params)
 }
 
+/// Whether `host` (the request's, lower case, no port) is one `route`
+/// serves.
+fn host_matches(route: &Route, host: Option<&str>) -> bool {
+    let Some(wanted) = &route.host_match else {
+        return true;
+    };
+    let Some(host) = host else {
+        return false;
+    };
+    match wanted.strip_prefix("*.") {
+        Some(domain) => host
+            .strip_suffix(domain)
+            .is_some_and(|sub| sub.ends_with('.') && sub.len() > 1),
+        None => host == wanted,
+    }
+}
+
+/// The host a request names (`Host`, or HTTP/2's `:authority`), lower
+/// case, without its port.
+fn request_host(request: &Request) -> Option<String> {
+    let named = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| request.uri().authority().map(|a| a.as_str()))?;
+    let host = match named.rsplit_once(':') {
+        // An IPv6 literal keeps its colons: its port follows `]`.
+        Some((host, port)) if !host.contains(':') || host.ends_with(']') => port
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+            .then_some(host)
+            .unwrap_or(named),
+        _ => named,
+    };
+    Some(host.to_ascii_lowercase())
+}
+
 /// What a canonical path may hold unencoded when forwarded (each `/` in it
 /// separates segments: an encoded one is refused by [`canonical`]).
 const PATH: &AsciiSet = &CONTROLS
@@ -293,9 +330,17 @@ struct Matched<'a> {
 
 /// The first route for the request, or `404`, or `405` with the methods
 /// the path allows.
-fn route<'a>(shared: &'a Shared, method: &Method, path: &'a str) -> Result<Matched<'a>, ApiError> {
+fn route<'a>(
+    shared: &'a Shared,
+    method: &Method,
+    host: Option<&str>,
+    path: &'a str,
+) -> Result<Matched<'a>, ApiError> {
     let mut allowed: Vec<&str> = Vec::new();
     for route in &shared.config.routes {
+        if !host_matches(route, host) {
+            continue;
+        }
         let Some(params) = path_matches(route, path) else {
             continue;
         };
@@ -356,7 +401,8 @@ pub(crate) async fn forward(
             return (response, None);
         }
     };
-    let Matched { route, params } = match route(&shared, request.method(), &path) {
+    let host = request_host(&request);
+    let Matched { route, params } = match route(&shared, request.method(), host.as_deref(), &path) {
         Ok(found) => found,
         Err(e) => {
             let response = e.into_response();

@@ -951,3 +951,59 @@ upstream = "http://{up}"
     .to_string();
     assert!(bad.contains("comes last"), "{bad}");
 }
+
+/// Routes by host: `host = "api.example.com"`, or `"*.example.com"` for
+/// any host under it (the port and case aside); a route without one
+/// matches any host.
+#[tokio::test]
+async fn routes_match_by_host() {
+    let (up, _) = upstream().await;
+    let config = format!(
+        r#"
+[policies.one]
+algorithm = "fixed-window"
+limit = 1
+window = "1h"
+
+[policies.many]
+algorithm = "gcra"
+burst = 100
+rate = "100/s"
+
+[[routes]]
+match = "GET /x"
+host = "api.example.com"
+identity = "route"
+policies = ["one"]
+upstream = "http://{up}"
+
+[[routes]]
+match = "GET /x"
+host = "*.shop.example"
+identity = "peer"
+policies = ["many"]
+upstream = "http://{up}"
+"#
+    );
+    let (addr, _) = start(&config).await;
+    let get = |host: &'static str| {
+        let url = format!("http://{addr}/x");
+        async move { send("GET", &url, &[("host", host)], "").await.status }
+    };
+    assert_eq!(get("API.example.com:8080").await, 200);
+    assert_eq!(get("api.example.com").await, 429, "the one route's key");
+    for _ in 0..3 {
+        assert_eq!(get("eu.shop.example").await, 200, "the wildcard's route");
+    }
+    assert_eq!(
+        get("shop.example").await,
+        404,
+        "the domain itself is not under it"
+    );
+    assert_eq!(get("other.example").await, 404);
+    let bad = weir_server::config::parse(
+        &config.replace("*.shop.example", "shop example"),
+        &Default::default(),
+    );
+    assert!(bad.unwrap_err().to_string().contains("host"));
+}

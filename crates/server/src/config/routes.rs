@@ -20,6 +20,9 @@ pub struct Route {
     pub method: Option<Method>,
     /// The path pattern, segment by segment.
     pub segments: Vec<Segment>,
+    /// `host`: the request's host it matches (lower case, without a port),
+    /// or with a leading `*.` any host under that domain; none: any host.
+    pub host_match: Option<String>,
     /// Where the identity comes from.
     pub identity: Identity,
     /// Its scope ([`Identity::scope`]), made once.
@@ -172,6 +175,7 @@ pub(super) struct Raw {
     #[serde(rename = "match")]
     pattern: Spanned<String>,
     identity: Spanned<toml::Value>,
+    host: Option<Spanned<String>>,
     policies: Spanned<Vec<String>>,
     upstream: Spanned<String>,
     max_wait: Option<Spanned<String>>,
@@ -255,6 +259,25 @@ pub(super) fn parse(
         let max_body = max_body(raw, &place, report);
         let fold_case = fold_case(raw, &place, report);
         let usage = usage(raw, &place, report);
+        let host_match = raw.host.as_ref().and_then(|h| {
+            let host = h.get_ref().trim().to_ascii_lowercase();
+            let name = host.strip_prefix("*.").unwrap_or(&host);
+            let valid = !name.is_empty()
+                && name.split('.').all(|label| {
+                    !label.is_empty()
+                        && label
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                });
+            if !valid {
+                let message = format!(
+                    "`{}` is not a host name such as \"api.example.com\" or \"*.example.com\"",
+                    h.get_ref()
+                );
+                report.error(&h.span(), &place("host"), message);
+            }
+            valid.then_some(host)
+        });
         let usage_missing = raw.usage_missing.as_ref().map(|m| *m.get_ref());
         if let (Some(m), None) = (&raw.usage_missing, &usage) {
             report.error(
@@ -271,6 +294,7 @@ pub(super) fn parse(
                 label: std::sync::Arc::from(pattern),
                 method,
                 segments,
+                host_match,
                 scope: identity.scope(),
                 identity,
                 fallbacks,
