@@ -13,7 +13,6 @@ pub(crate) fn import(
     dir: &Path,
     merge_domains: bool,
     ignore_dotfiles: bool,
-    shadow: bool,
 ) -> anyhow::Result<String> {
     let files = read_dir(dir, ignore_dotfiles)
         .map_err(|e| anyhow!("cannot read the config directory {}: {e}", dir.display()))?;
@@ -29,7 +28,7 @@ pub(crate) fn import(
             .map(|(name, text)| (name.as_str(), text.as_str())),
         merge_domains,
     )?;
-    Ok(weir::to_toml(&limits, weir::Options { shadow }))
+    Ok(weir::to_toml(&limits, weir::Options::default()))
 }
 
 /// `weir envoy-ratelimit`: configured by envoyproxy/ratelimit's environment
@@ -49,7 +48,6 @@ struct Settings {
     dir: PathBuf,
     ignore_dotfiles: bool,
     merge_domains: bool,
-    shadow: bool,
     /// `[server]` and `[store]`, as TOML.
     prelude: String,
     /// `REDIS_AUTH`'s password, passed as `WEIR_REDIS_PASSWORD` would be.
@@ -352,6 +350,10 @@ fn settings(var: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Settings> {
         server.push("headers = \"both\"".to_owned());
         server.push(format!("envoy_header_names = [{}]", names.join(", ")));
     }
+    // SHADOW_MODE: every limit decided and reported, the overall code OK.
+    if flag("SHADOW_MODE", false)? {
+        server.push("shadow = true".to_owned());
+    }
     let (store, password) = store(var, &get)?;
     let prelude = format!(
         "[server]\n{}\n\n[store]\n{}\n",
@@ -374,7 +376,6 @@ fn settings(var: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Settings> {
         dir,
         ignore_dotfiles: flag("RUNTIME_IGNOREDOTFILES", false)?,
         merge_domains: flag("MERGE_DOMAIN_CONFIG", false)?,
-        shadow: flag("SHADOW_MODE", false)?,
         prelude,
         password,
         ignored,
@@ -460,12 +461,7 @@ impl Settings {
         if empty {
             return Ok(format!("{}{NO_FILES_YET}", self.prelude));
         }
-        let limits = import(
-            &self.dir,
-            self.merge_domains,
-            self.ignore_dotfiles,
-            self.shadow,
-        )?;
+        let limits = import(&self.dir, self.merge_domains, self.ignore_dotfiles)?;
         Ok(format!("{}{limits}", self.prelude))
     }
 }

@@ -115,8 +115,7 @@ pub(crate) fn config(command: &ConfigCommand) -> anyhow::Result<()> {
             merge_domains,
             ignore_dotfiles,
         }) => {
-            let toml =
-                crate::envoy_ratelimit::import(dir, *merge_domains, *ignore_dotfiles, false)?;
+            let toml = crate::envoy_ratelimit::import(dir, *merge_domains, *ignore_dotfiles)?;
             print!(
                 "# weir config import envoy-ratelimit {}\n# Each limit is a fixed window aligned to its unit since the Unix epoch, as\n# envoyproxy/ratelimit counts; move a rule to another policy (a token bucket,\n# a sliding window) by naming it. Listeners and the store go in [server]\n# and [store] (weir config example).\n{toml}",
                 dir.display()

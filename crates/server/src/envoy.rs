@@ -32,7 +32,7 @@ use weir_core::check::escape;
 use weir_core::{Decision, MAX_IDENTITY, NANOS_PER_SEC, Nanos, Policy, Rate};
 use weir_tower::{Limited, Part, fields_in};
 
-use crate::backend::{Check, NewKeys, Undecided};
+use crate::backend::{Check, Few, NewKeys, Undecided};
 use crate::config::{Config, DescriptorRule, PolicyId};
 use crate::state::{AppState, Shared};
 use weir_envoy_ratelimit::Found;
@@ -608,12 +608,18 @@ fn answered(
         .zip(verdict.decisions())
         .map(|(id, d)| shared.table.get(*id).part(d, verdict.degraded))
         .collect();
-    let parts = verdict.visible(&shared.table, &ids);
+    // `[server] shadow` (their SHADOW_MODE): the answer as enforced —
+    // each descriptor's status and the fields — but for its overall code,
+    // OK. A policy's own `shadow` (their `shadow_mode`) answers OK.
+    let global_shadow = shared.config.server.shadow;
+    let parts: Few<Part<'_>> = match global_shadow {
+        true => decided.iter().copied().collect(),
+        false => verdict.visible(&shared.table, &ids),
+    };
     for ((status, s), rule_name) in response.statuses.iter_mut().zip(slot).zip(names) {
         let Some(i) = *s else { continue };
         let (part, check) = (&decided[i], &checks[i]);
-        // A shadow policy that would refuse answers OK.
-        let code = match verdict.refuses(i) {
+        let code = match verdict.refuses(i) || (global_shadow && verdict.shadow_limited(i)) {
             true => Code::OverLimit,
             false => Code::Ok,
         };

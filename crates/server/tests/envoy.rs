@@ -844,3 +844,41 @@ fn an_imported_envoyproxy_ratelimit_config_decides_as_its_files() {
     assert_eq!(key("/api/v1/items"), key("/api/v9/items"));
     assert_ne!(key("/api/v2/x"), key("/api/v2/y"));
 }
+
+/// `[server] shadow` (envoyproxy/ratelimit's SHADOW_MODE): each descriptor
+/// answered as if enforced — OVER_LIMIT, with its fields, under their
+/// renamed headers — and only the overall code OK. A policy's own `shadow`
+/// (their `shadow_mode`) answers its descriptor OK.
+#[tokio::test]
+async fn global_shadow_mode_keeps_each_descriptors_status() {
+    let config = format!(
+        "[server]\nshadow = true\nheaders = \"both\"\nenvoy_header_names = [\"L\", \"R\", \"T\"]\n\n{CONFIG}"
+    );
+    let (mut client, _, _) = start(&config).await;
+    let read = || {
+        vec![descriptor(
+            &[("seller", "9"), ("endpoint", "stock-read")],
+            None,
+        )]
+    };
+    let first = ask(&mut client, read(), 0).await.unwrap();
+    assert_eq!(first.overall_code, i32::from(Code::Ok));
+    let over = ask(&mut client, read(), 0).await.unwrap();
+    assert_eq!(
+        over.overall_code,
+        i32::from(Code::Ok),
+        "shadow: never refused"
+    );
+    assert_eq!(
+        over.statuses[0].code,
+        i32::from(Code::OverLimit),
+        "{over:?}"
+    );
+    assert_eq!(header(&over, "R"), Some("0"), "{over:?}");
+    // A policy in shadow mode of its own: its descriptor OK.
+    let own = CONFIG.replace("limit = 1\n", "limit = 1\nshadow = true\n");
+    let (mut client, _, _) = start(&own).await;
+    ask(&mut client, read(), 0).await.unwrap();
+    let over = ask(&mut client, read(), 0).await.unwrap();
+    assert_eq!(over.statuses[0].code, i32::from(Code::Ok));
+}
