@@ -110,7 +110,7 @@ fn window(unit: Unit) -> String {
 
 /// The policy name of a limit's path (`domain.key_value.key`): its letters,
 /// digits, `-` and `_`, anything else a `-`; a path longer than a policy
-/// name may be (60 bytes, room left for [`unique_name`]'s `-N`) keeps its
+/// name may be (60 bytes, room left for a `-N` that tells two apart) keeps its
 /// start and its end around a `--`, so that the key it ends with still
 /// shows.
 pub fn policy_name(path: &str) -> String {

@@ -107,11 +107,12 @@ fn request_host(request: &Request) -> Option<String> {
         .or_else(|| request.uri().authority().map(|a| a.as_str()))?;
     let host = match named.rsplit_once(':') {
         // An IPv6 literal keeps its colons: its port follows `]`.
-        Some((host, port)) if !host.contains(':') || host.ends_with(']') => port
-            .bytes()
-            .all(|b| b.is_ascii_digit())
-            .then_some(host)
-            .unwrap_or(named),
+        Some((host, port))
+            if (!host.contains(':') || host.ends_with(']'))
+                && port.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            host
+        }
         _ => named,
     };
     Some(host.to_ascii_lowercase())

@@ -692,7 +692,6 @@ replaces = ["free"]
     for _ in 0..3 {
         assert_eq!(decide(&[("path", "/api/health")]).await, Code::Ok);
     }
-    drop(decide);
     let remaining = |r: RateLimitResponse| r.statuses[0].limit_remaining;
     let health = vec![descriptor(&[("path", "/api/health")], None)];
     let unlimited = ask(&mut client, health, 0).await.unwrap();
