@@ -1028,10 +1028,15 @@ async fn metered(
     charge: Charge,
     usage: Usage,
 ) -> Answered {
-    let (upstream, authority, timeout) = (route.upstream.clone(), authority.clone(), route.timeout);
+    let (uri, authority, timeout) = (route.upstream.clone(), authority.clone(), route.timeout);
+    let ca = route.upstream_ca.clone();
     let call = tokio::spawn(async move {
-        let answered =
-            tokio::time::timeout(timeout, upstream::send(&upstream, &authority, request));
+        let upstream = upstream::Upstream {
+            uri: &uri,
+            authority: &authority,
+            ca: ca.as_deref(),
+        };
+        let answered = tokio::time::timeout(timeout, upstream::send(upstream, request));
         answered.await.map(|answered| {
             answered.map(|response| {
                 let (parts, body) = response.into_parts();
@@ -1057,10 +1062,12 @@ fn timed<'a>(
 ) -> tokio::time::Timeout<
     impl Future<Output = Result<http::Response<upstream::Answer>, upstream::Failure>> + 'a,
 > {
-    tokio::time::timeout(
-        route.timeout,
-        upstream::send(&route.upstream, authority, request),
-    )
+    let upstream = upstream::Upstream {
+        uri: &route.upstream,
+        authority,
+        ca: route.upstream_ca.as_deref(),
+    };
+    tokio::time::timeout(route.timeout, upstream::send(upstream, request))
 }
 
 /// What went wrong on the client's side of a forwarded request.

@@ -23,6 +23,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
@@ -52,9 +53,94 @@ struct Idle {
 
 #[derive(Default)]
 struct Pool {
-    /// Keyed by the authority's text as configured.
+    /// Keyed by [`Key`]'s text.
     idle: HashMap<Box<str>, Vec<Idle>, foldhash::fast::RandomState>,
     connector: Option<HttpConnector>,
+    /// TLS to `https` upstreams, by the roots they are verified against
+    /// (`None`: the system's).
+    tls: HashMap<Option<PathBuf>, tokio_rustls::TlsConnector>,
+}
+
+/// An upstream as the pool knows it: its authority, and whether it is
+/// reached over TLS.
+#[derive(Debug, Clone)]
+pub(crate) struct Upstream<'a> {
+    pub(crate) uri: &'a Uri,
+    pub(crate) authority: &'a Authority,
+    /// `upstream_ca`, for an `https` upstream.
+    pub(crate) ca: Option<&'a Path>,
+}
+
+impl Upstream<'_> {
+    fn tls(&self) -> bool {
+        self.uri.scheme_str() == Some("https")
+    }
+
+    /// Which pooled connections may carry this upstream's requests.
+    fn key(&self) -> Key {
+        match self.tls() {
+            false => Key::Plain(self.authority.clone()),
+            // Verified against these roots: never shared with a route that
+            // verifies against others.
+            true => {
+                let ca = self.ca.map_or(String::new(), |p| p.display().to_string());
+                Key::Tls(format!("https://{}#{ca}", self.authority).into())
+            }
+        }
+    }
+}
+
+/// A pool's key: an `http` upstream's authority as configured (no
+/// allocation), or an `https` one's with the roots it is verified against.
+#[derive(Debug, Clone)]
+enum Key {
+    Plain(Authority),
+    Tls(Box<str>),
+}
+
+impl Key {
+    fn as_str(&self) -> &str {
+        match self {
+            Self::Plain(authority) => authority.as_str(),
+            Self::Tls(text) => text,
+        }
+    }
+}
+
+/// The TLS connector verifying against `ca`'s roots, or the system's.
+fn tls_connector(ca: Option<&Path>) -> Result<tokio_rustls::TlsConnector, Failure> {
+    if let Some(connector) =
+        POOL.with_borrow(|pool| pool.tls.get(&ca.map(Path::to_path_buf)).cloned())
+    {
+        return Ok(connector);
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            use rustls::pki_types::pem::PemObject;
+            for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+                roots.add(cert.map_err(|e| format!("{}: {e}", path.display()))?)?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(found.certs);
+        }
+    }
+    #[allow(deprecated)]
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    POOL.with_borrow_mut(|pool| {
+        pool.tls
+            .insert(ca.map(Path::to_path_buf), connector.clone())
+    });
+    Ok(connector)
 }
 
 thread_local! {
@@ -63,9 +149,9 @@ thread_local! {
 
 /// A ready connection to `authority` from this thread's pool, if one
 /// waits; the closed and the expired are dropped on the way.
-fn checkout(authority: &Authority) -> Option<SendRequest<Body>> {
+fn checkout(key: &Key) -> Option<SendRequest<Body>> {
     POOL.with_borrow_mut(|pool| {
-        let waiting = pool.idle.get_mut(authority.as_str())?;
+        let waiting = pool.idle.get_mut(key.as_str())?;
         let now = Instant::now();
         waiting.retain(|idle| {
             !idle.sender.is_closed() && now.duration_since(idle.since) < IDLE_TIMEOUT
@@ -77,7 +163,7 @@ fn checkout(authority: &Authority) -> Option<SendRequest<Body>> {
 }
 
 /// Returns a connection whose answer has ended to this thread's pool.
-fn checkin(authority: Authority, sender: SendRequest<Body>) {
+fn checkin(key: Key, sender: SendRequest<Body>) {
     if sender.is_closed() {
         return;
     }
@@ -86,30 +172,52 @@ fn checkin(authority: Authority, sender: SendRequest<Body>) {
             sender,
             since: Instant::now(),
         };
-        match pool.idle.get_mut(authority.as_str()) {
+        match pool.idle.get_mut(key.as_str()) {
             Some(waiting) if waiting.len() < MAX_IDLE => waiting.push(idle),
             Some(_) => {}
             None => {
-                pool.idle.insert(authority.as_str().into(), vec![idle]);
+                pool.idle.insert(key.as_str().into(), vec![idle]);
             }
         }
     });
 }
 
-/// A new connection to `upstream`, its task spawned on this thread's
-/// runtime.
-async fn connect(upstream: &Uri) -> Result<SendRequest<Body>, Failure> {
+/// A new connection to `upstream` (over TLS for `https`, its certificate
+/// verified for its host name), its task spawned on this thread's runtime.
+async fn connect(upstream: &Upstream<'_>) -> Result<SendRequest<Body>, Failure> {
     let mut connector = POOL.with_borrow_mut(|pool| {
         pool.connector
             .get_or_insert_with(|| {
                 let mut connector = HttpConnector::new();
                 connector.set_nodelay(true);
+                // The scheme is this module's to check: https is TLS below.
+                connector.enforce_http(false);
                 connector
             })
             .clone()
     });
     std::future::poll_fn(|cx| connector.poll_ready(cx)).await?;
-    let io = connector.call(upstream.clone()).await?;
+    let io = connector.call(upstream.uri.clone()).await?;
+    if !upstream.tls() {
+        return serve_connection(io).await;
+    }
+    let host = upstream
+        .authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned())?;
+    let tls = tls_connector(upstream.ca)?
+        .connect(name, io.into_inner())
+        .await?;
+    serve_connection(hyper_util::rt::TokioIo::new(tls)).await
+}
+
+/// An HTTP/1.1 client connection over `io`, its task spawned.
+async fn serve_connection<I>(io: I) -> Result<SendRequest<Body>, Failure>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let (sender, connection) = http1::handshake(io).await?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
@@ -122,21 +230,21 @@ async fn connect(upstream: &Uri) -> Result<SendRequest<Body>, Failure> {
 /// Sends `request` (origin-form URI, `Host` set) to `upstream` over a pooled
 /// connection or a new one.
 pub(crate) async fn send(
-    upstream: &Uri,
-    authority: &Authority,
+    upstream: Upstream<'_>,
     mut request: Request<Body>,
 ) -> Result<Response<Answer>, Failure> {
+    let key = upstream.key();
     loop {
-        let (mut sender, reused) = match checkout(authority) {
+        let (mut sender, reused) = match checkout(&key) {
             Some(sender) => (sender, true),
             None => {
-                let connecting = Box::pin(connect(upstream));
+                let connecting = Box::pin(connect(&upstream));
                 (connecting.await?, false)
             }
         };
         match sender.try_send_request(request).await {
             Ok(response) => {
-                return Ok(response.map(|body| Answer::new(body, authority.clone(), sender)));
+                return Ok(response.map(|body| Answer::new(body, (key, sender))));
             }
             Err(mut e) => match e.take_message() {
                 // Closed before anything was sent: another connection.
@@ -151,14 +259,14 @@ pub(crate) async fn send(
 /// pool of the thread that reads it.
 pub(crate) struct Answer {
     body: Incoming,
-    home: Option<(Authority, SendRequest<Body>)>,
+    home: Option<(Key, SendRequest<Body>)>,
 }
 
 impl Answer {
-    fn new(body: Incoming, authority: Authority, sender: SendRequest<Body>) -> Self {
+    fn new(body: Incoming, home: (Key, SendRequest<Body>)) -> Self {
         let mut answer = Self {
             body,
-            home: Some((authority, sender)),
+            home: Some(home),
         };
         if hyper::body::Body::is_end_stream(&answer.body) {
             answer.ended();
@@ -167,8 +275,8 @@ impl Answer {
     }
 
     fn ended(&mut self) {
-        if let Some((authority, sender)) = self.home.take() {
-            checkin(authority, sender);
+        if let Some((key, sender)) = self.home.take() {
+            checkin(key, sender);
         }
     }
 }

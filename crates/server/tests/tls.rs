@@ -257,3 +257,78 @@ async fn a_stalled_handshake_is_closed_at_the_header_timeout() {
     );
     assert!(took < Duration::from_secs(5), "at the timeout: {took:?}");
 }
+
+/// An upstream that speaks TLS only, with `certs`' server certificate
+/// (`localhost`, 127.0.0.1), answering `secure` to everything.
+async fn tls_upstream(certs: &Certs) -> SocketAddr {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(&certs.read("server.pem"))
+            .map(Result::unwrap)
+            .collect();
+    let key = PrivateKeyDer::from_pem_slice(&certs.read("server-key.pem")).unwrap();
+    #[allow(deprecated)]
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(|_request| async {
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                        http_body_util::Full::new(bytes::Bytes::from_static(b"secure")),
+                    ))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// `https://` upstreams: reached over TLS, the certificate verified for
+/// the upstream's host name against `upstream_ca` (or the system's roots,
+/// which do not know this test's CA: `502`, never an unverified answer).
+#[tokio::test]
+async fn an_https_upstream_is_reached_over_verified_tls() {
+    let certs = Certs::new("https-upstream");
+    let upstream = tls_upstream(&certs).await;
+    let route = |ca: &str| {
+        format!(
+            "[policies.p]\nalgorithm = \"gcra\"\nburst = 100\nrate = \"100/s\"\n\n[[routes]]\nmatch = \"GET /s\"\nidentity = \"peer\"\npolicies = [\"p\"]\nupstream = \"https://localhost:{}\"\n{ca}",
+            upstream.port()
+        )
+    };
+    let ca = format!("upstream_ca = \"{}\"\n", certs.path("ca.pem").display());
+    let (addr, _) = start(&route(&ca)).await;
+    for _ in 0..3 {
+        let answer = crate::send("GET", &format!("http://{addr}/s"), &[], "").await;
+        assert_eq!((answer.status, answer.body.as_str()), (200, "secure"));
+    }
+    let (untrusted, _) = start(&route("")).await;
+    let answer = crate::send("GET", &format!("http://{untrusted}/s"), &[], "").await;
+    assert_eq!(answer.status, 502, "{}", answer.body);
+    // A CA for a plain upstream is a mistake the config names.
+    let plain = route(&ca).replace("https://", "http://");
+    let error = weir_server::config::parse(&plain, &Default::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("upstream_ca") && error.contains("https"),
+        "{error}"
+    );
+}

@@ -32,8 +32,13 @@ pub struct Route {
     pub fallbacks: Vec<(Identity, String)>,
     /// Policies checked all-or-nothing.
     pub policies: Vec<PolicyId>,
-    /// `scheme://authority` of the upstream.
+    /// `scheme://authority` of the upstream: `http`, or `https` (TLS,
+    /// the upstream's certificate verified).
     pub upstream: Uri,
+    /// `upstream_ca`: the roots an `https` upstream's certificate is
+    /// verified against, instead of the system's (a PEM file, read when
+    /// the first connection is made; checked here).
+    pub upstream_ca: Option<std::path::PathBuf>,
     /// Its authority as the `Host` field the upstream is sent, made once.
     pub host: Option<http::HeaderValue>,
     /// The longest a shaper may delay a request before it is refused.
@@ -176,6 +181,7 @@ pub(super) struct Raw {
     pattern: Spanned<String>,
     identity: Spanned<toml::Value>,
     host: Option<Spanned<String>>,
+    upstream_ca: Option<Spanned<String>>,
     policies: Spanned<Vec<String>>,
     upstream: Spanned<String>,
     max_wait: Option<Spanned<String>>,
@@ -249,6 +255,10 @@ pub(super) fn parse(
         let fallbacks = sources.map(|s| (s.clone(), s.scope())).collect();
         let policies = policies(raw, resolve, known, &place, report);
         let upstream = upstream(raw, &place, report);
+        let https = upstream
+            .as_ref()
+            .is_some_and(|u| u.scheme_str() == Some("https"));
+        let upstream_ca = upstream_ca(raw, https, &place, report);
         let max_wait = super::duration(
             raw.max_wait.as_ref(),
             Duration::from_secs(10),
@@ -303,6 +313,7 @@ pub(super) fn parse(
                     .authority()
                     .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok()),
                 upstream,
+                upstream_ca,
                 max_wait,
                 timeout,
                 max_body,
@@ -431,21 +442,53 @@ fn policies(
     policies
 }
 
-/// `upstream`: `http://authority`.
+/// `upstream`: `http://authority` or `https://authority`.
 fn upstream(raw: &Raw, place: Place<'_>, report: &mut Report<'_>) -> Option<Uri> {
     match raw.upstream.get_ref().parse::<Uri>() {
-        Ok(uri) if uri.scheme_str() == Some("http") && uri.authority().is_some() => Some(uri),
+        Ok(uri)
+            if matches!(uri.scheme_str(), Some("http" | "https"))
+                && uri.authority().is_some()
+                && uri.path_and_query().is_none_or(|p| p.as_str() == "/") =>
+        {
+            Some(uri)
+        }
         _ => {
             report.error(
                 &raw.upstream.span(),
                 &place("upstream"),
                 format!(
-                    "`{}` is not an upstream such as \"http://127.0.0.1:9000\"",
+                    "`{}` is not an upstream such as \"http://127.0.0.1:9000\" or \"https://api.internal\" (a scheme and an authority, no path)",
                     raw.upstream.get_ref()
                 ),
             );
             None
         }
+    }
+}
+
+/// `upstream_ca`: a PEM file of roots, for an `https` upstream.
+fn upstream_ca(
+    raw: &Raw,
+    https: bool,
+    place: Place<'_>,
+    report: &mut Report<'_>,
+) -> Option<std::path::PathBuf> {
+    let ca = raw.upstream_ca.as_ref()?;
+    let path = std::path::PathBuf::from(ca.get_ref());
+    let problem = match (https, std::fs::read(&path)) {
+        (false, _) => Some("is for an https upstream".to_owned()),
+        (true, Err(e)) => Some(format!("cannot read `{}`: {e}", path.display())),
+        (true, Ok(pem)) if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") => {
+            Some(format!("`{}` holds no PEM certificate", path.display()))
+        }
+        (true, Ok(_)) => None,
+    };
+    match problem {
+        Some(message) => {
+            report.error(&ca.span(), &place("upstream_ca"), message);
+            None
+        }
+        None => Some(path),
     }
 }
 
