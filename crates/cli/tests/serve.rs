@@ -550,6 +550,13 @@ fn reloads_log_each_outcome_once() {
     let path = temp("logged.toml", &bucket(1));
     let server = Server::start(&["--config", path.to_str().unwrap()]);
     server.wait_for_log("watching the configuration file");
+    // The file as served at start: nothing to say.
+    server.signal("HUP");
+    let quiet = server.logs_for(Duration::from_millis(600));
+    assert!(
+        !quiet.iter().any(|l| l.contains("configuration unchanged")),
+        "{quiet:#?}"
+    );
     std::fs::remove_file(&path).unwrap();
     for _ in 0..4 {
         server.signal("HUP");
@@ -568,6 +575,13 @@ fn reloads_log_each_outcome_once() {
     assert!(
         line.contains("policies added: b") && line.contains("policies removed: a"),
         "{line}"
+    );
+    // Applied, the file is the one served: a signal after is not news.
+    server.signal("HUP");
+    let quiet = server.logs_for(Duration::from_millis(600));
+    assert!(
+        !quiet.iter().any(|l| l.contains("configuration unchanged")),
+        "{quiet:#?}"
     );
 }
 

@@ -178,7 +178,7 @@ impl AppState {
         record(&result, outcome.ok().and_then(|(_, h)| h));
         let said = match &result {
             Ok(Reloaded::Applied) => format!("applied: {changed}"),
-            Ok(Reloaded::Unchanged) => "unchanged".to_owned(),
+            Ok(Reloaded::Unchanged) => UNCHANGED.to_owned(),
             Err(e) => e.clone(),
         };
         let mut last = self
@@ -204,7 +204,12 @@ impl AppState {
                 tracing::error!(errors = %e, "reload rejected; the old configuration keeps serving")
             }
         }
-        *last = said;
+        // Once applied, the file is the one served: the watcher's next
+        // event that finds it so is not news.
+        *last = match &result {
+            Ok(Reloaded::Applied) => UNCHANGED.to_owned(),
+            _ => said,
+        };
         result
     }
 }
@@ -264,6 +269,10 @@ fn follow<W: Watcher>(
     }
     Ok(())
 }
+
+/// What the last reload said when the file is the one served (as it is
+/// at start).
+pub(crate) const UNCHANGED: &str = "unchanged";
 
 /// Changes closer together than this are one reload.
 pub const DEBOUNCE: Duration = Duration::from_millis(250);

@@ -183,7 +183,8 @@ impl AppState {
             metrics: crate::metrics::handle(),
             admin_failures: Mutex::default(),
             source,
-            last_reload: Mutex::default(),
+            // Served as read: an event that finds it so is not news.
+            last_reload: Mutex::new(crate::reload::UNCHANGED.to_owned()),
         }))
     }
 
