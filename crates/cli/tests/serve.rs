@@ -254,7 +254,21 @@ fn config_check_never_shows_a_password_in_a_malformed_url() {
         assert_eq!(check.status.code(), Some(2), "{url}: {said}");
         assert!(said.contains("[store] url"), "{url}: {said}");
         assert!(!said.contains("pw-8d1f"), "{url}: {said}");
+        assert!(
+            !said.contains("InvalidClientConfig"),
+            "what is wrong, not a kind: {said}"
+        );
     }
+    let check = weir()
+        .args(["config", "check"])
+        .arg(temp("bad-url-port.toml", "[store]\nurl = \"redis://cache:notaport\"\n\n[policies.a]\nalgorithm = \"gcra\"\nburst = 1\nrate = \"1/s\"\n"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&check.stderr);
+    assert!(
+        said.contains("invalid port number") && said.contains("redis://[USER:PASSWORD@]HOST:PORT"),
+        "{said}"
+    );
 }
 
 #[test]

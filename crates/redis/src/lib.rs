@@ -286,9 +286,24 @@ impl std::fmt::Debug for RedisStore {
 /// Checks, without connecting, that `url` is one [`RedisStore::connect`]
 /// accepts; what is wrong otherwise (the URL shown [`redacted`]).
 pub fn check_url(url: &str) -> Result<(), String> {
-    access::nodes(url)
-        .map(drop)
-        .map_err(|e| format!("`{}`: {e}", redacted(url)))
+    access::nodes(url).map(drop).map_err(|e| {
+        // What is wrong, as a URL parser says it of the first node that
+        // does not parse (redis's own error is a kind,
+        // `InvalidClientConfig`), and the form to write.
+        let (scheme, rest) = url.split_once("://").unwrap_or(("redis", url));
+        let nodes = rest.split('/').next().unwrap_or(rest);
+        let why = nodes
+            .split(',')
+            .find_map(|node| url::Url::parse(&format!("{scheme}://{node}")).err())
+            .map_or_else(
+                || e.to_string().trim_end_matches("- InvalidClientConfig").trim().to_owned(),
+                |parsed| parsed.to_string(),
+            );
+        format!(
+            "`{}`: {why} (valid: redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss:// for TLS, redis-cluster://HOST:PORT,HOST:PORT, redis-sentinel://HOST:PORT,HOST:PORT/MASTER)",
+            redacted(url)
+        )
+    })
 }
 
 impl RedisStore {
