@@ -82,6 +82,11 @@ pub(crate) enum Import {
     Limitador {
         /// The limits file.
         file: PathBuf,
+        /// Print what translates and exit 0 even when some limits do not
+        /// (without it, the output is printed all the same and the exit
+        /// status is 1).
+        #[arg(long)]
+        partial: bool,
     },
 }
 
@@ -122,7 +127,7 @@ pub(crate) fn config(command: &ConfigCommand) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        ConfigCommand::Import(Import::Limitador { file }) => {
+        ConfigCommand::Import(Import::Limitador { file, partial }) => {
             let name = file.display().to_string();
             let text =
                 std::fs::read_to_string(file).map_err(|e| anyhow!("cannot read {name}: {e}"))?;
@@ -138,6 +143,12 @@ pub(crate) fn config(command: &ConfigCommand) -> anyhow::Result<()> {
                 }
             }
             print!("{header}{toml}");
+            if !problems.is_empty() && !partial {
+                bail!(
+                    "{} of the limits were not translated (named above, and in the output's header); --partial accepts the rest",
+                    problems.len()
+                );
+            }
             Ok(())
         }
         ConfigCommand::Check { file } => {

@@ -366,7 +366,22 @@ fn a_limitador_file_imports_and_names_what_it_cannot_say() {
         String::from_utf8(out.stdout).unwrap(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     );
-    assert!(out.status.success(), "{said}");
+    // A limit left out is a failure unless asked for (--partial); the
+    // output is printed either way.
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("--partial"), "{said}");
+    let partial = weir()
+        .args([
+            "config",
+            "import",
+            "limitador",
+            "--partial",
+            file.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(partial.status.success());
+    assert_eq!(String::from_utf8(partial.stdout).unwrap(), toml);
     assert!(
         toml.contains(
             "entries = [\"req.method=POST\", \"user_id\"]\npolicy = \"shop-per-user-writes\""
