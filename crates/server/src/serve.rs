@@ -381,13 +381,16 @@ impl InFlight {
         self.answered = true;
     }
 
-    /// The answer's head is ready: its body, watched for progress.
+    /// The answer's head is ready: its body, watched for progress over
+    /// HTTP/2. (Over HTTP/1.1 an answer the client does not take moves no
+    /// byte, and the idle timeout already bounds it: nothing to watch, no
+    /// cost per request.)
     pub(crate) fn answered(
         mut self,
         response: axum::response::Response,
     ) -> axum::response::Response {
         self.finish();
-        if hyper::body::Body::is_end_stream(response.body()) {
+        if !self.activity.first_head_only || hyper::body::Body::is_end_stream(response.body()) {
             return response;
         }
         let since = self.activity.answer();
