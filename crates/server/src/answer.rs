@@ -59,6 +59,8 @@ pub(crate) enum ApiError {
     /// The request body did not arrive whole within `[server]
     /// body_deadline`.
     BodyDeadline(std::time::Duration),
+    /// A JSON Web Token that does not verify (why, never its content).
+    InvalidToken(String),
     /// An HTTP/1.1 request without `Host` (RFC 9112 §3.2), or an HTTP/2 one
     /// without `:authority` or `Host`.
     MissingHost,
@@ -238,6 +240,11 @@ impl ApiError {
                     t.as_secs_f64()
                 ),
             ),
+            Self::InvalidToken(why) => (
+                S::UNAUTHORIZED,
+                "INVALID_TOKEN",
+                format!("the token does not verify: {why}"),
+            ),
             Self::MissingHost => (
                 S::BAD_REQUEST,
                 "MISSING_HOST",
@@ -283,7 +290,10 @@ impl IntoResponse for ApiError {
                 headers.insert(header::ALLOW, allow);
             }
         }
-        if status == StatusCode::UNAUTHORIZED {
+        if let Self::InvalidToken(_) = &self {
+            let challenge = HeaderValue::from_static("Bearer error=\"invalid_token\"");
+            headers.insert(header::WWW_AUTHENTICATE, challenge);
+        } else if status == StatusCode::UNAUTHORIZED {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response

@@ -222,6 +222,7 @@ fn identity<'r>(
     request: &'r Request,
     params: &[(&'r str, &'r str)],
     client: Option<IpAddr>,
+    jwt: Option<&crate::config::Jwt>,
 ) -> Result<(Cow<'r, str>, String), ApiError> {
     let fallbacks = route
         .fallbacks
@@ -235,7 +236,7 @@ fn identity<'r>(
             let key = scoped_key(scope, &value)?;
             return Ok((value, key));
         }
-        let value = match source_value(source, request, params, client)? {
+        let value = match source_value(source, request, params, client, jwt)? {
             Some(v) if !v.trim().is_empty() => v,
             Some(_) => {
                 blank.get_or_insert(scope);
@@ -271,6 +272,7 @@ fn source_value<'r>(
     request: &'r Request,
     params: &[(&'r str, &'r str)],
     client: Option<IpAddr>,
+    jwt: Option<&crate::config::Jwt>,
 ) -> Result<Option<Cow<'r, str>>, ApiError> {
     Ok(match source {
         Identity::Header(name) => {
@@ -320,6 +322,30 @@ fn source_value<'r>(
         }
         // One key for every caller: the route's (handled by `identity`).
         Identity::Route => None,
+        // A token that is there must verify: never read unverified, never
+        // passed over for the next source.
+        Identity::Jwt(claim) => {
+            let Some(jwt) = jwt else {
+                return Err(ApiError::InvalidToken(
+                    "no [jwt] to verify tokens with".into(),
+                ));
+            };
+            let Some(value) = request.headers().get(&jwt.header) else {
+                return Ok(None);
+            };
+            let text = value.to_str().unwrap_or_default().trim();
+            let token = match jwt.header == header::AUTHORIZATION {
+                true => match text.split_once(' ') {
+                    Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim(),
+                    _ => return Err(ApiError::InvalidToken("not a Bearer token".into())),
+                },
+                false => text,
+            };
+            match jwt.claim(token, claim) {
+                Ok(value) => value.map(Cow::Owned),
+                Err(refused) => return Err(ApiError::InvalidToken(refused.0)),
+            }
+        }
     })
 }
 
@@ -691,7 +717,7 @@ fn identify(
     }
     let trusted = &shared.config.server.trusted_proxies;
     let client = peer.map(|p| client_ip(request.headers(), p.ip(), trusted));
-    let (sent, key) = identity(route, request, params, client)?;
+    let (sent, key) = identity(route, request, params, client, shared.config.jwt.as_ref())?;
     // An overridden identity is decided by its override.
     let ids: Few<PolicyId> = route
         .policies

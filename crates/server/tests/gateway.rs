@@ -1007,3 +1007,142 @@ upstream = "http://{up}"
     );
     assert!(bad.unwrap_err().to_string().contains("host"));
 }
+
+/// Identities from a claim of a JSON Web Token the gateway verifies: an
+/// HMAC secret or a public key (here ES256); the expiry, issuer and
+/// audience checked. A token that does not verify is `401 INVALID_TOKEN`,
+/// never read, never passed over for the next source; no token falls back.
+#[tokio::test]
+async fn identities_from_verified_jwt_claims() {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+    let (up, _) = upstream().await;
+    let dir = std::env::temp_dir().join(format!("weir-jwt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = "an-hmac-secret-of-at-least-32-bytes!";
+    std::fs::write(dir.join("secret"), format!("{secret}\n")).unwrap();
+    let (private, public) = weir_testkit::tls::ec_key_pair();
+    std::fs::write(dir.join("public.pem"), &public).unwrap();
+    let config = |keys: &str| {
+        format!(
+            r#"
+[jwt]
+{keys}
+issuer = "https://auth.example"
+audience = "api"
+
+[policies.one]
+algorithm = "fixed-window"
+limit = 1
+window = "1h"
+
+[[routes]]
+match = "GET /me"
+identity = ["jwt:tenant", "peer"]
+policies = ["one"]
+upstream = "http://{up}"
+"#
+        )
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = |tenant: &str, exp: u64, iss: &str| serde_json::json!({"tenant": tenant, "exp": exp, "iss": iss, "aud": "api"});
+    let hs = |c: serde_json::Value| {
+        encode(
+            &Header::new(Algorithm::HS256),
+            &c,
+            &EncodingKey::from_secret(secret.as_bytes()),
+        )
+        .unwrap()
+    };
+    let es = |c: serde_json::Value| {
+        let key = EncodingKey::from_ec_pem(private.as_bytes()).unwrap();
+        encode(&Header::new(Algorithm::ES256), &c, &key).unwrap()
+    };
+    // A JWKS of one symmetric key, `kid` "k1": tokens name the key they use.
+    let k = base64url(secret.as_bytes());
+    let jwks = format!(r#"{{"keys":[{{"kty":"oct","kid":"k1","alg":"HS256","k":"{k}"}}]}}"#);
+    std::fs::write(dir.join("jwks.json"), jwks).unwrap();
+    let kid = |c: serde_json::Value| {
+        let mut header = Header::new(Algorithm::HS256);
+        header.kid = Some("k1".into());
+        encode(&header, &c, &EncodingKey::from_secret(secret.as_bytes())).unwrap()
+    };
+    let iss = "https://auth.example";
+    for (keys, sign) in [
+        (
+            format!("secret_file = \"{}\"", dir.join("secret").display()),
+            &hs as &dyn Fn(serde_json::Value) -> String,
+        ),
+        (
+            format!("public_key = \"{}\"", dir.join("public.pem").display()),
+            &es,
+        ),
+        (
+            format!("jwks_file = \"{}\"", dir.join("jwks.json").display()),
+            &kid,
+        ),
+    ] {
+        let (addr, _) = start(&config(&keys)).await;
+        let url = format!("http://{addr}/me");
+        let get = |token: Option<String>| {
+            let url = url.clone();
+            async move {
+                let bearer = token.map(|t| format!("Bearer {t}"));
+                let headers: Vec<(&str, &str)> = bearer
+                    .iter()
+                    .map(|b| ("authorization", b.as_str()))
+                    .collect();
+                let reply = send("GET", &url, &headers, "").await;
+                let error = match reply.status {
+                    400.. => reply.json()["error"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    _ => String::new(),
+                };
+                (reply.status, error)
+            }
+        };
+        let acme = sign(claims("acme", now + 600, iss));
+        assert_eq!(get(Some(acme.clone())).await.0, 200, "{keys}");
+        assert_eq!(get(Some(acme)).await.0, 429, "acme's one: {keys}");
+        assert_eq!(get(Some(sign(claims("beta", now + 600, iss)))).await.0, 200);
+        // Expired, another issuer, a forged signature: refused, never read.
+        for bad in [
+            sign(claims("gamma", now - 3600, iss)),
+            sign(claims("gamma", now + 600, "https://evil.example")),
+            hs(claims("gamma", now + 600, iss)).replace('.', ".x"),
+        ] {
+            assert_eq!(
+                get(Some(bad)).await,
+                (401, "INVALID_TOKEN".to_owned()),
+                "{keys}"
+            );
+        }
+        // No token: the next source, the address.
+        assert_eq!(get(None).await.0, 200);
+    }
+    // A route that reads a claim needs [jwt].
+    let error =
+        weir_server::config::parse(&config("").replace("[jwt]\n\n", ""), &Default::default());
+    assert!(error.unwrap_err().to_string().contains("[jwt]"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Base64url without padding, as JWKs write keys.
+fn base64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+        }
+    }
+    out
+}

@@ -143,3 +143,10 @@ impl Drop for Certs {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A new P-256 key pair as PEM: the private key (PKCS#8) and the public
+/// key (SubjectPublicKeyInfo), for signing and verifying tokens in tests.
+pub fn ec_key_pair() -> (String, String) {
+    let key = KeyPair::generate().unwrap();
+    (key.serialize_pem(), key.public_key_pem())
+}

@@ -90,6 +90,7 @@ pub(super) fn check(table: &Spanned<DeTable<'_>>, report: &mut Report<'_>) {
             "server" => (server(), "[server]"),
             "store" => (store(), "[store]"),
             "telemetry" => (telemetry(), "[telemetry]"),
+            "jwt" => (fields::<super::jwt::Raw>(), "[jwt]"),
             "routes" => (fields::<super::routes::Raw>(), "[[routes]]"),
             "descriptors" => (fields::<super::descriptors::Raw>(), "[[descriptors]]"),
             _ => continue,

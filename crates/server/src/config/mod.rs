@@ -5,6 +5,7 @@
 //! key, and unknown keys with the nearest valid one.
 
 mod descriptors;
+mod jwt;
 mod keys;
 mod overrides;
 mod policies;
@@ -18,6 +19,7 @@ use std::ops::Range;
 use serde::Deserialize;
 
 pub use descriptors::{DescriptorRule, DescriptorTree};
+pub use jwt::{Jwt, Refused as TokenRefused};
 pub use overrides::{Override, Quota};
 pub use policies::{OnStateLoss, OnStoreError, PolicyConfig, PolicyId};
 pub use routes::{Cost, Identity, Route, Segment, Usage};
@@ -46,6 +48,8 @@ pub struct Config {
     pub descriptor_tree: DescriptorTree,
     /// `[[overrides]]`: identities with a quota of their own.
     pub overrides: Vec<Override>,
+    /// `[jwt]`: how `jwt:CLAIM` identities are verified.
+    pub jwt: Option<jwt::Jwt>,
 }
 
 impl Config {
@@ -143,6 +147,7 @@ pub(super) struct Raw {
     #[serde(default)]
     overrides: overrides::Raw,
     telemetry: Option<server::RawTelemetry>,
+    jwt: Option<jwt::Raw>,
 }
 
 /// Secrets the environment gives beside the file, so that the file need not
@@ -278,6 +283,19 @@ pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
     let (descriptors, descriptor_tree) =
         descriptors::parse(&raw.descriptors, &resolve, &known, &leased, &mut report);
     let overrides = overrides::parse(&raw.overrides, &policies, &resolve, &known, &mut report);
+    let jwt = raw.jwt.and_then(|j| jwt::parse(j, &mut report));
+    let wants_jwt = routes.iter().any(|r| {
+        std::iter::once(&r.identity)
+            .chain(r.fallbacks.iter().map(|(i, _)| i))
+            .any(|i| matches!(i, Identity::Jwt(_)))
+    });
+    if wants_jwt && jwt.is_none() && !report.errors.iter().any(|e| e.place.starts_with("[jwt]")) {
+        report.error(
+            &(text.len()..text.len()),
+            "[jwt]",
+            "a route's identity is a jwt: claim: say how tokens are verified ([jwt] secret_file, public_key or jwks_file)",
+        );
+    }
     if names.is_empty() {
         report.error(
             &(text.len()..text.len()),
@@ -297,6 +315,7 @@ pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
         descriptors,
         descriptor_tree,
         overrides,
+        jwt,
     })
 }
 

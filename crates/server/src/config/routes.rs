@@ -132,6 +132,9 @@ pub enum Identity {
     /// The route itself (`route`): every caller shares one key, a limit on
     /// the whole route (Kong's `limit_by = "service"`).
     Route,
+    /// A claim of a JSON Web Token the gateway verifies (`jwt:CLAIM`, with
+    /// `[jwt]`): a token that does not verify is refused, never read.
+    Jwt(String),
 }
 
 impl Identity {
@@ -148,6 +151,7 @@ impl Identity {
             _ if text == "route" => Ok(Self::Route),
             Some(("query", name)) if named(name) => Ok(Self::Query(name.to_owned())),
             Some(("cookie", name)) if named(name) => Ok(Self::Cookie(name.to_owned())),
+            Some(("jwt", name)) if named(name) => Ok(Self::Jwt(name.to_owned())),
             Some(("header", name)) => match HeaderName::try_from(name) {
                 Ok(name) if name.as_str().len() <= 64 => Ok(Self::Header(name)),
                 _ => Err(format!(
@@ -156,7 +160,7 @@ impl Identity {
             },
             Some(("path", name)) if super::valid_name(name) => Ok(Self::Path(name.to_owned())),
             _ => Err(format!(
-                "`{text}` is not an identity (valid: \"header:NAME\", \"path:PARAM\", \"query:NAME\", \"cookie:NAME\", \"peer\", \"route\", or a list of them)"
+                "`{text}` is not an identity (valid: \"header:NAME\", \"path:PARAM\", \"query:NAME\", \"cookie:NAME\", \"jwt:CLAIM\", \"peer\", \"route\", or a list of them)"
             )),
         }
     }
@@ -171,6 +175,7 @@ impl Identity {
             Self::Query(name) => format!("query:{name}"),
             Self::Cookie(name) => format!("cookie:{name}"),
             Self::Route => "route".to_owned(),
+            Self::Jwt(name) => format!("jwt:{name}"),
         }
     }
 }
