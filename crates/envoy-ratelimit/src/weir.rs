@@ -61,8 +61,11 @@ pub fn to_toml(limits: &Limits, options: Options) -> String {
                 let _ = writeln!(rules, "policy = {}", quote(&name));
             }
             // requests_per_unit 0: every request over the limit.
-            (false, _) => {
+            (false, unit) => {
                 let _ = writeln!(rules, "refuse = true");
+                if let Some(unit) = unit {
+                    let _ = writeln!(rules, "unit = \"{}\"", unit.name());
+                }
             }
         }
         if let Some(name) = &limit.name {

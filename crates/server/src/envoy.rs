@@ -61,8 +61,9 @@ pub enum Target {
     /// The matched rule's policy, the descriptor being usage reported after
     /// the fact (`report = true`).
     Report(PolicyId),
-    /// A `refuse = true` rule: over the limit, whatever is counted.
-    Refuse,
+    /// A `refuse = true` rule: over the limit, whatever is counted; its
+    /// current limit is 0 per this unit.
+    Refuse(weir_envoy_ratelimit::Unit),
     /// An `unlimited = true` rule: `OK`, nothing counted, and (as
     /// envoyproxy/ratelimit answers) `limit_remaining` 4294967295.
     Unlimited,
@@ -168,7 +169,14 @@ fn translate_named<'c>(
                 }),
                 None,
             ) => Target::Rule(*policy),
-            (Some(DescriptorRule { refuse: true, .. }), None) => Target::Refuse,
+            (
+                Some(DescriptorRule {
+                    refuse: true,
+                    refuse_unit,
+                    ..
+                }),
+                None,
+            ) => Target::Refuse(*refuse_unit),
             // Matched, and exempt: answered as no rule is.
             (Some(DescriptorRule { no_limit: true, .. }), None) => {
                 out.push(None);
@@ -310,7 +318,7 @@ fn resolve(shared: &Shared, target: Target) -> Result<PolicyId, Status> {
     let (rule, requests_per_unit, unit) = match target {
         Target::Rule(id) | Target::Report(id) => return Ok(id),
         // Answered before any policy is resolved (see `refused`).
-        Target::Refuse | Target::Unlimited => {
+        Target::Refuse(_) | Target::Unlimited => {
             return Err(Status::internal(
                 "a refusing or unlimited rule has no policy",
             ));
@@ -472,7 +480,7 @@ pub(crate) async fn answer(
     if translated
         .iter()
         .flatten()
-        .any(|(t, _, _)| *t == Target::Refuse)
+        .any(|(t, _, _)| matches!(t, Target::Refuse(_)))
     {
         return Ok(refused(&translated));
     }
@@ -538,15 +546,23 @@ fn refused(translated: &Translated) -> RateLimitResponse {
     let statuses = translated
         .iter()
         .map(|t| {
-            let refuse = matches!(t, Some((Target::Refuse, _, _)));
+            let refuse = match t {
+                Some((Target::Refuse(unit), _, _)) => Some(*unit),
+                _ => None,
+            };
             let unlimited = matches!(t, Some((Target::Unlimited, _, _)));
             DescriptorStatus {
-                code: if refuse { Code::OverLimit } else { Code::Ok }.into(),
+                code: if refuse.is_some() {
+                    Code::OverLimit
+                } else {
+                    Code::Ok
+                }
+                .into(),
                 limit_remaining: if unlimited { u32::MAX } else { 0 },
-                current_limit: refuse.then(|| RateLimit {
+                current_limit: refuse.map(|unit| RateLimit {
                     name: "refuse".into(),
                     requests_per_unit: 0,
-                    unit: Unit::Second.into(),
+                    unit: proto_unit(unit).into(),
                 }),
                 ..DescriptorStatus::default()
             }
@@ -677,7 +693,10 @@ pub(crate) async fn rlconfig(
             .map(|(k, v)| v.as_ref().map_or_else(|| k.clone(), |v| format!("{k}_{v}")))
             .collect();
         let limit = match rule.policy.map(|id| &config.policies[id.0]) {
-            None if rule.refuse => "unit=SECOND requests_per_unit=0, shadow_mode: false".to_owned(),
+            None if rule.refuse => format!(
+                "unit={} requests_per_unit=0, shadow_mode: false",
+                proto_unit(rule.refuse_unit).as_str_name()
+            ),
             None => "unlimited".to_owned(),
             Some(p) => {
                 let unit = match p.policy {
@@ -700,6 +719,20 @@ pub(crate) async fn rlconfig(
 }
 
 /// The unit whose window is `window`, as envoyproxy/ratelimit counts them.
+/// A unit of envoyproxy/ratelimit's files as the protocol names it.
+fn proto_unit(unit: weir_envoy_ratelimit::Unit) -> Unit {
+    use weir_envoy_ratelimit::Unit as U;
+    match unit {
+        U::Second => Unit::Second,
+        U::Minute => Unit::Minute,
+        U::Hour => Unit::Hour,
+        U::Day => Unit::Day,
+        U::Week => Unit::Week,
+        U::Month => Unit::Month,
+        U::Year => Unit::Year,
+    }
+}
+
 fn unit_of(window: Nanos) -> Option<Unit> {
     let day = 86_400 * NANOS_PER_SEC;
     [

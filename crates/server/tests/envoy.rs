@@ -352,7 +352,7 @@ async fn a_store_failure_follows_the_rule_or_is_unavailable() {
         .unwrap()
         .port();
     let config = format!(
-        "[store]\nurl = \"redis://127.0.0.1:{closed}\"\n\n[policies.unset]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1s\"\n\n[policies.open]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1s\"\non_store_error = \"allow\"\n\n[policies.closed]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1s\"\non_store_error = \"deny\"\n\n[policies.local]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1s\"\non_store_error = \"local\"\n\n[[descriptors]]\ndomain = \"kartly\"\nentries = [\"unset\"]\npolicy = \"unset\"\n\n[[descriptors]]\ndomain = \"kartly\"\nentries = [\"open\"]\npolicy = \"open\"\n\n[[descriptors]]\ndomain = \"kartly\"\nentries = [\"closed\"]\npolicy = \"closed\"\n\n[[descriptors]]\ndomain = \"kartly\"\nentries = [\"local\"]\npolicy = \"local\"\n"
+        "[store]\nurl = \"redis://127.0.0.1:{closed}\"\n\n[policies.unset]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1s\"\n\n[policies.open]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1s\"\non_store_error = \"allow\"\n\n[policies.closed]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1s\"\non_store_error = \"deny\"\n\n[policies.local]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1h\"\non_store_error = \"local\"\n\n[[descriptors]]\ndomain = \"kartly\"\nentries = [\"unset\"]\npolicy = \"unset\"\n\n[[descriptors]]\ndomain = \"kartly\"\nentries = [\"open\"]\npolicy = \"open\"\n\n[[descriptors]]\ndomain = \"kartly\"\nentries = [\"closed\"]\npolicy = \"closed\"\n\n[[descriptors]]\ndomain = \"kartly\"\nentries = [\"local\"]\npolicy = \"local\"\n"
     );
     let (mut client, _, state) = start(&config).await;
     let status = ask(&mut client, vec![descriptor(&[("unset", "a")], None)], 0)
@@ -657,6 +657,12 @@ no_limit = true
 
 [[descriptors]]
 domain = "kartly"
+entries = ["banned"]
+refuse = true
+unit = "minute"
+
+[[descriptors]]
+domain = "kartly"
 entries = ["file=*.pdf"]
 policy = "one"
 share_threshold = true
@@ -698,6 +704,14 @@ replaces = ["free"]
     assert_eq!(remaining(unlimited), u32::MAX);
     let nothing = vec![descriptor(&[("nothing", "here")], None)];
     assert_eq!(remaining(ask(&mut client, nothing, 0).await.unwrap()), 0);
+    // A refusing rule answers 0 per its own unit (their requests_per_unit: 0).
+    let banned = vec![descriptor(&[("banned", "x")], None)];
+    let answered = ask(&mut client, banned, 0).await.unwrap();
+    let limit = answered.statuses[0].current_limit.clone().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (0, i32::from(Unit::Minute))
+    );
     // A rule's YAML-style `name` is its descriptors' current_limit.name.
     let free = vec![descriptor(&[("tenant", "t1"), ("plan", "free")], None)];
     let answered = ask(&mut client, free, 0).await.unwrap();
@@ -817,7 +831,10 @@ fn an_imported_envoyproxy_ratelimit_config_decides_as_its_files() {
                             );
                             limited += 1;
                         }
-                        Target::Refuse => assert_eq!(limit.requests_per_unit, 0, "{why}"),
+                        Target::Refuse(unit) => {
+                            assert_eq!(limit.requests_per_unit, 0, "{why}");
+                            assert_eq!(Some(unit), limit.unit, "{why}");
+                        }
                         other => panic!("{why}: {other:?}"),
                     }
                     let sharing = shared.iter().any(Option::is_some);

@@ -32,6 +32,10 @@ pub struct DescriptorRule {
     /// without a `rate_limit`, their way to exempt a value). Unlike
     /// `unlimited`, answered as no rule is (`limit_remaining` 0).
     pub no_limit: bool,
+    /// `unit` of a `refuse = true` rule: what its descriptors' current
+    /// limit answers (`requests_per_unit` 0 per this unit; second unless
+    /// given), as envoyproxy/ratelimit's `requests_per_unit: 0` does.
+    pub refuse_unit: weir_envoy_ratelimit::Unit,
     /// `report = true`: its descriptors are usage reported after the fact
     /// (always `OK`, charged with `hits_addend`), e.g. the call Envoy makes
     /// when a stream is done (`apply_on_stream_done`).
@@ -60,6 +64,7 @@ pub(super) struct Raw {
     unlimited: Option<Spanned<bool>>,
     refuse: Option<Spanned<bool>>,
     no_limit: Option<Spanned<bool>>,
+    unit: Option<Spanned<String>>,
     report: Option<bool>,
     key_entries: Option<Spanned<Vec<String>>>,
     name: Option<Spanned<String>>,
@@ -153,6 +158,27 @@ pub(super) fn parse(
                 continue;
             }
         };
+        let refuse_unit = match &rule.unit {
+            None => weir_envoy_ratelimit::Unit::Second,
+            Some(unit) => match (
+                refuse.is_some(),
+                weir_envoy_ratelimit::Unit::parse(unit.get_ref()),
+            ) {
+                (true, Some(parsed)) => parsed,
+                (true, None) => {
+                    let message = format!(
+                        "`{}` is not a unit (valid: second, minute, hour, day, week, month, year)",
+                        unit.get_ref()
+                    );
+                    report.error(&unit.span(), &place("unit"), message);
+                    continue;
+                }
+                (false, _) => {
+                    report.error(&unit.span(), &place("unit"), "is what a refuse = true rule answers as its unit; other rules take theirs from their policy");
+                    continue;
+                }
+            },
+        };
         let is_report = rule.report.unwrap_or(false);
         if let (true, Some((_, flag))) = (is_report, flags.first()) {
             let message =
@@ -211,6 +237,7 @@ pub(super) fn parse(
             policy,
             refuse: refuse.is_some(),
             no_limit: no_limit.is_some(),
+            refuse_unit,
             report: is_report,
             key_entries: rule.key_entries.as_ref().map(|k| k.get_ref().clone()),
             name,
