@@ -760,3 +760,29 @@ fn the_envoy_face_logs_each_request_at_debug() {
         "{lines:#?}"
     );
 }
+
+/// A client certificate refused by an mTLS listener is said at warn (with
+/// why), not only at debug: a setup problem its operator must see.
+#[test]
+fn a_refused_client_certificate_is_logged_with_why() {
+    let certs = weir_testkit::Certs::new("cli-mtls-log");
+    let config = format!(
+        "[server.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n\n[policies.api]\nalgorithm = \"gcra\"\nburst = 5\nrate = \"1/s\"\n",
+        certs.path("server.pem").display(),
+        certs.path("server-key.pem").display(),
+        certs.path("ca.pem").display()
+    );
+    let path = temp("mtls-log.toml", &config);
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
+    let addr: std::net::SocketAddr = server.addr.parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // Without a certificate: refused in the handshake (TLS 1.3: at the
+    // first read).
+    let _ =
+        runtime.block_on(certs.request(addr, false, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"));
+    let line = server.wait_for_log("certificate was refused");
+    assert!(line.contains("WARN") || line.contains("warn"), "{line}");
+}

@@ -678,7 +678,7 @@ where
                         }
                         Ok(Err(e)) => {
                             metrics::counter!("weir_tls_handshakes_failed_total").increment(1);
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            handshake_failed(peer, &e);
                             return;
                         }
                         Err(_) => {
@@ -742,6 +742,32 @@ where
     drop(listener);
     drain(graceful, limits.shutdown_timeout).await;
     Ok(())
+}
+
+/// A failed TLS handshake: a client certificate refused (one not of the
+/// `client_ca`, a v1 certificate, an expired one) is a setup problem its
+/// operator must see, logged at warn at most once a second; the rest
+/// (plaintext to a TLS port, a scanner) at debug.
+fn handshake_failed(peer: SocketAddr, error: &std::io::Error) {
+    static LAST: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+    let certificate = error
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<rustls::Error>())
+        .is_some_and(|e| {
+            matches!(
+                e,
+                rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented
+            )
+        });
+    if !certificate {
+        tracing::debug!(%peer, %error, "TLS handshake failed");
+        return;
+    }
+    let mut last = LAST.lock().unwrap_or_else(PoisonError::into_inner);
+    if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+        *last = Some(Instant::now());
+        tracing::warn!(%peer, %error, "TLS handshake failed: the client's certificate was refused (logged at most once a second; weir_tls_handshakes_failed_total counts them)");
+    }
 }
 
 /// The next connection on `listener`, or `None` once `shutdown` completes.
