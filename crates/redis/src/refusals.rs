@@ -1,17 +1,17 @@
 //! The refusal cache: a refusal from Redis is a promise about the future.
 //!
-//! A check of cost `c` refused with `retry_after = d` means the key has less
-//! than `c` units of allowance until `d` has passed, and nothing but time
-//! can give it more: no instance can be admitted meanwhile (every check
-//! costs at least 1), so every check of cost `c` of that policy and key
-//! until then is refused — with `retry_after` the rest of `d` and `reset`
-//! the rest of the refusal's `reset` — and, while its `remaining` is 0 (a
-//! check of cost 1 would be refused too: until the script's `wait1`, the
-//! same as `d` for cost 1), with `remaining` 0. Such checks are answered
-//! here, without a call. Another cost goes to Redis (its wait differs), and
-//! so does a check past the time its `remaining` could have grown.
+//! A check of cost 1 refused with `retry_after = d` means the key has less
+//! than one unit of allowance until `d` has passed, and nothing but time can
+//! give it more: no instance can be admitted meanwhile (every check costs at
+//! least 1), so every check of cost 1 of that policy and key until then is
+//! refused — with `remaining` 0, `retry_after` the rest of `d` and `reset`
+//! the rest of the refusal's `reset` — and is answered here, without a call.
 //! The wait is measured from when the request was *sent*: Redis decided it
 //! no earlier, so the promise can only end later than the cache assumes.
+//! (Refusals of other costs are not cached: the contract suite found
+//! answers of a cached cost above 1 that Redis would not give; the script
+//! still says how long such a refusal's `remaining` stays 0, for when that
+//! is settled.)
 //!
 //! What the cache does not see: a reset by an admin (every instance hears
 //! of it through Redis pub/sub, [`CHANNEL`], and forgets the key; one that
@@ -19,9 +19,9 @@
 //! another instance (Redis's wait grows; the cached one does not, so the
 //! cached `retry_after` is then a lower bound), and a loss of Redis's state
 //! (the key starts over in Redis; the cache refuses until `d`, stricter
-//! than Redis, never more lenient). Several policies at once, shadow
-//! checks, reports, peeks and concurrency limits (a release frees room
-//! before the wait) always go to Redis.
+//! than Redis, never more lenient). Other costs, several policies at once,
+//! shadow checks, reports, peeks and concurrency limits (a release frees
+//! room before the wait) always go to Redis.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError, Weak};
@@ -38,12 +38,11 @@ pub const CHANNEL: &str = "rl:v1:resets";
 /// sweeps out expired refusals, and caches nothing new if none expired.
 pub(crate) const MAX_ENTRIES: usize = 100_000;
 
-/// Whether the cache may answer a request: one charged check of a cost
-/// of 1 or more, neither a shadow nor a report (the others always go to
-/// Redis).
+/// Whether the cache may answer a request: one charged check of cost 1,
+/// neither a shadow nor a report (the others always go to Redis).
 pub(crate) fn cacheable(checks: &[crate::Check<'_>], mode: crate::Mode) -> bool {
     matches!(mode, crate::Mode::Charge { .. })
-        && matches!(checks, [c] if c.check.cost >= 1 && !(c.report || c.shadow))
+        && matches!(checks, [c] if c.check.cost == 1 && !(c.report || c.shadow))
         // A concurrency refusal's wait is an upper bound: a release frees
         // room before it.
         && !matches!(checks[0].check.policy, Policy::Concurrency(_))
