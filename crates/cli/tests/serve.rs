@@ -294,23 +294,29 @@ fn sighup_reloads_and_a_bad_config_keeps_the_old_one() {
     server.wait_for_log("reload rejected");
     assert!(check(&server).contains(r#""allowed":false"#));
 
-    // A valid new policy takes over.
-    std::fs::write(&path, one.replace("capacity = 1", "capacity = 5")).unwrap();
+    // A valid new config takes over: `a` changed keeps each key's tokens
+    // (none left, now out of 5), `c` is new.
+    let changed = one.replace("capacity = 1", "capacity = 5")
+        + "\n[policies.c]\nalgorithm = \"fixed-window\"\nlimit = 1\nwindow = \"1h\"\n";
+    std::fs::write(&path, changed).unwrap();
     server.signal("HUP");
-    let fresh = server.wait_for_log("start afresh");
+    let carried = server.wait_for_log("parameters changed");
     assert!(
-        fresh.contains("\"a\"") && !fresh.contains("\"b\""),
-        "{fresh}"
+        carried.contains("\"a\"") && !carried.contains("\"b\""),
+        "{carried}"
     );
+    let fresh = server.wait_for_log("are new");
+    assert!(fresh.contains("\"c\""), "{fresh}");
     server.wait_for_log("reloaded");
     let (_, policies) = server.request("GET", "/v1/policies", "");
     assert!(
         policies.contains("token-bucket capacity=5 rate=1/h"),
         "{policies}"
     );
+    let a = check(&server);
     assert!(
-        check(&server).contains(r#""remaining":4"#),
-        "a changed policy starts fresh"
+        a.contains(r#""allowed":false"#) && a.contains(r#""remaining":0"#),
+        "a changed bucket keeps the tokens it had: {a}"
     );
     assert!(
         check_b(&server).contains(r#""allowed":false"#),

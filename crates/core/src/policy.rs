@@ -801,6 +801,40 @@ impl Policy {
         }
     }
 
+    /// A key's state under these parameters, from its state under `old`
+    /// (the same policy name with other parameters: a configuration
+    /// reload), or `None` where it no longer means the same and the key
+    /// starts over. docs/SPEC.md, "Changed parameters": a bucket keeps its
+    /// tokens (at most the new capacity), a shaper its backlog in time, a
+    /// window its counts while its length is unchanged, a log its entries
+    /// and a concurrency limit its leases; another algorithm starts over.
+    pub fn carry(&self, old: &Policy, state: &State) -> Option<State> {
+        let deepest = self.max_report();
+        match (old, self, state) {
+            (
+                Self::TokenBucket(o) | Self::Gcra(o),
+                Self::TokenBucket(b) | Self::Gcra(b),
+                State::Level(s),
+            ) => Some(State::Level(b.carry(o, *s, deepest))),
+            (Self::LeakyBucket(o), Self::LeakyBucket(l), State::Level(s)) => {
+                Some(State::Level(l.carry(o, *s, deepest)))
+            }
+            (Self::FixedWindow(o), Self::FixedWindow(w), State::FixedWindow(_))
+                if o.window() == w.window() =>
+            {
+                Some(state.clone())
+            }
+            (Self::SlidingCounter(o), Self::SlidingCounter(c), State::SlidingCounter(_))
+                if o.window() == c.window() =>
+            {
+                Some(state.clone())
+            }
+            (Self::SlidingLog(_), Self::SlidingLog(_), State::Log(_))
+            | (Self::Concurrency(_), Self::Concurrency(_), State::Lease(_)) => Some(state.clone()),
+            _ => None,
+        }
+    }
+
     /// Whether the key is back to its idle, fully available state at `now`
     /// (evaluated at `max(now, seen)`): deleting it then grants nothing
     /// (docs/SPEC.md's idle rule), so a store may drop it.

@@ -127,6 +127,78 @@ impl Model {
     }
 }
 
+/// `floor(q · g)`, without the overflow of multiplying `q`'s numerator
+/// (a 2^32-token bucket's tokens over a 366-day period, times another).
+fn floor_times(q: Q, g: i128) -> i128 {
+    let (a, b) = (*q.numer(), *q.denom());
+    a.div_euclid(b) * g + (a.rem_euclid(b) * g).div_euclid(b)
+}
+
+impl Model {
+    /// The policy's parameters change to `spec` (docs/SPEC.md, "Changed
+    /// parameters"), read straight from the spec: a bucket keeps its tokens
+    /// rounded down to the new rate's grain (1/p token, the rate reduced to
+    /// n/p), between the new capacity and the deepest debt a report leaves;
+    /// a shaper its backlog rounded up to the grain (1/n ns), as deep at
+    /// most; windows and counters their counts when the window is the same
+    /// length; a log its entries; anything else starts over.
+    pub(crate) fn change(&mut self, spec: Spec) {
+        fn gcd(a: i128, b: i128) -> i128 {
+            if b == 0 { a } else { gcd(b, a % b) }
+        }
+        let old = self.spec;
+        self.keys = std::mem::take(&mut self.keys)
+            .into_iter()
+            .filter_map(|(key, (seen, state))| {
+                let state = match (old, spec, state) {
+                    (
+                        Spec::TokenBucket { .. },
+                        Spec::TokenBucket { capacity, n, p },
+                        KeyState::Bucket { tokens, .. },
+                    ) => {
+                        let grain = p / gcd(n, p);
+                        let tokens = Q::new(floor_times(tokens, grain), grain);
+                        let tokens = tokens
+                            .min(int(capacity))
+                            .max(int(capacity - ceiling(capacity)));
+                        KeyState::Bucket {
+                            tokens,
+                            updated_at: seen,
+                        }
+                    }
+                    (
+                        Spec::LeakyBucket { .. },
+                        Spec::LeakyBucket { n, p, queue },
+                        KeyState::Shaper { next },
+                    ) => {
+                        let grain = n / gcd(n, p);
+                        let next = next.map(|next| {
+                            let backlog = (next - int(seen)).max(int(0));
+                            let backlog = Q::new(-floor_times(-backlog, grain), grain);
+                            int(seen) + backlog.min(int(ceiling(queue)) * Q::new(p, n))
+                        });
+                        KeyState::Shaper { next }
+                    }
+                    (
+                        Spec::FixedWindow { window: a, .. },
+                        Spec::FixedWindow { window: b, .. },
+                        s @ KeyState::Window { .. },
+                    )
+                    | (
+                        Spec::SlidingCounter { window: a, .. },
+                        Spec::SlidingCounter { window: b, .. },
+                        s @ KeyState::Counter { .. },
+                    ) if a == b => s,
+                    (Spec::SlidingLog { .. }, Spec::SlidingLog { .. }, s @ KeyState::Log(_)) => s,
+                    _ => return None,
+                };
+                Some((key, (seen, state)))
+            })
+            .collect();
+        self.spec = spec;
+    }
+}
+
 /// A wait beyond `i64::MAX` ns (292 years) is reported as that.
 fn saturated(v: Verdict) -> Verdict {
     let wait = |d: i128| d.min(i128::from(i64::MAX));

@@ -94,6 +94,67 @@ fn policy_strategy() -> impl Strategy<Value = (Policy, Spec)> {
     ]
 }
 
+/// A policy's parameters before and after a change: half the time another
+/// size (and rate) of the same algorithm and window, else any other.
+fn change_strategy() -> impl Strategy<Value = ((Policy, Spec), (Policy, Spec))> {
+    let size = prop_oneof![8 => 1u64..=25, 1 => Just(100_000u64)];
+    let rate = (1u64..=12, prop::sample::select(PERIODS.to_vec()));
+    (
+        policy_strategy(),
+        policy_strategy(),
+        any::<bool>(),
+        size,
+        rate,
+    )
+        .prop_map(|(before, other, same, size, (n, p))| {
+            if !same {
+                return (before, other);
+            }
+            let rate = Rate::new(n, p).unwrap();
+            let (n, p) = (i128::from(n), i128::from(p));
+            let after = match before.1 {
+                Spec::TokenBucket { .. } => (
+                    Policy::token_bucket(size, rate).unwrap(),
+                    Spec::TokenBucket {
+                        capacity: size.into(),
+                        n,
+                        p,
+                    },
+                ),
+                Spec::LeakyBucket { .. } => (
+                    Policy::leaky_bucket(rate, size).unwrap(),
+                    Spec::LeakyBucket {
+                        n,
+                        p,
+                        queue: size.into(),
+                    },
+                ),
+                Spec::FixedWindow { window, .. } => (
+                    Policy::fixed_window(size, window as Nanos).unwrap(),
+                    Spec::FixedWindow {
+                        limit: size.into(),
+                        window,
+                    },
+                ),
+                Spec::SlidingCounter { window, .. } => (
+                    Policy::sliding_counter(size, window as Nanos).unwrap(),
+                    Spec::SlidingCounter {
+                        limit: size.into(),
+                        window,
+                    },
+                ),
+                Spec::SlidingLog { window, .. } => (
+                    Policy::sliding_log(size, window as Nanos).unwrap(),
+                    Spec::SlidingLog {
+                        limit: size.into(),
+                        window,
+                    },
+                ),
+            };
+            (before, after)
+        })
+}
+
 /// How the clock moves before an arrival.
 #[derive(Debug, Clone, Copy)]
 enum Step {
@@ -246,6 +307,36 @@ proptest! {
             };
             prop_assert_eq!(i128::from(state.seen()), t);
             prop_assert_eq!(verdict(&decision), expected, "arrival {} (report {}) of {:?} under {}", i, report, trace, policy);
+        }
+    }
+
+    /// A policy's parameters change between two traces (a reload): each
+    /// key's state carried over by `Policy::carry`, then decided under the
+    /// new ones, as the model says from the spec's words.
+    #[test]
+    fn changed_parameters_carry_over_as_the_model(
+        ((before, old_spec), (after, new_spec)) in change_strategy(),
+        first in trace_strategy(),
+        then in trace_strategy(),
+    ) {
+        let mut model = Model::new(old_spec);
+        let mut keys: HashMap<String, State> = HashMap::new();
+        let mut last = 0;
+        for (now, key, cost) in arrivals(&before, &first) {
+            let state = keys.entry(key.clone()).or_insert_with(|| before.new_state());
+            let decision = before.check(state, now, cost).unwrap();
+            prop_assert_eq!(verdict(&decision), model.check(&key, now.into(), cost.into()).1);
+            last = now;
+        }
+        keys = keys.into_iter().filter_map(|(k, s)| Some((k, after.carry(&before, &s)?))).collect();
+        model.change(new_spec);
+        let second = arrivals(&after, &then);
+        let start = second[0].0;
+        for (i, (now, key, cost)) in second.into_iter().enumerate() {
+            let now = last + (now - start.min(now));
+            let state = keys.entry(key.clone()).or_insert_with(|| after.new_state());
+            let decision = after.check(state, now, cost).unwrap();
+            prop_assert_eq!(verdict(&decision), model.check(&key, now.into(), cost.into()).1, "arrival {} after {} became {}", i, before, after);
         }
     }
 

@@ -255,8 +255,10 @@ impl<C: Clock> Builder<C> {
     }
 
     /// Keeps the keys of `previous` for every policy defined here with the
-    /// same name and parameters (a configuration reload): the two limiters
-    /// then share those policies' state. The others start afresh.
+    /// same name (a configuration reload): with the same parameters the two
+    /// limiters share that policy's state; with others each key's state is
+    /// carried over where it still means the same ([`Policy::carry`]).
+    /// Other policies start afresh.
     pub fn keep_state_of<D>(mut self, previous: &Limiter<D>) -> Self {
         self.kept = previous
             .policies
@@ -307,13 +309,11 @@ impl<C: Clock> Builder<C> {
             .policies
             .into_iter()
             .map(|(name, policy)| {
-                let store = kept
-                    .iter()
-                    .find(|(n, s)| *n == name && *s.policy() == policy)
-                    .map_or_else(
-                        || Arc::new(Store::new(policy, self.shards)),
-                        |(_, s)| s.clone(),
-                    );
+                let store = match kept.iter().find(|(n, _)| *n == name) {
+                    Some((_, s)) if *s.policy() == policy => s.clone(),
+                    Some((_, s)) => Arc::new(Store::carried(policy, self.shards, s)),
+                    None => Arc::new(Store::new(policy, self.shards)),
+                };
                 let mut max = named(&name).unwrap_or(share);
                 if let Policy::Concurrency(c) = &policy {
                     let keys = (leases_each / c.limit()).max(1);

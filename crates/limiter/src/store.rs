@@ -420,6 +420,10 @@ pub(crate) trait Slot: Sized {
     fn is_idle(&self, rules: &Rules, now: Nanos) -> bool;
     /// `(remaining, reset)` at `now` with no request.
     fn status(&self, rules: &Rules, now: Nanos) -> (u64, Nanos);
+    /// The state as last written, at the key's latest time.
+    fn stored(&self, rules: &Rules) -> State;
+    /// A slot holding `state` (of `rules`' policy).
+    fn holding(rules: &Rules, state: &State) -> Self;
 }
 
 /// An atomic integer a state is packed in: 64 bits ([`Packing`]) or 128
@@ -428,6 +432,7 @@ pub(crate) trait Atom: Default {
     type Packing: Pack;
     fn packing(rules: &Rules) -> Option<Self::Packing>;
     fn get(&self) -> <Self::Packing as Pack>::Int;
+    fn with(value: <Self::Packing as Pack>::Int) -> Self;
     /// Compare-and-swap (weak: it may fail spuriously).
     fn replace(
         &self,
@@ -448,6 +453,10 @@ impl Atom for AtomicU64 {
         self.load(Ordering::Acquire)
     }
 
+    fn with(value: u64) -> Self {
+        Self::new(value)
+    }
+
     #[inline(always)]
     fn replace(&self, current: u64, new: u64) -> bool {
         self.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
@@ -465,6 +474,10 @@ impl Atom for AtomicU128 {
     #[inline(always)]
     fn get(&self) -> u128 {
         self.load(Ordering::Acquire)
+    }
+
+    fn with(value: u128) -> Self {
+        Self::new(value)
     }
 
     #[inline(always)]
@@ -532,6 +545,17 @@ impl<A: Atom> Slot for Word<A> {
         let (state, now) = self.state(rules, now);
         rules.policy.status(&state, now)
     }
+
+    fn stored(&self, rules: &Rules) -> State {
+        self.state(rules, 0).0
+    }
+
+    fn holding(rules: &Rules, state: &State) -> Self {
+        Self {
+            word: A::packing(rules).map_or_else(A::default, |p| A::with(p.pack(state))),
+            seen: AtomicU64::new(state.seen()),
+        }
+    }
 }
 
 impl Slot for Mutex<State> {
@@ -555,6 +579,14 @@ impl Slot for Mutex<State> {
 
     fn status(&self, rules: &Rules, now: Nanos) -> (u64, Nanos) {
         rules.policy.status(&self.lock(), now)
+    }
+
+    fn stored(&self, _: &Rules) -> State {
+        self.lock().clone()
+    }
+
+    fn holding(_: &Rules, state: &State) -> Self {
+        Self::new(state.clone())
     }
 }
 
@@ -744,6 +776,29 @@ impl<S: Slot> Shards<S> {
         self.shards.iter().map(|shard| read(shard).len()).sum()
     }
 
+    /// Stores `key` holding `state`, replacing any slot it had.
+    fn put(&self, rules: &Rules, index: usize, key: Hashed<'_>, state: &State) {
+        let mut shard = write(&self.shards[index]);
+        let entry = (CompactString::from(key.key), S::holding(rules, state));
+        match shard.table.find_entry(key.hash, |(k, _)| k == key.key) {
+            Ok(mut found) => *found.get_mut() = entry,
+            Err(_) => {
+                shard
+                    .table
+                    .insert_unique(key.hash, entry, |(k, _)| rules.pick.hash_one(k.as_str()));
+            }
+        }
+    }
+
+    /// Every key with its state as last written.
+    fn each(&self, rules: &Rules, mut f: impl FnMut(&str, State)) {
+        for shard in &self.shards {
+            for (key, slot) in read(shard).table.iter() {
+                f(key, slot.stored(rules));
+            }
+        }
+    }
+
     fn contains(&self, index: usize, key: Hashed<'_>) -> bool {
         read(&self.shards[index])
             .table
@@ -809,6 +864,22 @@ impl Store {
 
     pub(crate) fn policy(&self) -> &Policy {
         &self.rules.policy
+    }
+
+    /// A store of `policy` holding the keys of `old` (the same policy name
+    /// with other parameters) whose state carries over ([`Policy::carry`]);
+    /// the others start over. Checks `old` decides while this copies may be
+    /// missed: a reload copies once, then every check goes to the new store.
+    pub(crate) fn carried(policy: Policy, shards: usize, old: &Store) -> Self {
+        let store = Self::new(policy, shards);
+        each_kind!(&old.table, Table, from => from.each(&old.rules, |key, state| {
+            if let Some(state) = store.rules.policy.carry(&old.rules.policy, &state) {
+                let key = store.hashed(key);
+                let index = store.shard_of(key);
+                each_kind!(&store.table, Table, to => to.put(&store.rules, index, key, &state));
+            }
+        }));
+        store
     }
 
     /// Hashes `key` once, for its shard and its bucket.

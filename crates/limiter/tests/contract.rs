@@ -54,6 +54,21 @@ fn compare(
     compare_in(policy, trace, limiter, 1_000_000)
 }
 
+/// The core's states of a replay, and its time.
+struct Model {
+    states: HashMap<String, State>,
+    now: Nanos,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Self {
+            states: HashMap::new(),
+            now: 10_000_000_000,
+        }
+    }
+}
+
 /// Replays `trace`, its gaps in units of `unit` ns, on `limiter` and on the
 /// core.
 fn compare_in(
@@ -62,13 +77,24 @@ fn compare_in(
     limiter: &Limiter<FakeClock>,
     unit: i64,
 ) -> Result<(), TestCaseError> {
-    let mut reference: HashMap<String, State> = HashMap::new();
-    let mut now: Nanos = 10_000_000_000;
+    replay(&mut Model::default(), policy, trace, limiter, unit)
+}
+
+/// Replays `trace` from where `model` stands.
+fn replay(
+    model: &mut Model,
+    policy: Policy,
+    trace: &[(i64, u8, Step)],
+    limiter: &Limiter<FakeClock>,
+    unit: i64,
+) -> Result<(), TestCaseError> {
     let name = limiter.policy("p").unwrap();
     for &(gap, key, step) in trace {
-        now = now.saturating_add_signed(gap * unit + i64::from(key));
+        model.now = model.now.saturating_add_signed(gap * unit + i64::from(key));
+        let now = model.now;
         let key = format!("k{key}");
-        let state = reference
+        let state = model
+            .states
             .entry(key.clone())
             .or_insert_with(|| policy.new_state());
         limiter.clock().set(now);
@@ -154,6 +180,51 @@ proptest! {
         let limiter = Limiter::builder().policy("p", policy).clock(FakeClock::at(0)).build().unwrap();
         compare_in(policy, &trace, &limiter, i64::try_from(grain / 1000).unwrap())?;
     }
+
+    /// A reload that changes a policy's parameters carries each key's state
+    /// over or starts it over as the core's `Policy::carry` says (the Redis
+    /// contract holds the script to the same), from one algorithm to
+    /// another too, and from the one-word, 128-bit and locked states alike.
+    #[test]
+    fn changed_parameters_carry_over_as_the_core(
+        before in changing(),
+        after in changing(),
+        first in trace(true, 3),
+        then in trace(true, 3),
+    ) {
+        let build = |policy| Limiter::builder().policy("p", policy).clock(FakeClock::at(0));
+        let old = build(before).build().unwrap();
+        let mut model = Model::default();
+        replay(&mut model, before, &first, &old, 1_000_000)?;
+        let new = build(after).keep_state_of(&old).build().unwrap();
+        model.states = std::mem::take(&mut model.states)
+            .into_iter()
+            .filter_map(|(key, state)| Some((key, after.carry(&before, &state)?)))
+            .collect();
+        replay(&mut model, after, &then, &new, 1_000_000)?;
+    }
+}
+
+/// Policies to change from and to: pairs of one algorithm with other
+/// parameters, beside the others.
+fn changing() -> impl Strategy<Value = Policy> {
+    prop::sample::select(vec![
+        "token-bucket capacity=5 rate=2/s",
+        "token-bucket capacity=12 rate=5/s",
+        "gcra burst=4 rate=1/100ms",
+        "token-bucket capacity=5000 rate=3/h",
+        "fixed-window limit=4 window=1s",
+        "fixed-window limit=2 window=1s",
+        "fixed-window limit=3 window=1500ms",
+        "sliding-log limit=4 window=1s",
+        "sliding-log limit=2 window=3s",
+        "sliding-counter limit=5 window=1s",
+        "sliding-counter limit=2 window=1s",
+        "sliding-counter limit=100000 window=1s",
+        "leaky-bucket rate=2/s queue=3",
+        "leaky-bucket rate=7/1500ms queue=2",
+    ])
+    .prop_map(|spec| Policy::parse(spec).unwrap())
 }
 
 #[test]
@@ -323,37 +394,65 @@ fn a_cost_of_zero_reports_the_standing_and_charges_nothing() {
 }
 
 #[test]
-fn a_rebuilt_limiter_keeps_the_keys_of_unchanged_policies() {
+fn a_rebuilt_limiter_keeps_the_keys_of_its_policies() {
     let window = Policy::parse("fixed-window limit=1 window=1h").unwrap();
     let old = Limiter::builder()
         .policy("same", window)
-        .policy("changed", window)
+        .policy("limit", window)
+        .policy("length", window)
+        .policy("algorithm", window)
         .clock(FakeClock::at(0))
         .build()
         .unwrap();
-    for name in ["same", "changed"] {
+    for name in ["same", "limit", "length", "algorithm"] {
         let id = old.policy(name).unwrap();
         assert!(old.check_one(Check::new(id, "k")).unwrap().allowed);
     }
     let new = Limiter::builder()
         .policy("same", window)
         .policy(
-            "changed",
-            Policy::parse("fixed-window limit=2 window=1h").unwrap(),
+            "limit",
+            Policy::parse("fixed-window limit=3 window=1h").unwrap(),
+        )
+        .policy(
+            "length",
+            Policy::parse("fixed-window limit=3 window=2h").unwrap(),
+        )
+        .policy(
+            "algorithm",
+            Policy::parse("sliding-log limit=3 window=1h").unwrap(),
         )
         .clock(FakeClock::at(0))
         .keep_state_of(&old)
         .build()
         .unwrap();
     assert!(new.shares_state_with(&old, "same"));
-    assert!(!new.shares_state_with(&old, "changed"));
-    assert_eq!(new.len(), 1, "the kept key counts against the budget");
+    assert!(!new.shares_state_with(&old, "limit"));
+    assert_eq!(
+        new.len(),
+        2,
+        "the kept and carried keys count against the budget"
+    );
     let check = |name| {
         new.check_one(Check::new(new.policy(name).unwrap(), "k"))
             .unwrap()
     };
     assert!(!check("same").allowed, "still limited");
-    assert_eq!(check("changed").remaining, 1, "afresh under its new limit");
+    assert_eq!(
+        check("limit").remaining,
+        1,
+        "its count kept under the new limit"
+    );
+    assert_eq!(
+        check("length").remaining,
+        2,
+        "another window length starts over"
+    );
+    assert_eq!(
+        check("algorithm").remaining,
+        2,
+        "another algorithm starts over"
+    );
 }
 
 #[test]

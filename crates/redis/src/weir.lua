@@ -51,7 +51,11 @@
 -- (~1.8e18) never appear in a double. A wait of 2^53 ns or more is replied
 -- as a decimal string, at most i64::MAX (weir-core's MAX_WAIT).
 --
--- State per key (a string): "seen_s seen_ns ..." then
+-- State per key (a string): a tag naming the algorithm and the parameters
+-- its numbers are in ("tC,p:" a token bucket of capacity C and period p,
+-- "ln:" a leaky bucket of rate numerator n, "fW:"/"sW:" windows of W ns,
+-- "g:" a log, "c:" leases; a state read under another tag is converted or
+-- forgotten: `untag`), then "seen_s seen_ns ..." and
 --   tb/lb: level (1/p token units at seen, decimal)
 --   fw: start_s start_ns count          sc: start_s start_ns cur prev
 --   sl: first_s first_ns total last_s last_ns (the entries' cost, the
@@ -63,7 +67,8 @@
 --       "|id cost expires_s expires_ns" (ids are decimal text: 64-bit, never
 --       arithmetic)
 -- (A log or lease list written before its header held the totals, without
--- them, is read whole once and written back with them.)
+-- them, is read whole once and written back with them; a state written
+-- before tags, digits first, is read as it is.)
 
 local E9 = 1000000000
 local BIG = 9007199254740992 -- 2^53
@@ -372,7 +377,7 @@ local function wide()
   end
 
   wide_lib = {
-    W = W, num = wnum, cmp = wcmp, sub = wsub, mul = wmul, div = wdiv, ceil = wceil, text = wtext,
+    W = W, num = wnum, cmp = wcmp, add = wadd, sub = wsub, sat = wsat, mul = wmul, div = wdiv, ceil = wceil, text = wtext,
     dur = dur, elapsed = welapsed, pair = wpair, drained = wdrained,
     token_bucket = wtoken_bucket, leaky_bucket = wleaky_bucket, sliding_counter = wsliding_counter,
   }
@@ -408,12 +413,18 @@ local function parse(arg)
     -- the policy is parsed once per call.
     local base, lease = string.match(arg, '^(.*) ([ixw]=%d+)$')
     if base then
-      local k, a, b, c, cost, empty, shadow, report, no_new = parse(base)
-      return k, a, b, c, cost, empty, shadow, report, no_new, lease
+      local k, a, b, c, cost, empty, shadow, report, no_new, _, tag = parse(base)
+      return k, a, b, c, cost, empty, shadow, report, no_new, lease, tag
     end
     local spec = {}
     for w in string.gmatch(arg, '%S+') do spec[#spec + 1] = w end
     p = { spec[1], tonumber(spec[2]), tonumber(spec[3]), tonumber(spec[4]), 1, false, false, false, false }
+    local k = spec[1]
+    if k == 'tb' then p[10] = 't' .. spec[2] .. ',' .. spec[4] .. ':'
+    elseif k == 'lb' then p[10] = 'l' .. spec[3] .. ':'
+    elseif k == 'fw' or k == 'sc' then p[10] = string.sub(k, 1, 1) .. spec[3] .. ':'
+    elseif k == 'sl' then p[10] = 'g:'
+    else p[10] = 'c:' end
     local flags = (spec[1] == 'tb' or spec[1] == 'lb') and 5 or 4
     for k = flags, #spec do
       if spec[k] == 'e' then p[6] = true
@@ -424,7 +435,7 @@ local function parse(arg)
     end
     parsed[arg] = p
   end
-  return p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], nil
+  return p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], nil, p[10]
 end
 
 -- A check's three numbers as wide integers, for the checks decided wide.
@@ -455,7 +466,9 @@ local function is_wide(kind, a, b, c, s3, s5, s6, cost, report)
   return not (b < LIM)
 end
 
-local function store(key, text, reset, redis_time)
+local function store(key, tag, text, reset, redis_time)
+  -- A log's or a lease list's text is written with its tag (`tagged`).
+  if string.byte(text, 1) ~= string.byte(tag, 1) then text = tag .. text end
   if redis_time and reset == 0 then
     redis.call('DEL', key)
   elseif redis_time then
@@ -737,8 +750,8 @@ local function sliding_log(L, W_, wide, cost, report, raw, s3, s4, blob, ts, tn,
       end
       last_s, last_n, sum = ts, tn, count + extra
     end
-    if body == '' then return fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ts) .. ' ' .. fmt(tn) .. ' 0 ' .. fmt(ts) .. ' ' .. fmt(tn) .. bar end
-    return fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(fs or ts) .. ' ' .. (fs and fmt(fn) or fmt(tn)) .. ' ' .. fmt(sum) .. ' '
+    if body == '' then return 'g:' .. fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ts) .. ' ' .. fmt(tn) .. ' 0 ' .. fmt(ts) .. ' ' .. fmt(tn) .. bar end
+    return 'g:' .. fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(fs or ts) .. ' ' .. (fs and fmt(fn) or fmt(tn)) .. ' ' .. fmt(sum) .. ' '
       .. fmt(last_s) .. ' ' .. fmt(last_n) .. bar .. body
   end
   -- The oldest live entry whose expiry leaves room for `excess` less: its
@@ -807,7 +820,7 @@ local function concurrency(L, D, cost, lease, blob, ts, tn, total)
   end
   local rest = string.sub(blob, at)
   local op, id = string.sub(lease or 'i=0', 1, 1), string.sub(lease or 'i=0', 3)
-  local function encode(extra) return fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(used) .. rest .. (extra or '') end
+  local function encode(extra) return 'c:' .. fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(used) .. rest .. (extra or '') end
   local function last() -- the wait until the last live lease expires
     local es, en = string.match(rest, '.*|%d+ %d+ (%d+) (%d+)$')
     if not es then return 0 end
@@ -861,33 +874,89 @@ local function concurrency(L, D, cost, lease, blob, ts, tn, total)
   return allowed, remaining, retry, reset, delay, new, new, remaining, reset
 end
 
--- The checks of the request being decided, fourteen slots each from
--- `checks[14 * (i - 1)]`, reused by the next request: allowed, remaining,
+-- The checks of the request being decided, fifteen slots each from
+-- `checks[15 * (i - 1)]`, reused by the next request: allowed, remaining,
 -- retry, reset, whether the delay is over the longest allowed; the state
 -- text if charged and the refreshed one (false: none); the standing with no
 -- request (remaining, reset); shadow; late; the key was missing and must
 -- not be created (2), or missing (1), or there (0); the delay; a refusal's
--- wait for a check of cost 1. One table for the call: tables are most of a
+-- wait for a check of cost 1; the tag its state is written with. One table for the call: tables are most of a
 -- check's cost.
 local checks = {}
+
+-- A level's number (`1/p` token) from one unit to another: `level · to /
+-- from`, rounded up (`up`) or down, at most `ceiling`, all wide.
+local function rescale(level, to, from, up)
+  local X = wide()
+  local scaled = X.mul(level, to)
+  if up then return X.ceil(scaled, from) end
+  return (X.div(scaled, from))
+end
+
+-- A stored state as this check reads it: its text without its tag, when
+-- written under this check's tag; converted, when written under other
+-- parameters of the same algorithm whose numbers mean the same once
+-- rescaled (docs/SPEC.md, "Changed parameters", as `Policy::carry` does:
+-- a bucket's tokens, at most the new capacity; a shaper's backlog in time;
+-- a debt at most the deepest a report leaves); nil, a new key, when it no
+-- longer means the same (another algorithm, a window of another length).
+-- Also the length of the tag to skip (a log's or a lease list's text is
+-- long: not copied to drop its tag).
+local function untag(raw, tag, arg)
+  if string.sub(raw, 1, #tag) == tag then return raw, #tag end
+  local first = string.byte(raw, 1)
+  if first >= 48 and first <= 57 then return raw, 0 end -- written before tags
+  local old, rest = string.match(raw, '^([^:]*:)(.*)$')
+  local letter = string.sub(tag, 1, 1)
+  if not old or string.sub(old, 1, 1) ~= letter then return nil end
+  if letter == 'g' or letter == 'c' then return rest, 0 end
+  if letter ~= 't' and letter ~= 'l' then return nil end
+  local X = wide()
+  local s1, s2, lv = string.match(rest, '^(%d+) (%d+) (%d+)$')
+  if not s1 then return nil end
+  local size, n, p = wide_params(arg)
+  local level = X.W(lv)
+  local deepest = string.match(arg, '^%S+ (%d+)')
+  deepest = X.mul(X.W(math.min(tonumber(deepest) * 1000, 1125899906842624)), p) -- 2^50, MAX_SIZE
+  if letter == 't' then
+    local size0, p0 = string.match(old, '^t(%d+),(%d+):$')
+    if not size0 then return nil end
+    p0 = X.W(p0)
+    local full0, full = X.mul(X.W(size0), p0), X.mul(size, p)
+    if X.cmp(level, full0) <= 0 then
+      level = X.sat(full, rescale(X.sub(full0, level), p, p0, false))
+    else
+      level = X.add(full, rescale(X.sub(level, full0), p, p0, true))
+    end
+  else
+    local n0 = string.match(old, '^l(%d+):$')
+    if not n0 then return nil end
+    level = rescale(level, n, X.W(n0), true)
+  end
+  if X.cmp(level, deepest) > 0 then level = deepest end
+  return s1 .. ' ' .. s2 .. ' ' .. X.text(level), 0
+end
 
 -- A key's state: its text (`raw`; `true` for a key lost with the store's
 -- state, which counts as used up when the loss was found, (gs, gn)), and
 -- its numbers: the time it was last seen (s1, s2), then its kind's (s3..s6)
 -- and a sliding log's entries (`blob`, from its "|" or "#").
-local function load(raw, kind, a, b, c, arg, lost_at_s, lost_at_ns)
+local function load(raw, skip, kind, a, b, c, arg, lost_at_s, lost_at_ns)
   local s1, s2, s3, s4, s5, s6, s7
   local blob = ''
   if raw then
-    local bar = string.find(raw, '[|#]')
+    local bar = string.find(raw, '[|#]', skip + 1)
     if bar then
       -- A log's or a lease list's header: up to seven numbers (older
       -- states have fewer: see `sliding_log` and `concurrency`).
-      local a1, a2, a3, a4, a5, a6, a7 = string.match(string.sub(raw, 1, bar - 1),
+      local a1, a2, a3, a4, a5, a6, a7 = string.match(string.sub(raw, skip + 1, bar - 1),
         '^(%d+) (%d+) ?(%d*) ?(%d*) ?(%d*) ?(%d*) ?(%d*)$')
       s1, s2, s3, s4, s5, s6, s7 = tonumber(a1), tonumber(a2), tonumber(a3), tonumber(a4), tonumber(a5), tonumber(a6), tonumber(a7)
       blob = string.sub(raw, bar)
-    else s1, s2, s3, s4, s5, s6 = nums(raw) end
+    else
+      if skip > 0 then raw = string.sub(raw, skip + 1) end
+      s1, s2, s3, s4, s5, s6 = nums(raw)
+    end
   elseif lost_at_s then
     local gs, gn = lost_at_s, lost_at_ns
     raw = true
@@ -957,15 +1026,15 @@ local function commit(k, n, all, blocked, lost, redis_time, out, no)
   out[no + 1], out[no + 2] = math.max(all, 0), lost
   no = no + 2
   for i = 1, n do
-    local c = 14 * (i - 1)
+    local c = 15 * (i - 1)
     local allowed, remaining, reset, delay = checks[c + 1], checks[c + 2], checks[c + 4], checks[c + 13]
     local refused = allowed == 0 or checks[c + 5]
     local stored = false
     if all == 1 and checks[c + 6] and not (checks[c + 10] and refused) then
-      store(KEYS[k + i], checks[c + 6], reset, redis_time)
+      store(KEYS[k + i], checks[c + 15], checks[c + 6], reset, redis_time)
       stored = true
     elseif all == 0 and n == 1 and allowed == 0 and not blocked then
-      store(KEYS[k + i], text(checks[c + 7]), reset, redis_time) -- a rejection refreshes accounting
+      store(KEYS[k + i], checks[c + 15], text(checks[c + 7]), reset, redis_time) -- a rejection refreshes accounting
       stored = true
     end
     if all == 0 and allowed == 1 then remaining, reset = checks[c + 8], checks[c + 9] end
@@ -1012,13 +1081,15 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
 
   for i = 1, n do
     local arg = ARGV[a + i]
-    local kind, a, b, c, cost, empty, shadow, report, no_new, lease = parse(arg)
+    local kind, a, b, c, cost, empty, shadow, report, no_new, lease, tag = parse(arg)
     local standing = cost == 0 or n > 1
     local raw = redis.call('GET', KEYS[k + i])
+    local skip = 0
+    if raw then raw, skip = untag(raw, tag, arg) end
     local missing = 0
     if not raw then missing = no_new and 2 or 1 end
     local s1, s2, s3, s4, s5, s6, blob, s7
-    raw, s1, s2, s3, s4, s5, s6, blob, s7 = load(raw, kind, a, b, c, arg, empty and gs, gn)
+    raw, s1, s2, s3, s4, s5, s6, blob, s7 = load(raw, skip, kind, a, b, c, arg, empty and gs, gn)
     local ts, tn = now_s, now_ns
     if raw then ts, tn = later(now_s, now_ns, s1, s2) end
     local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 =
@@ -1038,18 +1109,18 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
       local a1, _, r1 = algorithm(arg, kind, a, b, c, 1, false, false, raw, s1, s2, s3, s4, s5, s6, blob, ts, tn, nil, s7)
       if a1 == 0 then wait1 = r1 end
     end
-    local c = 14 * (i - 1)
+    local c = 15 * (i - 1)
     checks[c + 14] = wait1
     checks[c + 1], checks[c + 2], checks[c + 3], checks[c + 4] = allowed, remaining, retry, reset
     checks[c + 5], checks[c + 6], checks[c + 7] = over(delay, max_delay, mode), new or false, fresh or false
     checks[c + 8], checks[c + 9], checks[c + 10] = left0, idle0, shadow
     checks[c + 11], checks[c + 12] = diff(ts, tn, now_s, now_ns), missing
-    checks[c + 13] = delay
+    checks[c + 13], checks[c + 15] = delay, tag
   end
 
   local all, blocked = 1, false
   for i = 1, n do
-    local c = 14 * (i - 1)
+    local c = 15 * (i - 1)
     if not checks[c + 10] and (checks[c + 1] == 0 or checks[c + 5]) then all = 0 end
     if checks[c + 12] == 2 then all, blocked = 0, true end
   end

@@ -132,31 +132,131 @@ fn replay_in(
     case: u64,
     unit: i64,
 ) {
-    let mut reference: HashMap<String, State> = HashMap::new();
-    // A realistic absolute time (about 2026), far above 2^53 ns.
-    let mut now: Nanos = 1_796_000_000 * NANOS_PER_SEC + 123_456_789;
-    let name = format!("p{case}");
-    for &(gap, key, cost, report) in trace {
-        now = now.saturating_add_signed(gap * unit + i64::from(key) * 7);
-        let identity = format!("c{case}-k{key}");
-        let state = reference
-            .entry(identity.clone())
-            .or_insert_with(|| policy.new_state());
-        let (expected, got) = if report {
-            let expected = policy.report(state, now, cost).unwrap();
-            let got = runtime.block_on(store.report(&name, &policy, &identity, cost, Some(now)));
-            (expected, got.unwrap())
-        } else {
-            let cost = cost.min(policy.max_cost().0);
-            let expected = policy.check(state, now, cost).unwrap();
-            let got = runtime.block_on(store.check(&name, &policy, &identity, cost, Some(now)));
-            (expected, got.unwrap())
-        };
-        assert_eq!(
-            got, expected,
-            "{policy} at {now}, {identity}, cost {cost}, report {report}"
-        );
+    Replay::new(store, runtime, case, unit).run(policy, trace);
+}
+
+/// A replay through Redis and the core: the core's states, the time.
+struct Replay<'a> {
+    store: &'a RedisStore,
+    runtime: &'a tokio::runtime::Runtime,
+    reference: HashMap<String, State>,
+    now: Nanos,
+    case: u64,
+    unit: i64,
+}
+
+impl<'a> Replay<'a> {
+    fn new(
+        store: &'a RedisStore,
+        runtime: &'a tokio::runtime::Runtime,
+        case: u64,
+        unit: i64,
+    ) -> Self {
+        Self {
+            store,
+            runtime,
+            reference: HashMap::new(),
+            // A realistic absolute time (about 2026), far above 2^53 ns.
+            now: 1_796_000_000 * NANOS_PER_SEC + 123_456_789,
+            case,
+            unit,
+        }
     }
+
+    /// The core's states after the policy's parameters changed from `old`
+    /// to `new` (a reload): carried over, or started over.
+    fn change(&mut self, old: &Policy, new: &Policy) {
+        self.reference = std::mem::take(&mut self.reference)
+            .into_iter()
+            .filter_map(|(key, state)| Some((key, new.carry(old, &state)?)))
+            .collect();
+    }
+
+    fn run(&mut self, policy: Policy, trace: &[(i64, u8, u64, bool)]) {
+        let name = format!("p{}", self.case);
+        for &(gap, key, cost, report) in trace {
+            self.now = self
+                .now
+                .saturating_add_signed(gap * self.unit + i64::from(key) * 7);
+            let (now, store, runtime) = (self.now, self.store, self.runtime);
+            let identity = format!("c{}-k{key}", self.case);
+            let state = self
+                .reference
+                .entry(identity.clone())
+                .or_insert_with(|| policy.new_state());
+            let (expected, got) = if report {
+                let expected = policy.report(state, now, cost).unwrap();
+                let got =
+                    runtime.block_on(store.report(&name, &policy, &identity, cost, Some(now)));
+                (expected, got.unwrap())
+            } else {
+                let cost = cost.min(policy.max_cost().0);
+                let expected = policy.check(state, now, cost).unwrap();
+                let got = runtime.block_on(store.check(&name, &policy, &identity, cost, Some(now)));
+                (expected, got.unwrap())
+            };
+            assert_eq!(
+                got, expected,
+                "{policy} at {now}, {identity}, cost {cost}, report {report}"
+            );
+        }
+    }
+}
+
+/// A policy's parameters changed (one name, a reload): Redis carries each
+/// key's state over, or starts it over, as the core's `Policy::carry` says,
+/// also from one algorithm to another, and decides as the core from there.
+/// Without the refusal cache: a refusal it answers does not move the time
+/// Redis last saw the key, and the state is carried from that time
+/// (docs/SEMANTICS.md, the Redis store).
+#[test]
+fn changed_parameters_carry_over_as_the_core() {
+    let server = RedisServer::start(&[]);
+    let (runtime, store) = connect(&server.url());
+    let shared = Shared {
+        runtime,
+        store: store.with_refusal_cache(false),
+        _server: server,
+    };
+    let case = AtomicU64::new(0);
+    let mut policies = POLICIES.to_vec();
+    policies.extend([
+        "token-bucket capacity=12 rate=5/s",
+        "fixed-window limit=2 window=1s",
+        "sliding-log limit=2 window=3s",
+        "sliding-counter limit=2 window=1s",
+        "leaky-bucket rate=3/s queue=5",
+        "token-bucket capacity=4 rate=2/14d",
+    ]);
+    let ops = || prop::collection::vec((gap(), 0u8..4, 1u64..=4, prop::bool::weighted(0.2)), 1..40);
+    let strategy = (
+        prop::sample::select(policies.clone()),
+        prop::sample::select(policies),
+        ops(),
+        ops(),
+    );
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 96,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&strategy, |(before, after, first, then)| {
+            let (before, after) = (
+                Policy::parse(before).unwrap(),
+                Policy::parse(after).unwrap(),
+            );
+            let mut replay = Replay::new(
+                &shared.store,
+                &shared.runtime,
+                case.fetch_add(1, Ordering::SeqCst),
+                1_000_000,
+            );
+            replay.run(before, &first);
+            replay.change(&before, &after);
+            replay.run(after, &then);
+            Ok(())
+        })
+        .unwrap();
 }
 
 #[test]

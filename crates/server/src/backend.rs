@@ -252,13 +252,16 @@ impl Local {
             .map(|(_, e)| limiter.policy(&e.stored_as))
             .collect::<Result<_, _>>()?;
         if let Some(previous) = previous {
-            let fresh: Vec<&str> = table
+            let (changed, fresh): (Vec<&str>, Vec<&str>) = table
                 .iter()
                 .map(|(_, e)| e.stored_as.as_str())
                 .filter(|name| !limiter.shares_state_with(&previous.limiter, name))
-                .collect();
+                .partition(|name| previous.limiter.policy(name).is_ok());
+            if !changed.is_empty() {
+                tracing::info!(policies = ?changed, "reload: these policies' parameters changed: each key keeps its state where it still means the same (docs/SEMANTICS.md, \"Changing a policy\")");
+            }
             if !fresh.is_empty() {
-                tracing::info!(policies = ?fresh, "reload: these policies start afresh (new or changed); the others keep their keys");
+                tracing::info!(policies = ?fresh, "reload: these policies are new and start afresh");
             }
         }
         Ok(Self {

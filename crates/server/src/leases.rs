@@ -213,7 +213,9 @@ const MAX_BOOKED: usize = 100_000;
 #[derive(Debug)]
 pub(crate) struct Book {
     lease: Duration,
-    open: std::sync::Mutex<Open>,
+    /// Shared with the book of the same policy before its parameters
+    /// changed: its leases carry over (`Policy::carry`).
+    open: std::sync::Arc<std::sync::Mutex<Open>>,
     in_use: metrics::Gauge,
     expired: metrics::Counter,
     released: metrics::Counter,
@@ -236,12 +238,20 @@ impl Book {
         let releases = |outcome: &'static str| metrics::counter!("weir_lease_releases_total", "policy" => label.clone(), "outcome" => outcome);
         Some(Self {
             lease: Duration::from_nanos(c.lease()),
-            open: std::sync::Mutex::default(),
+            open: std::sync::Arc::default(),
             in_use: metrics::gauge!("weir_leases_in_use", "policy" => label.clone()),
             expired: metrics::counter!("weir_leases_expired_total", "policy" => label.clone()),
             released: releases("released"),
             not_live: releases("not_live"),
         })
+    }
+
+    /// This policy's book under new parameters (`policy`, a concurrency
+    /// limit too): the same open leases, the new lease length for renewals.
+    pub(crate) fn continued(&self, name: &str, policy: &Policy) -> Option<Self> {
+        let mut book = Self::of(name, policy)?;
+        book.open = self.open.clone();
+        Some(book)
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Open) -> T) -> T {
@@ -292,5 +302,10 @@ impl Book {
     /// Counts the leases that expired by now.
     pub(crate) fn sweep(&self) {
         self.with(|_| ());
+    }
+
+    #[cfg(test)]
+    pub(crate) fn open_leases(&self) -> usize {
+        self.with(|open| open.expires.len())
     }
 }

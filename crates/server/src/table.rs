@@ -423,18 +423,28 @@ impl PolicyTable {
         (recent.len() < AD_HOC).then_some(recent)
     }
 
-    /// Takes over the lease books of `previous`'s entries that are stored
-    /// as and decide as these do (a reload that left them as they were):
-    /// the leases they granted are still held, and still counted.
+    /// Takes over the lease books of `previous`'s entries stored as these
+    /// are (a reload): the leases they granted are still held, and still
+    /// counted, whether the policy is as it was or its parameters changed
+    /// (its leases carry over, `Policy::carry`).
     pub(crate) fn keep_books_of(&mut self, previous: &PolicyTable) {
         for entry in &mut self.entries {
-            let kept = previous
+            let Some(old) = previous
                 .entries
                 .iter()
-                .find(|p| p.stored_as == entry.stored_as && p.policy == entry.policy);
-            if let (Some(kept), Some(_)) = (kept.and_then(|p| p.leases.clone()), &entry.leases) {
-                entry.leases = Some(kept);
-            }
+                .find(|p| p.stored_as == entry.stored_as)
+            else {
+                continue;
+            };
+            let (Some(book), Some(_)) = (&old.leases, &entry.leases) else {
+                continue;
+            };
+            entry.leases = match old.policy == entry.policy {
+                true => Some(book.clone()),
+                false => book
+                    .continued(&entry.name, &entry.policy)
+                    .map(std::sync::Arc::new),
+            };
         }
     }
 
@@ -459,7 +469,7 @@ mod tests {
 
     /// A reload that leaves a concurrency policy as it was keeps its lease
     /// book (`weir_leases_in_use` does not drop to 0); one that changes it
-    /// starts a new book, as its keys start afresh.
+    /// continues it, as its leases carry over.
     #[test]
     fn an_unchanged_policy_keeps_its_lease_book_across_a_reload() {
         let table = |limit: u32| {
@@ -478,5 +488,10 @@ mod tests {
         let mut changed = table(4);
         changed.keep_books_of(&first);
         assert!(!std::sync::Arc::ptr_eq(&book(&first), &book(&changed)));
+        assert_eq!(
+            book(&changed).open_leases(),
+            1,
+            "the lease taken is still counted"
+        );
     }
 }

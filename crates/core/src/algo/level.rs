@@ -172,6 +172,49 @@ impl LeakyBucket {
     }
 }
 
+/// `floor(a · b / c)` without overflow for `a < 2^107` and `b, c < 2^64`,
+/// whose quotient fits 128 bits: `(a / c) · b + (a mod c) · b / c`.
+fn mul_div(a: u128, b: u64, c: u64, up: bool) -> u128 {
+    let (b, c) = (u128::from(b), u128::from(c));
+    let (q, r) = (a / c, a % c);
+    let rest = r * b;
+    let tail = if up { rest.div_ceil(c) } else { rest / c };
+    q.saturating_mul(b).saturating_add(tail)
+}
+
+impl TokenBucket {
+    /// A key's state from `old`'s parameters to these (docs/SPEC.md,
+    /// "Changed parameters"): the tokens it held at its latest time, at most
+    /// the new capacity; a debt (a report's) in tokens, at most as deep as a
+    /// report could leave it now. Fractions of a token round down.
+    pub(crate) fn carry(&self, old: &TokenBucket, state: LevelState, deepest: u64) -> LevelState {
+        let (p_old, p_new) = (old.rate.period(), self.rate.period());
+        let full_old = u128::from(old.capacity) * u128::from(p_old);
+        let full_new = u128::from(self.capacity) * u128::from(p_new);
+        let level = if state.level <= full_old {
+            let tokens = mul_div(full_old - state.level, p_new, p_old, false);
+            full_new.saturating_sub(tokens)
+        } else {
+            full_new + mul_div(state.level - full_old, p_new, p_old, true)
+        };
+        LevelState::new(
+            state.seen,
+            level.min(u128::from(deepest) * u128::from(p_new)),
+        )
+    }
+}
+
+impl LeakyBucket {
+    /// A key's state from `old`'s parameters to these (docs/SPEC.md,
+    /// "Changed parameters"): its backlog in time (`next − t`, rounded up to
+    /// the new unit), at most as deep as a report could leave it now.
+    pub(crate) fn carry(&self, old: &LeakyBucket, state: LevelState, deepest: u64) -> LevelState {
+        let level = mul_div(state.level, self.rate.tokens(), old.rate.tokens(), true);
+        let ceiling = u128::from(deepest) * u128::from(self.rate.period());
+        LevelState::new(state.seen, level.min(ceiling))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
