@@ -1,28 +1,32 @@
 //! `weir healthcheck URL`: the container's health check, with no shell or
-//! curl in the image. Exits 0 when the URL answers 2xx within the timeout,
-//! 1 otherwise (saying why on standard error).
+//! curl in the image, over plain HTTP or TLS. Exits 0 when the URL answers
+//! 2xx within the timeout, 1 otherwise (saying why on standard error).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use http_body_util::Empty;
 use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The URL to ask, over plain HTTP: /healthz (the process answers) or
-    /// /readyz (its configuration is loaded and it decides: 2xx even while
-    /// a shared store is down, since each policy's on_store_error decides
-    /// then; the answer's "store_up" says which), e.g.
-    /// http://127.0.0.1:9090/readyz.
+    /// The URL to ask: /healthz (the process answers) or /readyz (its
+    /// configuration is loaded and it decides: 2xx even while a shared store
+    /// is down, since each policy's on_store_error decides then; the
+    /// answer's "store_up" says which), e.g. http://127.0.0.1:9090/readyz,
+    /// or https://localhost:8443/readyz on a TLS listener.
     #[arg(value_name = "URL")]
     url: hyper::Uri,
     /// How long to wait for the answer: a duration (2s, 500ms), or a bare
     /// number of seconds.
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = timeout)]
     timeout: Duration,
+    /// For an https:// URL: the CA (PEM) that signed the listener's
+    /// certificate, e.g. the file the listener's clients trust; without it,
+    /// the system's roots. The certificate must name the URL's host.
+    #[arg(long, value_name = "FILE")]
+    ca: Option<PathBuf>,
 }
 
 /// `--timeout`: `2s`, `500ms`, `1m`, or seconds as a bare number.
@@ -38,24 +42,75 @@ fn timeout(text: &str) -> Result<Duration, String> {
 /// Whether the URL answered 2xx (false, exit status 1, says why on
 /// standard error); `Err` is a URL it cannot ask (exit status 2).
 pub(crate) fn run(args: &Args) -> anyhow::Result<bool> {
-    if args.url.scheme_str() != Some("http") {
-        bail!(
-            "`{}`: weir healthcheck speaks plain HTTP (http://HOST:PORT/PATH); point it at a listener without TLS, such as the internal listener",
-            args.url
-        );
+    let url = &args.url;
+    let tls = match url.scheme_str() {
+        Some("http") => None,
+        Some("https") => Some(
+            weir_server::tls::client(args.ca.as_deref(), b"http/1.1")
+                .map_err(|e| anyhow::anyhow!("--ca {e}"))?,
+        ),
+        _ => {
+            bail!("`{url}`: weir healthcheck asks http:// or https:// URLs (http://HOST:PORT/PATH)")
+        }
+    };
+    if tls.is_none() && args.ca.is_some() {
+        bail!("--ca is for https:// URLs; `{url}` is plain HTTP");
     }
+    let Some(host) = url.host() else {
+        bail!("`{url}` names no host");
+    };
+    let port = url
+        .port_u16()
+        .unwrap_or(if tls.is_some() { 443 } else { 80 });
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the health check")?;
-    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let status = runtime
-        .block_on(async { tokio::time::timeout(args.timeout, client.get(args.url.clone())).await });
-    match status {
-        Err(_) => eprintln!("{}: no answer within {:?}", args.url, args.timeout),
-        Ok(Err(e)) => eprintln!("{}: {e}", args.url),
-        Ok(Ok(answer)) if answer.status().is_success() => return Ok(true),
-        Ok(Ok(answer)) => eprintln!("{}: {}", args.url, answer.status()),
+    let asked = runtime
+        .block_on(async { tokio::time::timeout(args.timeout, ask(url, host, port, tls)).await });
+    match asked {
+        Err(_) => eprintln!("{url}: no answer within {:?}", args.timeout),
+        Ok(Err(e)) => eprintln!("{url}: {e}"),
+        Ok(Ok(status)) if status.is_success() => return Ok(true),
+        Ok(Ok(status)) => eprintln!("{url}: {status}"),
     }
     Ok(false)
+}
+
+/// One GET of `url` over a connection of its own, through `tls` if given.
+async fn ask(
+    url: &hyper::Uri,
+    host: &str,
+    port: u16,
+    tls: Option<tokio_rustls::TlsConnector>,
+) -> anyhow::Result<hyper::StatusCode> {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let tcp = tokio::net::TcpStream::connect((bare, port)).await?;
+    let request = hyper::Request::get(url.path_and_query().map_or("/", |p| p.as_str()))
+        .header(
+            hyper::header::HOST,
+            url.authority().map_or(host, |a| a.as_str()),
+        )
+        .body(Empty::<Bytes>::new())?;
+    let status = match tls {
+        None => send(tcp, request).await?,
+        Some(tls) => {
+            let name = rustls::pki_types::ServerName::try_from(bare.to_owned())?;
+            send(tls.connect(name, tcp).await?, request).await?
+        }
+    };
+    Ok(status)
+}
+
+async fn send<S>(
+    stream: S,
+    request: hyper::Request<Empty<Bytes>>,
+) -> anyhow::Result<hyper::StatusCode>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    Ok(sender.send_request(request).await?.status())
 }

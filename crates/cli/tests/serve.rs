@@ -792,3 +792,37 @@ fn a_refused_client_certificate_is_logged_with_why() {
     let line = server.wait_for_log("certificate was refused");
     assert!(line.contains("WARN") || line.contains("warn"), "{line}");
 }
+
+/// `weir healthcheck` asks a TLS listener: trusting the CA given with
+/// `--ca` it passes; without it (the system's roots do not know a test CA)
+/// it fails saying why, and `--ca` on a plain URL is refused.
+#[test]
+fn healthcheck_asks_a_tls_listener() {
+    let certs = weir_testkit::Certs::new("cli-healthcheck");
+    let config = format!(
+        "[server.tls]\ncert = \"{}\"\nkey = \"{}\"\n\n[policies.api]\nalgorithm = \"gcra\"\nburst = 5\nrate = \"1/s\"\n",
+        certs.path("server.pem").display(),
+        certs.path("server-key.pem").display()
+    );
+    let path = temp("healthcheck-tls.toml", &config);
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
+    let port = server.addr.rsplit(':').next().unwrap();
+    let url = format!("https://localhost:{port}/readyz");
+    let ca = certs.path("ca.pem");
+    let trusted = weir()
+        .args(["healthcheck", &url, "--ca", ca.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let said = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(trusted.status.success(), "{}", said(&trusted));
+    let untrusted = weir().args(["healthcheck", &url]).output().unwrap();
+    assert_eq!(untrusted.status.code(), Some(1), "{}", said(&untrusted));
+    assert!(said(&untrusted).contains(&url), "{}", said(&untrusted));
+    let plain = format!("http://localhost:{port}/readyz");
+    let wrong = weir()
+        .args(["healthcheck", &plain, "--ca", ca.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(wrong.status.code(), Some(2), "{}", said(&wrong));
+    assert!(said(&wrong).contains("--ca"), "{}", said(&wrong));
+}

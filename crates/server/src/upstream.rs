@@ -114,28 +114,7 @@ fn tls_connector(ca: Option<&Path>) -> Result<tokio_rustls::TlsConnector, Failur
     {
         return Ok(connector);
     }
-    let mut roots = rustls::RootCertStore::empty();
-    match ca {
-        Some(path) => {
-            let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            use rustls::pki_types::pem::PemObject;
-            for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
-                roots.add(cert.map_err(|e| format!("{}: {e}", path.display()))?)?;
-            }
-        }
-        None => {
-            let found = rustls_native_certs::load_native_certs();
-            roots.add_parsable_certificates(found.certs);
-        }
-    }
-    #[allow(deprecated)]
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let connector = crate::tls::client(ca, b"http/1.1")?;
     POOL.with_borrow_mut(|pool| {
         pool.tls
             .insert(ca.map(Path::to_path_buf), connector.clone())
