@@ -3,7 +3,9 @@
 //! parsed by the `cel` crate (limitador's own); a condition weir can say —
 //! `descriptors[0]['key'] == 'value'` — becomes an entry `key=value`, a
 //! variable `descriptors[0]['key']` an entry `key` (a counter per value).
-//! Anything else is named with its line.
+//! Limitador's older syntax says the same with the key bare — `req.method ==
+//! 'GET'`, `variables: [user_id]` — and reads as the same entries. Anything
+//! else is named with its line.
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -252,8 +254,12 @@ fn entry(variable: &str) -> Result<String, String> {
     key_of(&parse(variable)?)
 }
 
-/// `descriptors[0]['key']` or `descriptors[0].key`: the key.
+/// `descriptors[0]['key']` or `descriptors[0].key`, or in limitador's older
+/// syntax the key bare (`user_id`, `req.method`): the key.
 fn key_of(expr: &IdedExpr) -> Result<String, String> {
+    if let Some(key) = bare(expr).filter(|k| !k.starts_with("descriptors")) {
+        return Ok(key);
+    }
     let wrong =
         || "expected descriptors[0]['key']: weir matches the first descriptor's entries".to_owned();
     let (operand, key) = match &expr.expr {
@@ -292,6 +298,17 @@ fn key_of(expr: &IdedExpr) -> Result<String, String> {
     }
 }
 
+/// A dotted name (`user_id`, `req.method`): the older syntax's key.
+fn bare(expr: &IdedExpr) -> Option<String> {
+    match &expr.expr {
+        Expr::Ident(name) => Some(name.clone()),
+        Expr::Select(select) if !select.test => {
+            Some(format!("{}.{}", bare(&select.operand)?, select.field))
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,6 +338,12 @@ mod tests {
                 .starts_with("not CEL")
         );
         assert_eq!(entry("descriptors[0]['user_id']"), Ok("user_id".into()));
+        // Limitador's older syntax: the descriptor's key bare.
+        assert_eq!(
+            equality("req.method == 'GET'"),
+            Ok(("req.method".into(), "GET".into()))
+        );
+        assert_eq!(entry("user_id"), Ok("user_id".into()));
         assert!(entry("descriptors[0]").is_err());
     }
 }

@@ -390,6 +390,11 @@ fn a_limitador_file_imports_and_names_what_it_cannot_say() {
     );
     assert!(toml.contains("[policies.shop-per-user-writes]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"60s\""), "{toml}");
     assert!(toml.contains("entries = [\"tier=free\"]"), "{toml}");
+    // limitador's older syntax, the key bare, says the same.
+    assert!(
+        toml.contains("entries = [\"req.method=GET\", \"user_id\"]"),
+        "{toml}"
+    );
     assert!(
         toml.contains("window starts at a counter's first hit"),
         "{toml}"
