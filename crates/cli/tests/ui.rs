@@ -151,11 +151,42 @@ async fn the_dashboard_shows_policies_who_is_limited_and_resets_keys() {
     checks(&server, "hot", 30);
     checks(&server, "warm", 15);
     checks(&server, "calm", 3);
+    // The server keeps each second's counts: a dashboard opened later
+    // draws the seconds before it.
+    std::thread::sleep(Duration::from_millis(2_500));
+    let (_, stats) = server.request("GET", "/v1/stats?history=1", "");
+    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    let history = stats["history"].as_array().unwrap();
+    assert!(history.len() >= 2, "{stats}");
+    assert_eq!(
+        history.last().unwrap()["policies"][0]["name"],
+        "api",
+        "{stats}"
+    );
+    assert!(
+        history.last().unwrap()["policies"][0]["allowed"]
+            .as_u64()
+            .unwrap()
+            >= 10,
+        "{stats}"
+    );
 
     client
         .goto(&format!("http://{}/ui", server.addr))
         .await
         .unwrap();
+    let drawn = until("the api chart", || async {
+        let chart = client
+            .find(Locator::Css(".chart[data-policy='api']"))
+            .await
+            .ok()?;
+        chart.attr("data-points").await.ok().flatten()
+    })
+    .await;
+    assert!(
+        drawn.parse::<usize>().unwrap() >= 3,
+        "the chart starts with the server's history: {drawn} points"
+    );
     // The configured policies, with their parameters and mode.
     let api = until("the policy table", || {
         text(&client, "#policy-rows tr[data-policy='api']")

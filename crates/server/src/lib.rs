@@ -337,7 +337,8 @@ async fn prepare(
         tracing::warn!("the store is not reachable yet: serving by on_store_error");
     }
     // Housekeeping: histogram samples are folded into their buckets every
-    // second (unscraped, they would pile up), idle keys swept every five.
+    // second (unscraped, they would pile up), the dashboard's counts
+    // recorded, idle keys swept every five seconds.
     let sweeper = {
         let state = state.clone();
         tokio::spawn(async move {
@@ -345,6 +346,7 @@ async fn prepare(
             for second in 0u64.. {
                 tick.tick().await;
                 state.metrics.run_upkeep();
+                state.history.record(&state.current());
                 if second % 5 == 4 {
                     state.current().backend.local().limiter.sweep();
                 }

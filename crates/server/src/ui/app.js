@@ -120,24 +120,38 @@ function draw(canvas, points) {
   g.fillText("max " + Math.round(max) + "/s", 4, 11);
 }
 
-function showRates(stats) {
+// Adds each policy's rates since `previous` to its history, and returns them.
+function addRates(stats) {
   const seconds = previous ? Math.max(0.001, (stats.time_ms - previous.time_ms) / 1000) : 1;
   const before = new Map((previous ? previous.policies : []).map((p) => [p.name, p]));
+  const points = new Map();
   for (const p of stats.policies) {
     const b = before.get(p.name);
     // A reload starts the counts again: a smaller count is a new start.
     const rate = (key) => !b ? 0 : (p[key] >= b[key] ? p[key] - b[key] : p[key]) / seconds;
     const point = { allowed: rate("allowed"), limited: rate("limited"), degraded: rate("degraded"), shadow: rate("shadow_limited") };
-    const points = history.get(p.name) || [];
-    points.push(point);
-    if (points.length > HISTORY) points.shift();
-    history.set(p.name, points);
+    const kept = history.get(p.name) || [];
+    kept.push(point);
+    if (kept.length > HISTORY) kept.shift();
+    history.set(p.name, kept);
+    points.set(p.name, point);
+  }
+  previous = stats;
+  return points;
+}
+
+function showRates(stats) {
+  const latest = addRates(stats);
+  for (const p of stats.policies) {
+    const points = history.get(p.name);
+    const point = latest.get(p.name);
     const chart = chartFor(p.name);
     chart.querySelector(".rates").textContent =
       point.allowed.toFixed(1) + " allowed/s · " + point.limited.toFixed(1) + " limited/s" +
       (point.degraded ? " · " + point.degraded.toFixed(1) + " degraded/s" : "") +
       " · total " + p.allowed.toLocaleString() + " / " + p.limited.toLocaleString();
     chart.dataset.allowed = p.allowed;
+    chart.dataset.points = points.length;
     chart.dataset.limited = p.limited;
     draw(chart.querySelector("canvas"), points);
   }
@@ -145,11 +159,16 @@ function showRates(stats) {
 
 async function pollStats() {
   try {
-    const stats = await api("/v1/stats");
+    // The first reading brings the server's last minutes: the charts and
+    // the latency window start full, not empty.
+    const stats = await api(previous ? "/v1/stats" : "/v1/stats?history=1");
+    for (const sample of stats.history || []) {
+      addRates(sample);
+      latencyReadings.push([sample.time_ms, sample.latency_us]);
+    }
     adminEnabled = stats.admin;
     showStore(stats);
     showRates(stats);
-    previous = stats;
   } catch (e) {
     $("store-badge").textContent = "weir unreachable";
     $("store-badge").className = "badge down";
