@@ -1,5 +1,6 @@
-//! The deployment files under `deploy/`, checked by the real tools where
-//! they are installed (a test says SKIPPED, and why, where one is not).
+//! The deployment files under `deploy/`, checked by the real tools:
+//! tools/test.sh installs them; where one is missing a test fails under
+//! CI=true and says SKIPPED, and why, elsewhere.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,12 +26,13 @@ fn run(command: &mut Command) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// Whether `program` runs; says SKIPPED for `test` when it does not.
+/// Whether `program` runs; when it does not, `test` fails under CI=true
+/// and says SKIPPED elsewhere ([`weir_testkit::missing`]).
 fn installed(program: &str, test: &str) -> bool {
     let found = Command::new(program).arg("--version").output();
     let ok = found.is_ok_and(|o| o.status.success());
     if !ok {
-        eprintln!("SKIPPED {test}: no `{program}` on PATH (tools/test.sh installs it)");
+        weir_testkit::missing(test, &format!("no `{program}` on PATH"));
     }
     ok
 }
@@ -220,11 +222,14 @@ fn configmap_toml() -> String {
 }
 
 /// Whether this process may run a program in an empty root (`unshare
-/// --root`, which needs root); says SKIPPED for `test` when not.
+/// --root`, which needs root); when not, as [`installed`].
 fn can_chroot(test: &str) -> bool {
     let id = Command::new("id").arg("-u").output();
     if !id.is_ok_and(|o| o.stdout == b"0\n") {
-        eprintln!("SKIPPED {test}: running a program in an empty root (unshare --root) needs root");
+        weir_testkit::missing(
+            test,
+            "running a program in an empty root (unshare --root) needs root",
+        );
         return false;
     }
     installed("unshare", test)
@@ -394,8 +399,8 @@ fn serve_in(root: &Path) -> (Server, String) {
     (server, internal)
 }
 
-/// The image built from the host's static binary, once; None (SKIPPED)
-/// without podman or root.
+/// The image built from the host's static binary, once; None without
+/// podman or root ([`installed`]).
 fn image(test: &str) -> Option<&'static Image> {
     static BUILT: OnceLock<Image> = OnceLock::new();
     if !can_chroot(test) || !installed("podman", test) {
@@ -410,9 +415,13 @@ fn image(test: &str) -> Option<&'static Image> {
     }))
 }
 
-/// The Dockerfile's whole build — weir compiled in the Rust builder — where
-/// the builder's base image can be pulled (SKIPPED, saying why, elsewhere).
+/// The Dockerfile's whole build — weir compiled in the Rust builder. It needs
+/// the network (the builder's base image is pulled) and a release build
+/// inside the image, so it runs when asked: `cargo test -p weir --test
+/// integration -- --ignored the_dockerfile_builds` (the other image tests
+/// build the same Dockerfile from the host's static binary, every run).
 #[test]
+#[ignore = "pulls the Rust builder image from the network; run with --ignored"]
 fn the_dockerfile_builds_weir_from_source_where_its_builder_can_be_pulled() {
     let test = "the_dockerfile_builds_weir_from_source";
     if !can_chroot(test) || !installed("podman", test) {
@@ -430,10 +439,7 @@ fn the_dockerfile_builds_weir_from_source_where_its_builder_can_be_pulled() {
     if !pulled.status.success() {
         let why = String::from_utf8_lossy(&pulled.stderr);
         let why = why.lines().last().unwrap_or_default();
-        eprintln!(
-            "SKIPPED {test}: the builder's base image {builder} cannot be pulled here: {why}"
-        );
-        return;
+        panic!("{test}: the builder's base image {builder} cannot be pulled here: {why}");
     }
     let image = Image::build(root(), &[], "image-from-source");
     let (_server, internal) = image.serve();
@@ -557,7 +563,7 @@ fn the_deployment_runs_in_the_image_against_a_redis_that_requires_a_password() {
     assert!(keys.contains("pod"), "no key in Redis: {keys}");
 }
 
-/// A YAML file as JSON, read by PyYAML; None (SKIPPED) without it.
+/// A YAML file as JSON, read by PyYAML; None without it ([`installed`]).
 fn yaml(path: &Path, test: &str) -> Option<serde_json::Value> {
     let script = "import json, sys, yaml; json.dump(yaml.safe_load(open(sys.argv[1])), sys.stdout)";
     let out = Command::new("python3")
@@ -567,10 +573,8 @@ fn yaml(path: &Path, test: &str) -> Option<serde_json::Value> {
     match out {
         Ok(out) if out.status.success() => Some(serde_json::from_slice(&out.stdout).unwrap()),
         _ => {
-            eprintln!(
-                "SKIPPED {test}: no python3 with PyYAML to read {}",
-                path.display()
-            );
+            let why = format!("no python3 with PyYAML to read {}", path.display());
+            weir_testkit::missing(test, &why);
             None
         }
     }

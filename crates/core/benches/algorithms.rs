@@ -36,7 +36,7 @@ fn transitions(c: &mut Criterion) {
     group.finish();
 }
 
-/// The concurrency limit (not a `Policy` yet): a check that takes a lease
+/// The concurrency limit's own transitions: a check that takes a lease
 /// and the release of the one taken five checks before, so five are in
 /// flight, as a steady stream of requests that each run a while.
 fn leases(c: &mut Criterion) {

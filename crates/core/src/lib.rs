@@ -2,7 +2,8 @@
 //!
 //! Every algorithm of weir's docs/SPEC.md — token bucket, GCRA, fixed window,
 //! sliding-window log, sliding-window counter, the leaky-bucket shaper, and
-//! the concurrency limit ([`algo::Concurrency`], not a [`Policy`] yet) —
+//! the concurrency limit (`Policy::Concurrency`, whose leases a release or
+//! renewal acts on) —
 //! is a pure transition over `(state, now, cost)`: integer nanoseconds, no
 //! floating point, no clock reads, no I/O. Stores (in-process, Redis) and
 //! faces (simulator, HTTP, Envoy) are shells around these functions, which is

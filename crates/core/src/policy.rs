@@ -231,7 +231,7 @@ pub enum CostError {
 /// A validated policy: an algorithm with its parameters.
 ///
 /// Not `#[non_exhaustive]` on purpose: every crate matches it exhaustively,
-/// so a seventh algorithm fails to compile wherever it is not handled.
+/// so a new algorithm fails to compile wherever it is not handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Policy {
     /// Token bucket.

@@ -16,3 +16,30 @@ pub use http_client::{Reply, send};
 pub use llm::Llm;
 pub use redis::{Cluster, RedisServer, Sentinels, free_port, require};
 pub use tls::Certs;
+
+/// A test's tool is missing: under `CI=true` the test fails, naming it and
+/// how to install it; elsewhere (a developer's machine without Chromium,
+/// say) it says SKIPPED, and why, and the caller returns.
+pub fn missing(test: &str, what: &str) {
+    let ci = strict(std::env::var("CI").ok().as_deref());
+    assert!(
+        !ci,
+        "{test}: {what}, and CI=true: tools/test.sh installs it"
+    );
+    eprintln!("SKIPPED {test}: {what}");
+}
+
+/// Whether a missing tool fails the test: `CI` is `true`.
+fn strict(ci: Option<&str>) -> bool {
+    ci == Some("true")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_missing_tool_fails_only_under_ci() {
+        assert!(super::strict(Some("true")));
+        assert!(!super::strict(None));
+        assert!(!super::strict(Some("false")));
+    }
+}
