@@ -88,7 +88,7 @@ pub struct Node {
 
 impl Node {
     fn new(addr: &str) -> Self {
-        let gauge = metrics::gauge!("weir_store_node_up", "node" => addr.to_owned());
+        let gauge = metrics::gauge!(crate::metrics::STORE_NODE_UP, "node" => addr.to_owned());
         Self {
             addr: addr.to_owned(),
             breaker: Breaker::new(gauge, true),
@@ -155,7 +155,7 @@ impl Remote {
             timeout: config.timeout,
             max_key_len,
             store: ArcSwapOption::empty(),
-            breaker: Breaker::new(metrics::gauge!("weir_store_up"), false),
+            breaker: Breaker::new(metrics::gauge!(crate::metrics::STORE_UP), false),
             was_up: AtomicBool::new(false),
             topology: ArcSwapOption::empty(),
             replica_acks: config.replica_acks,
@@ -242,7 +242,7 @@ impl Remote {
         };
         if named != used {
             tracing::warn!(url = %self.shown, from = %used, to = %named, "the sentinels name a new master: connecting to it");
-            metrics::gauge!("weir_store_node_up", "node" => used.to_owned()).set(0.0);
+            metrics::gauge!(crate::metrics::STORE_NODE_UP, "node" => used.to_owned()).set(0.0);
             self.store.store(None);
             if self.breaker.set_up(false) {
                 self.logged(false);
@@ -411,7 +411,7 @@ async fn supervise(remote: Weak<Remote>) {
                         if let Some(master) = store.master() {
                             // Through Sentinel: the master in use is the node up.
                             let node = master.to_owned();
-                            metrics::gauge!("weir_store_node_up", "node" => node).set(1.0);
+                            metrics::gauge!(crate::metrics::STORE_NODE_UP, "node" => node).set(1.0);
                         }
                         let store = Arc::new(store);
                         remote.store.store(Some(store.clone()));

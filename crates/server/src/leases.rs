@@ -235,12 +235,12 @@ impl Book {
             return None;
         };
         let label = name.to_owned();
-        let releases = |outcome: &'static str| metrics::counter!("weir_lease_releases_total", "policy" => label.clone(), "outcome" => outcome);
+        let releases = |outcome: &'static str| metrics::counter!(crate::metrics::LEASE_RELEASES, "policy" => label.clone(), "outcome" => outcome);
         Some(Self {
             lease: Duration::from_nanos(c.lease()),
             open: std::sync::Arc::default(),
-            in_use: metrics::gauge!("weir_leases_in_use", "policy" => label.clone()),
-            expired: metrics::counter!("weir_leases_expired_total", "policy" => label.clone()),
+            in_use: metrics::gauge!(crate::metrics::LEASES_IN_USE, "policy" => label.clone()),
+            expired: metrics::counter!(crate::metrics::LEASES_EXPIRED, "policy" => label.clone()),
             released: releases("released"),
             not_live: releases("not_live"),
         })

@@ -26,7 +26,7 @@ mod grpc;
 mod leases;
 pub use grpc::run_grpc;
 mod live;
-mod metrics;
+pub mod metrics;
 pub mod reload;
 pub mod serve;
 pub mod state;

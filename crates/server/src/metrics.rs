@@ -1,5 +1,6 @@
-//! Prometheus metrics: the recorder (installed once per process) and the
-//! handles that do not belong to one policy.
+//! Prometheus metrics: the catalog of every metric weir exports (one place
+//! for each name, its kind, labels and help), the recorder (installed once
+//! per process) and the handles that do not belong to one policy.
 
 use std::collections::HashMap;
 use std::sync::{OnceLock, PoisonError};
@@ -17,6 +18,123 @@ const BUCKETS: [f64; 16] = [
     0.1, 2.5,
 ];
 
+/// What a metric measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One metric of the catalog.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    pub name: &'static str,
+    pub kind: Kind,
+    /// Its labels, as they appear on its series.
+    pub labels: &'static [&'static str],
+    pub help: &'static str,
+}
+
+macro_rules! catalog {
+    ($($id:ident = $name:literal, $kind:ident [$($label:literal),*], $help:literal;)*) => {
+        $(#[doc = $help] pub const $id: &str = $name;)*
+        /// Every metric weir exports (`docs/METRICS.md` is this list).
+        pub const CATALOG: &[Metric] = &[
+            $(Metric { name: $name, kind: Kind::$kind, labels: &[$($label),*], help: $help },)*
+        ];
+    };
+}
+
+catalog! {
+    DECISIONS = "weir_decisions_total", Counter ["policy", "outcome"],
+        "Decisions per policy, each counted once by outcome: allowed; rejected; uncharged (would have allowed, but another policy of the request refused); error (not decided: an invalid request); shadow_limited (a shadow policy would have refused, and admitted); unlimited (an override without a limit admitted it uncounted).";
+    NEAR_LIMIT = "weir_near_limit_total", Counter ["policy"],
+        "Admissions that left less than 1 - near_limit_ratio of the limit (a part of outcome=\"allowed\").";
+    FALLBACK_DECISIONS = "weir_fallback_decisions_total", Counter ["policy"],
+        "Policy decisions made without the shared store, as on_store_error says.";
+    REPORTED_COST = "weir_reported_cost_total", Counter ["policy"],
+        "Cost charged after the fact (usage reports, metered answers).";
+    QUEUE_DEPTH = "weir_queue_depth", Gauge ["policy"],
+        "Requests the gateway holds in a shaper policy's delay now.";
+    CHECK_DURATION = "weir_check_duration_seconds", Histogram ["store"],
+        "Time to decide one request, the store call included.";
+    STORE_ERRORS = "weir_store_errors_total", Counter ["kind"],
+        "Store calls that failed, by kind: timeout, redis (an error Redis answered or a lost connection), reply (an answer weir could not read), replication (a write not replicated as [store] min_replicas asks), circuit_open (not made: the breaker is open).";
+    STORE_STATE_LOSSES = "weir_store_state_losses_total", Counter [],
+        "Times the store was found to have lost its state (a restart without data, a flush).";
+    STORE_UP = "weir_store_up", Gauge [],
+        "1 while decisions go to the shared store, 0 while on_store_error decides.";
+    STORE_NODE_UP = "weir_store_node_up", Gauge ["node"],
+        "Per Redis master (a cluster's, or Sentinel's): 1 while its circuit breaker is closed.";
+    KEYS = "weir_keys", Gauge [],
+        "Keys stored in process (the store, or the fallback on Redis).";
+    MAX_KEYS = "weir_max_keys", Gauge [],
+        "The in-process key budget ([store] max_keys).";
+    LEASES_IN_USE = "weir_leases_in_use", Gauge ["policy"],
+        "A concurrency policy's leases this weir granted that are neither released nor expired.";
+    LEASES_EXPIRED = "weir_leases_expired_total", Counter ["policy"],
+        "A concurrency policy's leases that expired unreleased: a holder that crashed or forgot.";
+    LEASE_RELEASES = "weir_lease_releases_total", Counter ["policy", "outcome"],
+        "Releases of a concurrency policy's leases, by outcome: released, or not_live (already expired or released).";
+    USAGE_MISSING = "weir_usage_missing_total", Counter ["route"],
+        "Metered answers whose usage was not found (charged as usage_missing says).";
+    USAGE_UNREPORTED = "weir_usage_unreported_total", Counter ["route"],
+        "Usage read from an answer that could not be charged (the store failed).";
+    HTTP_REQUESTS = "weir_http_requests_total", Counter ["route", "status"],
+        "HTTP requests answered, by route (a gateway route as written, an API path, or unmatched) and status.";
+    UPSTREAM_DURATION = "weir_upstream_duration_seconds", Histogram ["route"],
+        "Time from forwarding a request to the upstream's response head, by route.";
+    UPSTREAM_ERRORS = "weir_upstream_errors_total", Counter ["route"],
+        "Requests the upstream could not answer, by route.";
+    GRPC_REQUESTS = "weir_grpc_requests_total", Counter ["code"],
+        "gRPC calls answered, by code.";
+    GRPC_DURATION = "weir_grpc_duration_seconds", Histogram [],
+        "Time to answer one gRPC call.";
+    CONNECTIONS_OPEN = "weir_connections_open", Gauge [],
+        "Connections open now, on every listener.";
+    CONNECTIONS_REFUSED = "weir_connections_refused_total", Counter [],
+        "Connections closed at once: past [server] max_connections, or past the per-address bound.";
+    CONNECTIONS_TIMED_OUT = "weir_connections_timed_out_total", Counter ["phase"],
+        "Connections closed by a timeout, by phase: handshake, header, idle, send (an answer the client does not take), or resets (too many cancelled streams).";
+    ACCEPT_ERRORS = "weir_accept_errors_total", Counter [],
+        "Failed accepts (out of file descriptors, say): the listener waits, then goes on.";
+    TLS_HANDSHAKES_FAILED = "weir_tls_handshakes_failed_total", Counter [],
+        "TLS handshakes that failed (a refused client certificate, a client that is not TLS).";
+    ADMIN_AUTH_FAILURES = "weir_admin_auth_failures_total", Counter [],
+        "Admin requests with a wrong or missing token.";
+    CONFIG_RELOADS = "weir_config_reloads_total", Counter ["result"],
+        "Configuration reloads, by result: ok, or error (the old configuration keeps serving).";
+    CONFIG_INFO = "weir_config_info", Gauge ["hash"],
+        "1 for the hash of the configuration served (the same on every instance serving the same file).";
+    CONFIG_LAST_RELOAD = "weir_config_last_reload_timestamp_seconds", Gauge [],
+        "When the configuration served was loaded (Unix seconds).";
+    BUILD_INFO = "weir_build_info", Gauge ["version"],
+        "1, with the running weir's version.";
+}
+
+/// The catalog as `docs/METRICS.md` has it (a test holds the two equal).
+pub fn catalog_markdown() -> String {
+    let mut out = String::from(
+        "# weir's metrics\n\nEvery metric weir exports on `/metrics` (Prometheus text), from the\ncatalog in `crates/server/src/metrics.rs`: a test holds this page to it\n(`UPDATE_DOCS=1 cargo test -p weir-server metrics_md` writes it again).\nThe process collector's `process_*` series come beside them.\n\n| metric | kind | labels | what it counts |\n|---|---|---|---|\n",
+    );
+    for m in CATALOG {
+        let labels: Vec<String> = m.labels.iter().map(|l| format!("`{l}`")).collect();
+        let kind = match m.kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        };
+        out.push_str(&format!(
+            "| `{}` | {kind} | {} | {} |\n",
+            m.name,
+            labels.join(", "),
+            m.help
+        ));
+    }
+    out
+}
+
 /// The process's recorder, installed on first use.
 pub(crate) fn handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -29,62 +147,18 @@ pub(crate) fn handle() -> PrometheusHandle {
             let handle = recorder.handle();
             // Only the first server of a process installs the recorder.
             let _ = metrics::set_global_recorder(recorder);
-            metrics::describe_counter!(
-                "weir_decisions_total",
-                "Decisions per policy and outcome (allowed, rejected, uncharged, error, shadow_limited, unlimited): each decision once"
-            );
-            metrics::describe_counter!(
-                "weir_near_limit_total",
-                "Admissions that left less than 1 - near_limit_ratio of the limit (a part of outcome=\"allowed\")"
-            );
-            metrics::describe_histogram!(
-                "weir_check_duration_seconds",
-                metrics::Unit::Seconds,
-                "Time to decide one request, store call included"
-            );
-            metrics::describe_counter!(
-                "weir_fallback_decisions_total",
-                "Policy decisions made without the shared store (on_store_error)"
-            );
-            metrics::describe_counter!(
-                "weir_store_errors_total",
-                "Failed store calls by kind (timeout, redis, reply, circuit_open)"
-            );
-            metrics::describe_counter!(
-                "weir_store_state_losses_total",
-                "Times the store was found to have lost its state"
-            );
-            metrics::describe_gauge!("weir_store_up", "1 while decisions go to the shared store");
-            metrics::describe_gauge!("weir_queue_depth", "Requests the gateway holds in a shaper policy's delay now");
-            metrics::describe_gauge!("weir_build_info", "The running weir's version");
-            metrics::describe_counter!("weir_grpc_requests_total", "gRPC calls by code");
-            metrics::describe_histogram!(
-                "weir_grpc_duration_seconds",
-                metrics::Unit::Seconds,
-                "Time to answer one gRPC call"
-            );
-            metrics::describe_counter!(
-                "weir_http_requests_total",
-                "HTTP requests answered, by route (a gateway route as written, an API path, or unmatched) and status"
-            );
-            metrics::describe_histogram!(
-                "weir_upstream_duration_seconds",
-                metrics::Unit::Seconds,
-                "Time from forwarding a request to the upstream's response head, by route"
-            );
-            metrics::describe_counter!(
-                "weir_upstream_errors_total",
-                "Requests the upstream could not answer, by route"
-            );
-            metrics::describe_gauge!("weir_connections_open", "Connections open now, on every listener");
-            metrics::describe_gauge!("weir_leases_in_use", "A concurrency policy's leases this weir granted that are neither released nor expired");
-            metrics::describe_counter!("weir_leases_expired_total", "A concurrency policy's leases that expired unreleased: a holder that crashed or forgot");
-            metrics::describe_counter!("weir_lease_releases_total", "Releases of a concurrency policy's leases: released, or not_live (already expired or released)");
-            metrics::describe_gauge!("weir_keys", "Keys stored in process (the store, or the fallback on Redis)");
-            metrics::describe_gauge!("weir_max_keys", "The in-process key budget ([store] max_keys)");
+            for m in CATALOG {
+                match m.kind {
+                    Kind::Counter => metrics::describe_counter!(m.name, m.help),
+                    Kind::Gauge => metrics::describe_gauge!(m.name, m.help),
+                    Kind::Histogram => {
+                        metrics::describe_histogram!(m.name, metrics::Unit::Seconds, m.help)
+                    }
+                }
+            }
             process().describe();
-            metrics::gauge!("weir_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
-            metrics::counter!("weir_store_errors_total", "kind" => "timeout").absolute(0);
+            metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+            metrics::counter!(STORE_ERRORS, "kind" => "timeout").absolute(0);
             handle
         })
         .clone()
@@ -150,7 +224,7 @@ impl Meters {
     pub(crate) fn new(store: &'static str) -> Self {
         handle(); // the recorder first, then the handles
         Self {
-            duration: metrics::histogram!("weir_check_duration_seconds", "store" => store),
+            duration: metrics::histogram!(CHECK_DURATION, "store" => store),
             latency: crate::live::Latency::default(),
         }
     }
@@ -171,11 +245,11 @@ impl Meters {
             &HANDLES,
             code,
             0,
-            || metrics::counter!("weir_grpc_requests_total", "code" => code),
+            || metrics::counter!(GRPC_REQUESTS, "code" => code),
             |requests| requests.increment(1),
         );
         DURATION
-            .get_or_init(|| metrics::histogram!("weir_grpc_duration_seconds"))
+            .get_or_init(|| metrics::histogram!(GRPC_DURATION))
             .record(started.elapsed().as_secs_f64());
     }
 
@@ -183,7 +257,7 @@ impl Meters {
     /// not registered again per request.
     pub(crate) fn http(route: &str, status: u16) {
         static HANDLES: Handles<Counter> = OnceLock::new();
-        let make = || metrics::counter!("weir_http_requests_total", "route" => route.to_owned(), "status" => status.to_string());
+        let make = || metrics::counter!(HTTP_REQUESTS, "route" => route.to_owned(), "status" => status.to_string());
         cached(&HANDLES, route, status, make, |requests| {
             requests.increment(1)
         });
@@ -198,27 +272,45 @@ impl Meters {
                 &LATENCY,
                 route,
                 0,
-                || metrics::histogram!("weir_upstream_duration_seconds", "route" => route.to_owned()),
+                || metrics::histogram!(UPSTREAM_DURATION, "route" => route.to_owned()),
                 |latency| latency.record(started.elapsed().as_secs_f64()),
             ),
             false => cached(
                 &ERRORS,
                 route,
                 0,
-                || metrics::counter!("weir_upstream_errors_total", "route" => route.to_owned()),
+                || metrics::counter!(UPSTREAM_ERRORS, "route" => route.to_owned()),
                 |errors| errors.increment(1),
             ),
         }
     }
 
-    /// One failed store call (`timeout`, `redis`, `reply`), or one not made
-    /// because the breaker is open (`circuit_open`).
+    /// One failed store call (`timeout`, `redis`, `reply`, `replication`),
+    /// or one not made because the breaker is open (`circuit_open`).
     pub(crate) fn store_error(kind: &'static str) {
-        metrics::counter!("weir_store_errors_total", "kind" => kind).increment(1);
+        metrics::counter!(STORE_ERRORS, "kind" => kind).increment(1);
     }
 
     /// The store was found to have lost its state.
     pub(crate) fn state_lost() {
-        metrics::counter!("weir_store_state_losses_total").increment(1);
+        metrics::counter!(STORE_STATE_LOSSES).increment(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `docs/METRICS.md` is the catalog; `UPDATE_DOCS=1` writes it again.
+    #[test]
+    fn metrics_md_is_the_catalog() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/METRICS.md");
+        let made = super::catalog_markdown();
+        if std::env::var_os("UPDATE_DOCS").is_some() {
+            std::fs::write(path, &made).unwrap_or_else(|e| panic!("{path}: {e}"));
+        }
+        let written = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            written == made,
+            "docs/METRICS.md is not the catalog: UPDATE_DOCS=1 cargo test -p weir-server metrics_md"
+        );
     }
 }

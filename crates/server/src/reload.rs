@@ -95,16 +95,16 @@ pub enum Reloaded {
 /// Counts a reload's result and records the configuration served.
 pub(crate) fn record(result: &Result<Reloaded, String>, hash: Option<(u64, u64)>) {
     let label = if result.is_ok() { "ok" } else { "error" };
-    metrics::counter!("weir_config_reloads_total", "result" => label).increment(1);
+    metrics::counter!(crate::metrics::CONFIG_RELOADS, "result" => label).increment(1);
     if let Some((old, new)) = hash {
-        metrics::gauge!("weir_config_info", "hash" => format!("{old:016x}")).set(0.0);
-        metrics::gauge!("weir_config_info", "hash" => format!("{new:016x}")).set(1.0);
+        metrics::gauge!(crate::metrics::CONFIG_INFO, "hash" => format!("{old:016x}")).set(0.0);
+        metrics::gauge!(crate::metrics::CONFIG_INFO, "hash" => format!("{new:016x}")).set(1.0);
     }
     if result.is_ok() {
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default();
-        metrics::gauge!("weir_config_last_reload_timestamp_seconds").set(now.as_secs_f64());
+        metrics::gauge!(crate::metrics::CONFIG_LAST_RELOAD).set(now.as_secs_f64());
     }
 }
 

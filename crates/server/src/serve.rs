@@ -59,7 +59,7 @@ struct Slot {
 /// `weir_connections_open`: admitted connections of every listener.
 fn connections_open() -> &'static metrics::Gauge {
     static GAUGE: std::sync::OnceLock<metrics::Gauge> = std::sync::OnceLock::new();
-    GAUGE.get_or_init(|| metrics::gauge!("weir_connections_open"))
+    GAUGE.get_or_init(|| metrics::gauge!(crate::metrics::CONNECTIONS_OPEN))
 }
 
 impl Drop for Slot {
@@ -463,7 +463,7 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Conn {
 
 /// Logs accept errors at most once a second; counts every one.
 fn accept_error(e: &std::io::Error, last: &mut Option<Instant>) {
-    metrics::counter!("weir_accept_errors_total").increment(1);
+    metrics::counter!(crate::metrics::ACCEPT_ERRORS).increment(1);
     if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
         tracing::error!(error = %e, "accept failed (logged at most once a second; weir_accept_errors_total counts them)");
         *last = Some(Instant::now());
@@ -653,7 +653,7 @@ where
     tokio::pin!(shutdown);
     while let Some((stream, peer)) = accept(&listener, shutdown.as_mut(), &mut last_error).await {
         let Some(slot) = admit(&open, limits.client(peer.ip()), &limits) else {
-            metrics::counter!("weir_connections_refused_total").increment(1);
+            metrics::counter!(crate::metrics::CONNECTIONS_REFUSED).increment(1);
             // Over a cap: the refusal if the socket takes it at once, then close.
             if let Protocol::Http1 { refusal } = protocol {
                 let _ = stream.try_write(refusal);
@@ -677,12 +677,12 @@ where
                             (Either::Right(Box::new(stream)), h2)
                         }
                         Ok(Err(e)) => {
-                            metrics::counter!("weir_tls_handshakes_failed_total").increment(1);
+                            metrics::counter!(crate::metrics::TLS_HANDSHAKES_FAILED).increment(1);
                             handshake_failed(peer, &e);
                             return;
                         }
                         Err(_) => {
-                            metrics::counter!("weir_connections_timed_out_total", "phase" => "handshake").increment(1);
+                            metrics::counter!(crate::metrics::CONNECTIONS_TIMED_OUT, "phase" => "handshake").increment(1);
                             return;
                         }
                     }
@@ -733,7 +733,7 @@ where
                     }
                 }
                 why = watchdog => {
-                    metrics::counter!("weir_connections_timed_out_total", "phase" => why).increment(1);
+                    metrics::counter!(crate::metrics::CONNECTIONS_TIMED_OUT, "phase" => why).increment(1);
                     tracing::debug!(%peer, phase = why, "connection closed: timeout");
                 }
             }

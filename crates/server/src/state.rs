@@ -206,7 +206,7 @@ impl AppState {
 
     /// Notes one failed admin attempt from `ip`.
     pub(crate) fn admin_failed(&self, ip: IpAddr) {
-        metrics::counter!("weir_admin_auth_failures_total").increment(1);
+        metrics::counter!(crate::metrics::ADMIN_AUTH_FAILURES).increment(1);
         let mut failures = self
             .admin_failures
             .lock()
@@ -235,8 +235,8 @@ impl AppState {
     pub fn render_metrics(&self) -> String {
         crate::metrics::process().collect();
         let shared = self.current();
-        metrics::gauge!("weir_keys").set(shared.backend.local().limiter.len() as f64);
-        metrics::gauge!("weir_max_keys").set(shared.config.store.max_keys as f64);
+        metrics::gauge!(crate::metrics::KEYS).set(shared.backend.local().limiter.len() as f64);
+        metrics::gauge!(crate::metrics::MAX_KEYS).set(shared.config.store.max_keys as f64);
         for (_, entry) in shared.table.iter() {
             entry.sweep_leases();
         }

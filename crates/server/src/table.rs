@@ -102,10 +102,10 @@ impl Entry {
                     config.policy
                 }),
         };
-        let counter = |outcome: &'static str| metrics::counter!("weir_decisions_total", "policy" => name.clone(), "outcome" => outcome);
+        let counter = |outcome: &'static str| metrics::counter!(crate::metrics::DECISIONS, "policy" => name.clone(), "outcome" => outcome);
         let queue = match config.policy {
             Policy::LeakyBucket(_) => {
-                Some(metrics::gauge!("weir_queue_depth", "policy" => name.clone()))
+                Some(metrics::gauge!(crate::metrics::QUEUE_DEPTH, "policy" => name.clone()))
             }
             Policy::TokenBucket(_)
             | Policy::Gcra(_)
@@ -126,9 +126,9 @@ impl Entry {
                 counter("shadow_limited"),
                 counter("unlimited"),
             ],
-            near_limit: metrics::counter!("weir_near_limit_total", "policy" => name.clone()),
-            fallbacks: metrics::counter!("weir_fallback_decisions_total", "policy" => name.clone()),
-            reported: metrics::counter!("weir_reported_cost_total", "policy" => name.clone()),
+            near_limit: metrics::counter!(crate::metrics::NEAR_LIMIT, "policy" => name.clone()),
+            fallbacks: metrics::counter!(crate::metrics::FALLBACK_DECISIONS, "policy" => name.clone()),
+            reported: metrics::counter!(crate::metrics::REPORTED_COST, "policy" => name.clone()),
             queue,
             leases: crate::leases::Book::of(&name, &config.policy).map(std::sync::Arc::new),
             live: crate::live::Live::default(),

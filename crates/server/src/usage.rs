@@ -50,7 +50,7 @@ impl Charge {
         if usage.is_some() || said {
             return usage;
         }
-        metrics::counter!("weir_usage_missing_total", "route" => self.route.to_string())
+        metrics::counter!(crate::metrics::USAGE_MISSING, "route" => self.route.to_string())
             .increment(1);
         tracing::warn!(route = %self.route, charged = ?self.missing, "the upstream's answer did not say its usage");
         self.missing
@@ -98,7 +98,7 @@ impl Charge {
         // The keys were admitted a moment ago: no new-key guard.
         let reported = shared.backend.report(table, &checks, NewKeys::Allowed);
         if let Err(e) = reported.await {
-            metrics::counter!("weir_usage_unreported_total", "route" => route.to_owned())
+            metrics::counter!(crate::metrics::USAGE_UNREPORTED, "route" => route.to_owned())
                 .increment(1);
             let error = crate::answer::ApiError::from(e).detail();
             tracing::warn!(route, used, %error, "usage could not be reported");

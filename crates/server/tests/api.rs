@@ -236,6 +236,36 @@ async fn policies_health_metrics_and_admin() {
     ] {
         assert!(metrics.contains(series), "{series} in\n{metrics}");
     }
+    // Every weir series is in the catalog, with its labels, and has its help.
+    for line in metrics.lines().filter(|l| l.starts_with("weir_")) {
+        let name = line.split(['{', ' ']).next().unwrap();
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .filter(|b| weir_server::metrics::CATALOG.iter().any(|m| m.name == *b))
+            .unwrap_or(name);
+        let metric = weir_server::metrics::CATALOG
+            .iter()
+            .find(|m| m.name == base)
+            .unwrap_or_else(|| panic!("{base} is not in the catalog"));
+        for label in line
+            .split_once('{')
+            .map(|(_, l)| l.split_once('}').unwrap().0)
+            .unwrap_or_default()
+            .split(',')
+            .filter(|l| !l.is_empty())
+        {
+            let label = label.split('=').next().unwrap();
+            assert!(
+                metric.labels.contains(&label) || label == "le",
+                "{base}: label {label} is not in the catalog"
+            );
+        }
+        assert!(
+            metrics.contains(&format!("# HELP {base} ")),
+            "{base} has no help"
+        );
+    }
 
     let key = format!("{base}/v1/keys/api/api:m");
     let auth = [("authorization", "Bearer a-long-enough-admin-token")];
