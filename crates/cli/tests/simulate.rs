@@ -298,7 +298,7 @@ fn bad_flags_exit_2_naming_the_flag() {
                 "--window",
                 "400d",
             ],
-            "--window: 400d is longer than 366 days",
+            "--window: 400d is longer than 366d",
         ),
         (
             vec!["--algorithm", "bucket"],

@@ -137,12 +137,11 @@ pub(crate) enum Op {
     Renew(LeaseId),
 }
 
-/// A new lease's identity: random, so that an identity from another key,
-/// another policy or an earlier life of this key (deleted once idle) finds
-/// nothing to act on; never 0.
+/// A new lease's identity ([`weir_core::algo::new_lease_id`]), for a
+/// concurrency policy's check.
 fn new_lease(policy: &Policy) -> LeaseId {
     match policy {
-        Policy::Concurrency(_) => fastrand::u64(1..),
+        Policy::Concurrency(_) => weir_core::algo::new_lease_id(),
         _ => 0,
     }
 }

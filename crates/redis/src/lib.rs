@@ -205,7 +205,7 @@ impl<'a> From<weir_core::Check<'a>> for Check<'a> {
             report: false,
             no_new_key: false,
             lease: LeaseOp::Take(match check.policy {
-                Policy::Concurrency(_) => fastrand::u64(1..),
+                Policy::Concurrency(_) => weir_core::algo::new_lease_id(),
                 _ => 0,
             }),
         }
@@ -371,7 +371,7 @@ impl RedisStore {
             std::sync::Arc::downgrade(&refusals),
             nodes,
         ));
-        let timeout = std::time::Duration::from_millis(50);
+        let timeout = DEFAULT_TIMEOUT;
         Ok(Self {
             sender: match per_thread {
                 Some(per_thread) => Sender::PerThread(Box::new(per_thread)),
@@ -897,6 +897,11 @@ fn only(checked: Checked) -> Result<Decision, StoreError> {
         .next()
         .ok_or(StoreError::Reply)
 }
+
+/// The deadline of a store call unless [`RedisStore::with_timeout`] sets
+/// another (`[store] timeout`): past it, a check fails as a timeout and its
+/// policy's `on_store_error` decides.
+pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// `rl:v1:{IDENTITY}:POLICY`, both escaped: every byte outside
 /// `[A-Za-z0-9._-]` becomes `%XX`, so no two (policy, identity) pairs share

@@ -25,6 +25,13 @@ pub struct Concurrency {
 /// A lease's identity: chosen by the store, unique per key.
 pub type LeaseId = u64;
 
+/// The identity a store gives a new lease: random, so that an identity from
+/// another key, another policy or an earlier life of this key (deleted once
+/// idle) finds nothing to act on; never 0.
+pub fn new_lease_id() -> LeaseId {
+    fastrand::u64(1..)
+}
+
 /// One lease: the cost it holds until it is released or `expires`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Lease {

@@ -7,7 +7,7 @@ mod level;
 mod log;
 mod window;
 
-pub use lease::{Concurrency, Lease, LeaseId, LeaseState};
+pub use lease::{Concurrency, Lease, LeaseId, LeaseState, new_lease_id};
 pub use level::{LeakyBucket, LevelState, TokenBucket};
 pub use log::{Entries, LogState, SlidingLog};
 pub use window::{FixedWindow, FixedWindowState, SlidingCounter, SlidingCounterState};

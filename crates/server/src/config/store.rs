@@ -131,7 +131,7 @@ pub(super) fn parse(raw: Raw, env: &super::Env, report: &mut Report<'_>) -> Stor
     };
     let timeout = super::duration(
         raw.timeout.as_ref(),
-        Duration::from_millis(50),
+        weir_redis::DEFAULT_TIMEOUT,
         "[store] timeout",
         report,
     );
