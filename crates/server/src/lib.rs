@@ -346,7 +346,12 @@ async fn prepare(
             for second in 0u64.. {
                 tick.tick().await;
                 state.metrics.run_upkeep();
-                state.history.record(&state.current());
+                let shared = state.current();
+                let totals = shared
+                    .table
+                    .iter()
+                    .map(|(_, e)| (e.name.as_str(), e.live.totals()));
+                state.history.record(totals, shared.meters.latency.read());
                 if second % 5 == 4 {
                     state.current().backend.local().limiter.sweep();
                 }

@@ -172,6 +172,17 @@ impl Live {
         self.counts.sum(counted as usize)
     }
 
+    /// Every count: allowed, limited, degraded, shadow-limited.
+    pub(crate) fn totals(&self) -> [u64; 4] {
+        [
+            Counted::Allowed,
+            Counted::Limited,
+            Counted::Degraded,
+            Counted::ShadowLimited,
+        ]
+        .map(|c| self.total(c))
+    }
+
     fn record(&self, key: &str, slice: u64) {
         let mut slices = self.top[stripe()]
             .lock()
@@ -293,6 +304,89 @@ impl Latency {
                 (n > 0).then(|| [upper(i), n])
             })
             .collect()
+    }
+}
+
+/// Seconds of counts kept for the dashboard (its charts' width).
+pub(crate) const HISTORY: usize = 180;
+
+/// The dashboard's counts at one second: per policy, decisions since the
+/// configuration loaded, and check latencies, as `/v1/stats` has them.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct Sample {
+    time_ms: u128,
+    latency_us: Vec<[u64; 2]>,
+    policies: Vec<PolicyCounts>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct PolicyCounts {
+    /// Shared by every sample of one configuration.
+    #[serde(serialize_with = "text")]
+    name: std::sync::Arc<str>,
+    allowed: u64,
+    limited: u64,
+    degraded: u64,
+    shadow_limited: u64,
+}
+
+fn text<S: serde::Serializer>(name: &std::sync::Arc<str>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(name)
+}
+
+/// The last [`HISTORY`] samples, recorded once a second by the server's
+/// housekeeping: a dashboard opened now draws the minutes before it.
+/// Bounded: `HISTORY` samples of four counts per policy.
+#[derive(Debug, Default)]
+pub(crate) struct History {
+    samples: Mutex<std::collections::VecDeque<Sample>>,
+}
+
+impl History {
+    /// Records each policy's [`Live::totals`] now, and the latencies.
+    pub(crate) fn record<'a>(
+        &self,
+        policies: impl Iterator<Item = (&'a str, [u64; 4])>,
+        latency_us: Vec<[u64; 2]>,
+    ) {
+        let mut samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
+        let last = samples.back().map(|s| &s.policies);
+        let policies = policies
+            .enumerate()
+            .map(
+                |(i, (name, [allowed, limited, degraded, shadow_limited]))| {
+                    let name = match last.and_then(|l| l.get(i)).filter(|p| *p.name == *name) {
+                        Some(p) => p.name.clone(),
+                        None => std::sync::Arc::from(name),
+                    };
+                    PolicyCounts {
+                        name,
+                        allowed,
+                        limited,
+                        degraded,
+                        shadow_limited,
+                    }
+                },
+            )
+            .collect();
+        if samples.len() >= HISTORY {
+            samples.pop_front();
+        }
+        let time_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis();
+        samples.push_back(Sample {
+            time_ms,
+            latency_us,
+            policies,
+        });
+    }
+
+    /// The samples, oldest first.
+    pub(crate) fn samples(&self) -> Vec<Sample> {
+        let samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
+        samples.iter().cloned().collect()
     }
 }
 

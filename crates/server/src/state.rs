@@ -158,7 +158,7 @@ pub struct AppState {
     /// What the last reload logged (an outcome is logged once).
     pub(crate) last_reload: Mutex<String>,
     /// The dashboard's counts of the last minutes.
-    pub(crate) history: crate::ui::History,
+    pub(crate) history: crate::live::History,
 }
 
 impl AppState {
@@ -170,7 +170,7 @@ impl AppState {
             admin_failures: Mutex::default(),
             source: Source::default(),
             last_reload: Mutex::default(),
-            history: crate::ui::History::default(),
+            history: crate::live::History::default(),
         })
     }
 
@@ -188,7 +188,7 @@ impl AppState {
             source,
             // Served as read: an event that finds it so is not news.
             last_reload: Mutex::new(crate::reload::UNCHANGED.to_owned()),
-            history: crate::ui::History::default(),
+            history: crate::live::History::default(),
         }))
     }
 

@@ -69,91 +69,10 @@ struct Stats<'a> {
     latency_us: Vec<[u64; 2]>,
     policies: Vec<PolicyStats<'a>>,
     /// With `?history=1`: the counts and latencies as they were each second
-    /// of the last [`HISTORY`] (oldest first), for a dashboard opened now.
+    /// of the last [`crate::live::HISTORY`] (oldest first), for a dashboard
+    /// opened now.
     #[serde(skip_serializing_if = "Option::is_none")]
-    history: Option<Vec<Sample>>,
-}
-
-/// Seconds of counts the server keeps for the dashboard (its charts' width).
-pub(crate) const HISTORY: usize = 180;
-
-/// What `/v1/stats` said at one second: counts since the configuration
-/// loaded and check latencies, as [`Stats`] has them.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct Sample {
-    time_ms: u128,
-    latency_us: Vec<[u64; 2]>,
-    policies: Vec<PolicyCounts>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct PolicyCounts {
-    /// Shared by every sample of one configuration.
-    #[serde(serialize_with = "text")]
-    name: Arc<str>,
-    allowed: u64,
-    limited: u64,
-    degraded: u64,
-    shadow_limited: u64,
-}
-
-/// The last [`HISTORY`] samples: a dashboard opened now draws the minutes
-/// before it (its history once lived in the browser tab, empty on every
-/// open). Bounded: `HISTORY` samples of one count set per policy.
-#[derive(Debug, Default)]
-pub(crate) struct History {
-    samples: std::sync::Mutex<std::collections::VecDeque<Sample>>,
-}
-
-impl History {
-    /// Records the counts of `shared` now (the server's housekeeping, once
-    /// a second).
-    pub(crate) fn record(&self, shared: &crate::Shared) {
-        use crate::live::Counted;
-        let mut samples = self
-            .samples
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let last = samples.back().map(|s| &s.policies);
-        let policies = shared
-            .table
-            .iter()
-            .enumerate()
-            .map(|(i, (_, e))| {
-                let name = match last.and_then(|l| l.get(i)).filter(|p| *p.name == *e.name) {
-                    Some(p) => p.name.clone(),
-                    None => Arc::from(e.name.as_str()),
-                };
-                PolicyCounts {
-                    name,
-                    allowed: e.live.total(Counted::Allowed),
-                    limited: e.live.total(Counted::Limited),
-                    degraded: e.live.total(Counted::Degraded),
-                    shadow_limited: e.live.total(Counted::ShadowLimited),
-                }
-            })
-            .collect();
-        if samples.len() >= HISTORY {
-            samples.pop_front();
-        }
-        samples.push_back(Sample {
-            time_ms: now_ms(),
-            latency_us: shared.meters.latency.read(),
-            policies,
-        });
-    }
-
-    fn samples(&self) -> Vec<Sample> {
-        let samples = self
-            .samples
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        samples.iter().cloned().collect()
-    }
-}
-
-fn text<S: serde::Serializer>(name: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(name)
+    history: Option<Vec<crate::live::Sample>>,
 }
 
 fn now_ms() -> u128 {
