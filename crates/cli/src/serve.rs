@@ -1,7 +1,7 @@
 //! `weir serve` and `weir config`: load and validate the config, bind, run
 //! until SIGTERM or SIGINT, reload on SIGHUP.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, anyhow, bail};
 use weir_server::AppState;
@@ -305,9 +305,16 @@ async fn serve(source: Source, reload: Reload, ignored: &[String]) -> anyhow::Re
     });
     // Reloads: the file watcher (unless --no-watch) and SIGHUP, one way.
     let _watcher = match reload {
-        Reload::Watch(true) => {
-            weir_server::reload::watch(state.clone()).map_err(|e| anyhow!("{e}"))?
-        }
+        Reload::Watch(true) => match state.config_file().map(Path::to_path_buf) {
+            Some(path) => {
+                let state = state.clone();
+                let reload = move || {
+                    let _ = state.reload_from_source();
+                };
+                Some(weir_server::reload::watch(path, reload).map_err(|e| anyhow!("{e}"))?)
+            }
+            None => None,
+        },
         Reload::Watch(false) => None,
         Reload::Poll(every) => {
             let state = state.clone();

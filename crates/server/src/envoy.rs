@@ -292,8 +292,7 @@ fn unit_length(unit: i32) -> Option<(Nanos, &'static str)> {
     }
 }
 
-/// Why a concurrency policy cannot serve Envoy.
-pub const NO_RELEASE: &str = "a concurrency policy cannot serve Envoy: Envoy's rate limit protocol has no release, so every lease would be held until it expires";
+pub use crate::config::NO_RELEASE;
 
 /// `base`'s algorithm with its quota replaced by `count` per `period`: a
 /// bucket's capacity and rate, a window's limit per window of `period`, a

@@ -23,6 +23,7 @@ pub mod envoy;
 mod envoy_json;
 mod gateway;
 mod grpc;
+mod lease_book;
 mod leases;
 pub use grpc::run_grpc;
 mod live;

@@ -16,7 +16,19 @@ use crossbeam_utils::CachePadded;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::table::Outcome;
+/// How a policy's part in a decision ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Allowed,
+    Rejected,
+    /// Would have allowed, but another policy of the same request refused.
+    Uncharged,
+    Error,
+    /// A shadow policy would have refused (and admitted instead).
+    ShadowLimited,
+    /// An unlimited override admitted it without counting.
+    Unlimited,
+}
 
 /// Counters per slice of the sketch.
 pub(crate) const CAPACITY: usize = 64;

@@ -14,7 +14,6 @@ use notify_debouncer_mini::notify::{RecursiveMode, Watcher};
 use notify_debouncer_mini::{DebounceEventResult, Debouncer, new_debouncer};
 
 use crate::config::{self, Config};
-use crate::state::AppState;
 
 /// Where a configuration comes from.
 #[derive(Debug, Clone, Default)]
@@ -110,7 +109,7 @@ pub(crate) fn record(result: &Result<Reloaded, String>, hash: Option<(u64, u64)>
 
 /// What a reload changed, for its log line: policies added, removed or
 /// changed, and the number of routes, descriptor rules and overrides.
-fn changes(old: &Config, new: &Config) -> String {
+pub(crate) fn changes(old: &Config, new: &Config) -> String {
     let policy = |c: &'_ Config, name: &str| c.policies.iter().find(|p| p.name == name).cloned();
     let names = |c: &Config, pick: &dyn Fn(&str) -> bool| -> Vec<String> {
         c.policies
@@ -150,79 +149,16 @@ fn changes(old: &Config, new: &Config) -> String {
     }
 }
 
-impl AppState {
-    /// Reads the source again and serves it if it is valid and changed.
-    /// Logged once per distinct outcome: a file that stays broken (or
-    /// missing) while the watcher fires is one error line, and the next
-    /// success — or the file restored as it was — is one line more.
-    pub fn reload_from_source(&self) -> Result<Reloaded, String> {
-        let loaded = self.source.load();
-        let mut changed = String::new();
-        let outcome = loaded.and_then(|(config, hash)| {
-            let old = self.current().hash;
-            if hash == old {
-                return Ok((Reloaded::Unchanged, None));
-            }
-            let listen = self.current().config.server.listen;
-            if config.server.listen != listen {
-                tracing::warn!(old = %listen, new = %config.server.listen, "a new listen address needs a restart");
-            }
-            changed = changes(&self.current().config, &config);
-            self.reload(config, hash).map_err(|e| e.to_string())?;
-            Ok((Reloaded::Applied, Some((old, hash))))
-        });
-        let result = outcome
-            .as_ref()
-            .map(|(r, _)| r.clone())
-            .map_err(Clone::clone);
-        record(&result, outcome.ok().and_then(|(_, h)| h));
-        let said = match &result {
-            Ok(Reloaded::Applied) => format!("applied: {changed}"),
-            Ok(Reloaded::Unchanged) => UNCHANGED.to_owned(),
-            Err(e) => e.clone(),
-        };
-        let mut last = self
-            .last_reload
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if *last == said && !matches!(result, Ok(Reloaded::Applied)) {
-            return result;
-        }
-        let file = match (&self.source.generated, &self.source.path) {
-            (Some(_), _) => "the generated configuration".into(),
-            (None, Some(p)) => p.display().to_string(),
-            (None, None) => "the example config".into(),
-        };
-        match &result {
-            Ok(Reloaded::Applied) => {
-                tracing::info!(%file, changes = %changed, "configuration reloaded")
-            }
-            Ok(Reloaded::Unchanged) => {
-                tracing::info!(%file, "configuration unchanged: the one served")
-            }
-            Err(e) => {
-                tracing::error!(errors = %e, "reload rejected; the old configuration keeps serving")
-            }
-        }
-        // Once applied, the file is the one served: the watcher's next
-        // event that finds it so is not news.
-        *last = match &result {
-            Ok(Reloaded::Applied) => UNCHANGED.to_owned(),
-            _ => said,
-        };
-        result
-    }
-}
-
-/// Watches the configuration file and reloads within [`DEBOUNCE`] of a
-/// change. Two directories are watched: the one the path names (an
-/// editor's rename, a Kubernetes ConfigMap's swapped `..data` symlink) and
-/// the one the file resolves to (an edit in place behind a symlink),
-/// followed as the symlink moves. The task runs as long as the process.
-pub fn watch(state: Arc<AppState>) -> Result<Option<tokio::task::JoinHandle<()>>, String> {
-    let Some(path) = state.source.path.clone() else {
-        return Ok(None);
-    };
+/// Watches the configuration file `path` and calls `reload` within
+/// [`DEBOUNCE`] of a change (on a blocking thread: it reads the file). Two
+/// directories are watched: the one the path names (an editor's rename, a
+/// Kubernetes ConfigMap's swapped `..data` symlink) and the one the file
+/// resolves to (an edit in place behind a symlink), followed as the symlink
+/// moves. The task runs as long as the process.
+pub fn watch(
+    path: PathBuf,
+    reload: impl Fn() + Clone + Send + Sync + 'static,
+) -> Result<tokio::task::JoinHandle<()>, String> {
     let (tx, mut changed) = tokio::sync::mpsc::unbounded_channel();
     let mut debouncer = new_debouncer(DEBOUNCE, move |events: DebounceEventResult| {
         if events.is_ok() {
@@ -233,15 +169,14 @@ pub fn watch(state: Arc<AppState>) -> Result<Option<tokio::task::JoinHandle<()>>
     let mut watched = BTreeSet::new();
     follow(&mut debouncer, &mut watched, &path)?;
     tracing::info!(file = %path.display(), "watching the configuration file");
-    Ok(Some(tokio::spawn(async move {
+    Ok(tokio::spawn(async move {
         while changed.recv().await.is_some() {
-            let reloading = state.clone();
-            let _ = tokio::task::spawn_blocking(move || reloading.reload_from_source()).await;
+            let _ = tokio::task::spawn_blocking(reload.clone()).await;
             if let Err(e) = follow(&mut debouncer, &mut watched, &path) {
                 tracing::warn!(error = %e, "the configuration file is no longer watched fully");
             }
         }
-    })))
+    }))
 }
 
 /// Watches the directories of `path` and of the file it resolves to.

@@ -16,7 +16,7 @@ use weir_limiter::Limiter;
 use crate::backend::{Backend, Check, NewKeys};
 use crate::config::{Config, StoreUrl};
 use crate::metrics::Meters;
-use crate::reload::Source;
+use crate::reload::{Reloaded, Source, UNCHANGED, changes, record};
 use crate::table::PolicyTable;
 
 /// One configuration, ready to serve.
@@ -231,6 +231,11 @@ impl AppState {
         entry.0 += 1;
     }
 
+    /// The configuration file reloads read, if it is one.
+    pub fn config_file(&self) -> Option<&std::path::Path> {
+        self.source.path.as_deref()
+    }
+
     /// The metrics, in the Prometheus text format.
     pub fn render_metrics(&self) -> String {
         crate::metrics::process().collect();
@@ -307,6 +312,70 @@ impl AppState {
         next.hash = hash;
         self.current.store(Arc::new(next));
         Ok(())
+    }
+}
+
+impl AppState {
+    /// Reads the source again and serves it if it is valid and changed.
+    /// Logged once per distinct outcome: a file that stays broken (or
+    /// missing) while the watcher fires is one error line, and the next
+    /// success — or the file restored as it was — is one line more.
+    pub fn reload_from_source(&self) -> Result<Reloaded, String> {
+        let loaded = self.source.load();
+        let mut changed = String::new();
+        let outcome = loaded.and_then(|(config, hash)| {
+            let old = self.current().hash;
+            if hash == old {
+                return Ok((Reloaded::Unchanged, None));
+            }
+            let listen = self.current().config.server.listen;
+            if config.server.listen != listen {
+                tracing::warn!(old = %listen, new = %config.server.listen, "a new listen address needs a restart");
+            }
+            changed = changes(&self.current().config, &config);
+            self.reload(config, hash).map_err(|e| e.to_string())?;
+            Ok((Reloaded::Applied, Some((old, hash))))
+        });
+        let result = outcome
+            .as_ref()
+            .map(|(r, _)| r.clone())
+            .map_err(Clone::clone);
+        record(&result, outcome.ok().and_then(|(_, h)| h));
+        let said = match &result {
+            Ok(Reloaded::Applied) => format!("applied: {changed}"),
+            Ok(Reloaded::Unchanged) => UNCHANGED.to_owned(),
+            Err(e) => e.clone(),
+        };
+        let mut last = self
+            .last_reload
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *last == said && !matches!(result, Ok(Reloaded::Applied)) {
+            return result;
+        }
+        let file = match (&self.source.generated, &self.source.path) {
+            (Some(_), _) => "the generated configuration".into(),
+            (None, Some(p)) => p.display().to_string(),
+            (None, None) => "the example config".into(),
+        };
+        match &result {
+            Ok(Reloaded::Applied) => {
+                tracing::info!(%file, changes = %changed, "configuration reloaded")
+            }
+            Ok(Reloaded::Unchanged) => {
+                tracing::info!(%file, "configuration unchanged: the one served")
+            }
+            Err(e) => {
+                tracing::error!(errors = %e, "reload rejected; the old configuration keeps serving")
+            }
+        }
+        // Once applied, the file is the one served: the watcher's next
+        // event that finds it so is not news.
+        *last = match &result {
+            Ok(Reloaded::Applied) => UNCHANGED.to_owned(),
+            _ => said,
+        };
+        result
     }
 }
 

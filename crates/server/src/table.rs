@@ -15,19 +15,7 @@ use crate::config::{
     OnStateLoss, OnStoreError, Override, PolicyConfig, PolicyId, Quota, StoreConfig, StoreUrl,
 };
 
-/// How a policy's part in a decision ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    Allowed,
-    Rejected,
-    /// Would have allowed, but another policy of the same request refused.
-    Uncharged,
-    Error,
-    /// A shadow policy would have refused (and admitted instead).
-    ShadowLimited,
-    /// An unlimited override admitted it without counting.
-    Unlimited,
-}
+pub(crate) use crate::live::Outcome;
 
 /// What a policy answers with: its `RateLimit-Policy` item and limit.
 #[derive(Debug, Clone)]
@@ -86,7 +74,7 @@ pub struct Entry {
     queue: Option<Gauge>,
     /// A concurrency limit's leases granted here, for its metrics (kept
     /// across reloads that leave the policy as it was, as its keys are).
-    leases: Option<std::sync::Arc<crate::leases::Book>>,
+    leases: Option<std::sync::Arc<crate::lease_book::Book>>,
 }
 
 impl Entry {
@@ -130,7 +118,7 @@ impl Entry {
             fallbacks: metrics::counter!(crate::metrics::FALLBACK_DECISIONS, "policy" => name.clone()),
             reported: metrics::counter!(crate::metrics::REPORTED_COST, "policy" => name.clone()),
             queue,
-            leases: crate::leases::Book::of(&name, &config.policy).map(std::sync::Arc::new),
+            leases: crate::lease_book::Book::of(&name, &config.policy).map(std::sync::Arc::new),
             live: crate::live::Live::default(),
             policy: config.policy,
             local,

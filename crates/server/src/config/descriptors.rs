@@ -248,6 +248,9 @@ pub(super) fn parse(
     (rules, Arc::new(tree))
 }
 
+/// Why a concurrency policy cannot serve Envoy.
+pub const NO_RELEASE: &str = "a concurrency policy cannot serve Envoy: Envoy's rate limit protocol has no release, so every lease would be held until it expires";
+
 /// The policy a rule names, or why it cannot decide descriptors.
 fn policy_of(
     policy: &Spanned<String>,
@@ -259,7 +262,7 @@ fn policy_of(
     if leased(name) {
         return Err(format!(
             "`{name}` is a concurrency policy: {}; use it in a gateway route, the decision API or the tower layer",
-            crate::envoy::NO_RELEASE
+            NO_RELEASE
         ));
     }
     resolve(name).ok_or_else(|| format!("no policy `{name}` (defined: {})", known()))

@@ -18,7 +18,7 @@ use std::ops::Range;
 
 use serde::Deserialize;
 
-pub use descriptors::{DescriptorRule, DescriptorTree};
+pub use descriptors::{DescriptorRule, DescriptorTree, NO_RELEASE};
 pub use jwt::{Jwt, Refused as TokenRefused};
 pub use overrides::{Override, Quota};
 pub use policies::{OnStateLoss, OnStoreError, PolicyConfig, PolicyId};
