@@ -2,6 +2,7 @@
 //! errors into a message and an exit status (2 for bad input).
 
 mod bench;
+mod config;
 mod envoy_ratelimit;
 mod healthcheck;
 mod limitador;
@@ -47,7 +48,7 @@ enum Command {
     Serve(serve::Args),
     /// Print an example config, or check one.
     #[command(subcommand)]
-    Config(serve::ConfigCommand),
+    Config(config::ConfigCommand),
     /// Serve as envoyproxy/ratelimit does, configured by its environment
     /// variables and its config files (RUNTIME_ROOT): a drop-in for its
     /// image.
@@ -78,7 +79,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => simulate::run(*args),
         Command::Bench(args) => bench::run(&args),
         Command::Serve(args) => serve::run(&args),
-        Command::Config(command) => serve::config(&command),
+        Command::Config(command) => config::config(&command),
         Command::EnvoyRatelimit(args) => envoy_ratelimit::run(&args),
         Command::Healthcheck(args) => match healthcheck::run(&args) {
             Ok(true) => Ok(()),

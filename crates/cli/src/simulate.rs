@@ -109,7 +109,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(path) = &args.policy_file {
         policies.extend(
-            crate::serve::load(Some(path))?
+            crate::config::load(Some(path))?
                 .policies
                 .into_iter()
                 .map(|p| (p.name, p.policy)),

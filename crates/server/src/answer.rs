@@ -360,6 +360,17 @@ impl<'a> DecisionBody<'a> {
     }
 }
 
+/// A request's extension: it came over TLS (the gateway then says
+/// `X-Forwarded-Proto: https`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Secure;
+
+/// A request body's next piece did not come in time (the listener's
+/// `body_deadline`).
+#[derive(Debug, thiserror::Error)]
+#[error("no request body data for {0:?}")]
+pub(crate) struct BodyTimedOut(pub(crate) std::time::Duration);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -867,7 +867,7 @@ async fn send(
         tracing::warn!(route = %route.text, "cannot build the upstream URI");
         return ApiError::Upstream(route.text.clone()).into_response();
     };
-    let secure = parts.extensions.get::<crate::serve::Secure>().is_some();
+    let secure = parts.extensions.get::<crate::answer::Secure>().is_some();
     // HTTP/2 names the host in the URI (`:authority`), not in a header.
     if !parts.headers.contains_key(header::HOST)
         && let Some(host) = parts
@@ -1109,7 +1109,7 @@ fn client_fault(error: &(dyn std::error::Error + 'static)) -> Option<ClientFault
         if e.is::<http_body_util::LengthLimitError>() {
             return Some(ClientFault::TooLarge);
         }
-        if e.is::<crate::serve::BodyTimedOut>() {
+        if e.is::<crate::answer::BodyTimedOut>() {
             return Some(ClientFault::Body);
         }
         if let Some(hyper) = e.downcast_ref::<hyper::Error>() {

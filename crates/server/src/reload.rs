@@ -45,6 +45,16 @@ impl std::fmt::Debug for Generator {
 }
 
 impl Source {
+    /// The file at `path` (the built-in example without one), with the
+    /// secrets of this process's environment.
+    pub fn file(path: Option<PathBuf>) -> Self {
+        Self {
+            path,
+            env: config::Env::from_process(),
+            ..Self::default()
+        }
+    }
+
     /// Reads and validates the configuration; every error names the file,
     /// line, table and key.
     pub fn load(&self) -> Result<(Config, u64), String> {

@@ -352,9 +352,7 @@ struct Conn {
     secure: bool,
 }
 
-/// A request's extension: it came over TLS.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Secure;
+pub(crate) use crate::answer::{BodyTimedOut, Secure};
 
 /// Decrements the in-flight count when the response (head) is ready or the
 /// request is dropped (then counted as cancelled by the client).
@@ -825,11 +823,6 @@ impl<B> TimeoutBody<B> {
         }
     }
 }
-
-/// The body's next piece did not come in time.
-#[derive(Debug, thiserror::Error)]
-#[error("no request body data for {0:?}")]
-pub struct BodyTimedOut(pub Duration);
 
 impl<B> hyper::body::Body for TimeoutBody<B>
 where
