@@ -1,7 +1,9 @@
 //! The one flat answer every algorithm gives.
 
 use crate::Nanos;
-use crate::algo::LeaseId;
+
+/// A lease's identity: chosen by the store, unique per key.
+pub type LeaseId = u64;
 
 /// What a check decided, with every duration measured from the time the
 /// check was evaluated at (`max(now, last_seen)`), in nanoseconds.

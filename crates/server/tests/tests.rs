@@ -11,6 +11,7 @@ mod hardening;
 mod http2;
 mod leases;
 mod rollout;
+mod structure;
 mod tls;
 mod usage;
 

@@ -22,8 +22,7 @@ pub struct Concurrency {
     lease: Nanos,
 }
 
-/// A lease's identity: chosen by the store, unique per key.
-pub type LeaseId = u64;
+pub use crate::decision::LeaseId;
 
 /// The identity a store gives a new lease: random, so that an identity from
 /// another key, another policy or an earlier life of this key (deleted once
