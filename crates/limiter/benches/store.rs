@@ -3,6 +3,8 @@
 //! the kernel keeps time by the TSC), 1 key and 100,000 keys, 1 and 2 threads.
 //! Throughput is reported as elements (decisions) per second.
 //!
+//! Also a reload of 1,000,000 keys, kept or carried over.
+//!
 //! `cargo bench -p weir-limiter --bench store`
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -66,5 +68,34 @@ fn keyed(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, keyed);
+/// A reload of a limiter holding 1,000,000 keys: the same policy (its
+/// store shared), and its capacity changed (every key's state carried over
+/// into a new store, `Policy::carry`).
+fn reload(c: &mut Criterion) {
+    let before = Policy::parse("token-bucket capacity=10 rate=100/s").unwrap();
+    let after = Policy::parse("token-bucket capacity=20 rate=100/s").unwrap();
+    let keys = 1_000_000;
+    let old = Limiter::builder()
+        .policy("api", before)
+        .max_keys(2 * keys)
+        .build()
+        .unwrap();
+    for i in 0..keys {
+        assert!(old.check(&format!("user-{i}"), 1).unwrap().allowed);
+    }
+    assert_eq!(old.len(), keys);
+    let mut group = c.benchmark_group("reload/1000000-keys");
+    group.sample_size(10).measurement_time(Duration::from_secs(10));
+    for (name, policy) in [("unchanged", before), ("carried", after)] {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let new = Limiter::builder().policy("api", policy).max_keys(2 * keys);
+                black_box(new.keep_state_of(&old).build().unwrap().len())
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, keyed, reload);
 criterion_main!(benches);
