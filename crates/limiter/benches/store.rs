@@ -85,7 +85,9 @@ fn reload(c: &mut Criterion) {
     }
     assert_eq!(old.len(), keys);
     let mut group = c.benchmark_group("reload/1000000-keys");
-    group.sample_size(10).measurement_time(Duration::from_secs(10));
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(10));
     for (name, policy) in [("unchanged", before), ("carried", after)] {
         group.bench_function(name, |b| {
             b.iter(|| {
