@@ -38,7 +38,7 @@ pub struct Metric {
 
 macro_rules! catalog {
     ($($id:ident = $name:literal, $kind:ident [$($label:literal),*], $help:literal;)*) => {
-        $(#[doc = $help] pub const $id: &str = $name;)*
+        $(#[doc = concat!("`", $name, "` (its help: [`CATALOG`]).")] pub const $id: &str = $name;)*
         /// Every metric weir exports (`docs/METRICS.md` is this list).
         pub const CATALOG: &[Metric] = &[
             $(Metric { name: $name, kind: Kind::$kind, labels: &[$($label),*], help: $help },)*
