@@ -733,7 +733,7 @@ impl RedisStore {
         let mode = Mode::Charge {
             max_delay: Nanos::MAX,
         };
-        only(self.decide(&[check], at, mode).await?)
+        sole_decision(self.decide(&[check], at, mode).await?)
     }
 
     /// Releases (or with `renew`, renews) the lease `lease` of `identity`
@@ -765,7 +765,7 @@ impl RedisStore {
         let mode = Mode::Charge {
             max_delay: Nanos::MAX,
         };
-        only(self.decide(&[check], at, mode).await?)
+        sole_decision(self.decide(&[check], at, mode).await?)
     }
 
     /// One policy, one identity.
@@ -777,7 +777,7 @@ impl RedisStore {
         cost: u64,
         at: Option<Nanos>,
     ) -> Result<Decision, StoreError> {
-        only(
+        sole_decision(
             self.check_all(&[(name, policy, identity)], cost, at)
                 .await?,
         )
@@ -889,7 +889,7 @@ fn parse(reply: &[i64], count: usize) -> Result<Checked, StoreError> {
 }
 
 /// The one decision of a request of one check.
-fn only(checked: Checked) -> Result<Decision, StoreError> {
+fn sole_decision(checked: Checked) -> Result<Decision, StoreError> {
     checked
         .all
         .decisions

@@ -15,7 +15,7 @@ use weir_tower::{Part, append_fields};
 
 use crate::answer::{ApiError, DecisionBody, ms, read_body, read_lease};
 use crate::backend::{Check, Few, scoped_key};
-use crate::config::{Identity, OnStoreError, PolicyId};
+use crate::config::{Identity, OnStoreError, TableId};
 use crate::state::{AppState, Shared};
 use weir_core::algo::LeaseId;
 use weir_redis::LeaseOp;
@@ -134,7 +134,7 @@ fn read(bytes: &[u8]) -> Result<Read, ApiError> {
 /// A decision request's body: what was asked, resolved to policy ids and
 /// stored keys.
 struct Asked {
-    ids: Vec<PolicyId>,
+    ids: Vec<TableId>,
     keys: Vec<String>,
     cost: u64,
     multi: bool,
@@ -180,7 +180,7 @@ impl Asked {
     }
 }
 
-async fn asked(shared: &Shared, body: Body) -> Result<Asked, ApiError> {
+async fn read_request(shared: &Shared, body: Body) -> Result<Asked, ApiError> {
     let deadline = shared.config.server.limits.body_deadline;
     let bytes = read_body(body, MAX_BODY, deadline).await?;
     let Read { named, cost, multi } = read(&bytes)?;
@@ -212,7 +212,7 @@ pub(crate) async fn report(
     body: Body,
 ) -> Result<Response, ApiError> {
     let shared = state.current();
-    let asked = asked(&shared, body).await?;
+    let asked = read_request(&shared, body).await?;
     let checks = asked.checks();
     // A report stores a key as a check does: the same guard.
     let new_keys = shared
@@ -240,7 +240,7 @@ pub(crate) async fn check(
     body: Body,
 ) -> Result<Response, ApiError> {
     let shared = state.current();
-    let asked = asked(&shared, body).await?;
+    let asked = read_request(&shared, body).await?;
     let checks = asked.checks();
     let new_keys = shared
         .may_create(&checks, peer)
@@ -528,7 +528,7 @@ pub(crate) fn authorize(
     peer: Option<IpAddr>,
     headers: &HeaderMap,
     policy: &str,
-) -> Result<(Arc<Shared>, PolicyId), ApiError> {
+) -> Result<(Arc<Shared>, TableId), ApiError> {
     let shared = authenticate(state, peer, headers)?;
     let id = shared
         .table
@@ -602,10 +602,10 @@ const SCOPES: [&str; 8] = [
 /// with a scope (`api:acme`, as the dashboard lists them) is the stored key.
 fn addressed(
     shared: &Shared,
-    id: PolicyId,
+    id: TableId,
     key: &str,
     source: Option<&str>,
-) -> Result<(PolicyId, String), ApiError> {
+) -> Result<(TableId, String), ApiError> {
     let stored = match source {
         Some(API_SCOPE) => scoped_key(API_SCOPE, key)?,
         // A gateway source, scoped as a route scopes it.

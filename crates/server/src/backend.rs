@@ -14,7 +14,7 @@ use weir_redis::LeaseOp;
 use weir_redis::{Mode, StoreError};
 
 use crate::breaker::Remote;
-use crate::config::{Config, OnStoreError, PolicyId, StoreUrl};
+use crate::config::{Config, OnStoreError, StoreUrl, TableId};
 use crate::metrics::Meters;
 use crate::table::{Outcome, PolicyTable};
 use crate::telemetry::Traced;
@@ -33,7 +33,7 @@ pub const MAX_KEY: usize = 3 * MAX_IDENTITY + 256;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Check<'a> {
     /// The policy.
-    pub policy: PolicyId,
+    pub policy: TableId,
     /// The stored key (scope and identity).
     pub key: &'a str,
     /// The charge; 0 reports the key's standing.
@@ -198,7 +198,7 @@ impl Verdict {
 
     /// The `RateLimit` parts of the enforced policies among `ids` (the
     /// request's, in order): shadow policies are not shown to clients.
-    pub(crate) fn visible<'t>(&self, table: &'t PolicyTable, ids: &[PolicyId]) -> Few<Part<'t>> {
+    pub(crate) fn visible<'t>(&self, table: &'t PolicyTable, ids: &[TableId]) -> Few<Part<'t>> {
         ids.iter()
             .zip(self.decisions())
             .enumerate()
@@ -402,7 +402,7 @@ impl Backend {
             false => Cow::Borrowed(checks),
         };
         let traced = Traced::start("weir.decide");
-        if traced.on() {
+        if traced.is_recording() {
             let names: Vec<&str> = checks
                 .iter()
                 .map(|c| table.get(c.policy).name.as_str())
@@ -447,7 +447,7 @@ impl Backend {
             other => other,
         };
         meters.observe(started);
-        if traced.on() {
+        if traced.is_recording() {
             match &decided {
                 Ok(verdict) => {
                     traced.set("weir.allowed", verdict.all.allowed);
@@ -544,7 +544,7 @@ impl Backend {
     pub(crate) async fn peek(
         &self,
         table: &PolicyTable,
-        policy: PolicyId,
+        policy: TableId,
         key: &str,
     ) -> Result<(Decision, bool), Undecided> {
         let check = Check {
@@ -620,7 +620,7 @@ impl Backend {
     pub(crate) async fn reset(
         &self,
         table: &PolicyTable,
-        policy: PolicyId,
+        policy: TableId,
         key: &str,
     ) -> Result<bool, Undecided> {
         let local = self.local();

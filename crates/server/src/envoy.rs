@@ -33,7 +33,7 @@ use weir_core::{Decision, MAX_IDENTITY, NANOS_PER_SEC, Nanos, Policy, Rate};
 use weir_tower::{Limited, Part, fields_in};
 
 use crate::backend::{Check, Few, NewKeys, Undecided};
-use crate::config::{Config, DescriptorRule, PolicyId};
+use crate::config::{Config, DescriptorRule, TableId};
 use crate::state::{AppState, Shared};
 use weir_envoy_ratelimit::Found;
 
@@ -57,10 +57,10 @@ pub type Translated = Vec<Option<(Target, String, u64)>>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
     /// The matched rule's policy.
-    Rule(PolicyId),
+    Rule(TableId),
     /// The matched rule's policy, the descriptor being usage reported after
     /// the fact (`report = true`).
-    Report(PolicyId),
+    Report(TableId),
     /// A `refuse = true` rule: over the limit, whatever is counted; its
     /// current limit is 0 per this unit.
     Refuse(weir_envoy_ratelimit::Unit),
@@ -72,7 +72,7 @@ pub enum Target {
     /// fixed window of `requests_per_unit` per `unit`.
     Limit {
         /// The rule that matched, if one did.
-        rule: Option<PolicyId>,
+        rule: Option<TableId>,
         /// Requests per unit.
         requests_per_unit: u32,
         /// `envoy.type.v3.RateLimitUnit`.
@@ -313,7 +313,7 @@ pub fn with_limit(base: Option<Policy>, count: u64, period: Nanos) -> Result<Pol
 
 /// The table entry that decides `target`: a rule's policy, or the entry of
 /// a descriptor's own limit (its state keyed by that limit too).
-fn resolve(shared: &Shared, target: Target) -> Result<PolicyId, Status> {
+fn resolve(shared: &Shared, target: Target) -> Result<TableId, Status> {
     let (rule, requests_per_unit, unit) = match target {
         Target::Rule(id) | Target::Report(id) => return Ok(id),
         // Answered before any policy is resolved (see `refused`).
@@ -411,11 +411,11 @@ fn status(refusal: Undecided) -> Status {
 /// Descriptors that name the same (policy, key) — two rate limit actions
 /// producing the same entries — are one check of their summed cost, and
 /// report the same status: the checks, and each descriptor's check.
-fn merged<'a>(
-    translated: &[Option<(PolicyId, &'a str, u64)>],
+fn merge_same_checks<'a>(
+    translated: &[Option<(TableId, &'a str, u64)>],
 ) -> (Vec<Check<'a>>, Vec<Option<usize>>) {
     let mut checks: Vec<Check<'a>> = Vec::with_capacity(translated.len());
-    let mut index: HashMap<(PolicyId, &str), usize> = HashMap::with_capacity(translated.len());
+    let mut index: HashMap<(TableId, &str), usize> = HashMap::with_capacity(translated.len());
     let slot = translated
         .iter()
         .map(|t| {
@@ -453,7 +453,7 @@ fn descriptor_status(code: Code, name: &str, policy: &Policy, d: &Decision) -> D
 /// over its limit, with a body that says why.
 fn store_unavailable(
     mut response: RateLimitResponse,
-    translated: &[Option<(PolicyId, &str, u64)>],
+    translated: &[Option<(TableId, &str, u64)>],
 ) -> RateLimitResponse {
     response.overall_code = Code::OverLimit.into();
     for (status, t) in response.statuses.iter_mut().zip(translated) {
@@ -498,7 +498,7 @@ pub(crate) async fn answer(
             ..DescriptorStatus::default()
         })
         .collect();
-    let mut translated: Vec<Option<(PolicyId, &str, u64)>> = translated
+    let mut translated: Vec<Option<(TableId, &str, u64)>> = translated
         .iter()
         .map(|t| {
             t.as_ref()
@@ -513,7 +513,7 @@ pub(crate) async fn answer(
         ..RateLimitResponse::default()
     };
     report(shared, &mut translated, &reporting, &mut response).await?;
-    let (checks, slot) = merged(&translated);
+    let (checks, slot) = merge_same_checks(&translated);
     if checks.is_empty() {
         return Ok(response);
     }
@@ -578,7 +578,7 @@ fn refused(translated: &Translated) -> RateLimitResponse {
 /// from the checks of the same request (taken out of `translated`).
 async fn report(
     shared: &Shared,
-    translated: &mut [Option<(PolicyId, &str, u64)>],
+    translated: &mut [Option<(TableId, &str, u64)>],
     reporting: &[bool],
     response: &mut RateLimitResponse,
 ) -> Result<(), Status> {
@@ -617,7 +617,7 @@ fn answered(
     names: &[Option<&str>],
     verdict: &crate::backend::Verdict,
 ) -> RateLimitResponse {
-    let ids: Vec<PolicyId> = checks.iter().map(|c| c.policy).collect();
+    let ids: Vec<TableId> = checks.iter().map(|c| c.policy).collect();
     let decided: Vec<Part<'_>> = ids
         .iter()
         .zip(verdict.decisions())
@@ -808,7 +808,7 @@ mod tests {
             t[0].as_ref().unwrap().1,
             "envoy:d:seller=7:endpoint=stock-read"
         );
-        assert_eq!(t[0].as_ref().unwrap().0, Target::Rule(PolicyId(0)));
+        assert_eq!(t[0].as_ref().unwrap().0, Target::Rule(TableId(0)));
         assert!(t[1].is_none() && t[2].is_none());
         assert_ne!(t[3].as_ref().unwrap().1, t[4].as_ref().unwrap().1);
         let unknown = RateLimitRequest {
@@ -912,7 +912,7 @@ mod tests {
                 Ok(t) => {
                     prop_assert_eq!(t.len(), request.descriptors.len());
                     for (policy, key, _) in t.iter().flatten() {
-                        prop_assert_eq!(*policy, Target::Rule(PolicyId(0)));
+                        prop_assert_eq!(*policy, Target::Rule(TableId(0)));
                         prop_assert!(key.len() <= crate::backend::MAX_KEY);
                     }
                 }

@@ -21,7 +21,7 @@ use weir_tower::{Limited, Part, append_fields};
 use crate::RouteLabel;
 use crate::answer::ApiError;
 use crate::backend::{Check, Few, scoped_key};
-use crate::config::{Cost, Identity, OnStoreError, PolicyId, Route, Segment, Usage};
+use crate::config::{Cost, Identity, OnStoreError, Route, Segment, TableId, Usage};
 use crate::leases::{Held, Leased};
 use crate::metrics::Meters;
 use crate::state::{AppState, Shared};
@@ -440,7 +440,7 @@ pub(crate) async fn forward(
         }
     };
     let traced = Traced::start("weir.gateway");
-    if traced.on() {
+    if traced.is_recording() {
         traced.set("http.route", route.text.clone());
         traced.set("http.request.method", request.method().to_string());
     }
@@ -448,10 +448,12 @@ pub(crate) async fn forward(
     // built in the awaited expression and moved into a wrapper, takes its
     // room twice in the enclosing future (measured: 6.7 kB instead of 3.8).
     // Traced, it is boxed in a statement of its own.
-    let response = match traced.on() {
-        false => through(&shared, route, &params, &path, request, peer).await,
+    let response = match traced.is_recording() {
+        false => decide_and_forward(&shared, route, &params, &path, request, peer).await,
         true => {
-            let traced = traced.boxed(through(&shared, route, &params, &path, request, peer));
+            let traced = traced.boxed(decide_and_forward(
+                &shared, route, &params, &path, request, peer,
+            ));
             traced.await
         }
     };
@@ -466,7 +468,7 @@ pub(crate) async fn forward(
 }
 
 /// What the access log says of a request beyond its status, set by
-/// [`through`] when `[server] access_log` is on.
+/// [`decide_and_forward`] when `[server] access_log` is on.
 #[derive(Debug, Clone)]
 struct Logged {
     /// `admitted`, `delayed` or `limited`.
@@ -568,7 +570,7 @@ impl Access {
 struct Upstreamed;
 
 /// A matched request: identified, decided, then forwarded or refused.
-async fn through(
+async fn decide_and_forward(
     shared: &Arc<Shared>,
     route: &Route,
     params: &[(&str, &str)],
@@ -684,7 +686,7 @@ async fn through(
 /// A request ready to decide.
 struct Identified {
     /// The policies that decide it, its overrides resolved.
-    ids: Few<PolicyId>,
+    ids: Few<TableId>,
     /// Its stored key.
     key: String,
     /// What it is charged on admission.
@@ -719,7 +721,7 @@ fn identify(
     let client = peer.map(|p| client_ip(request.headers(), p.ip(), trusted));
     let (sent, key) = identity(route, request, params, client, shared.config.jwt.as_ref())?;
     // An overridden identity is decided by its override.
-    let ids: Few<PolicyId> = route
+    let ids: Few<TableId> = route
         .policies
         .iter()
         .map(|&policy| shared.table.resolve(policy, &sent))
@@ -888,21 +890,23 @@ async fn send(
     };
     let started = std::time::Instant::now();
     let traced = Traced::start("weir.upstream");
-    if traced.on() {
+    if traced.is_recording() {
         traced.set("server.address", authority.to_string());
     }
     let request = Request::from_parts(parts, body);
     // As in `forward`.
-    let answered = match (charge, &route.usage, traced.on()) {
+    let answered = match (charge, &route.usage, traced.is_recording()) {
         (Some(charge), Some(usage), _) => {
             let metered = metered(route, authority, request, charge, usage.clone());
             traced.boxed(metered).await
         }
-        (_, _, false) => timed(route, authority, request).await.map(plain),
-        (_, _, true) => traced
-            .boxed(timed(route, authority, request))
+        (_, _, false) => call_upstream(route, authority, request)
             .await
-            .map(plain),
+            .map(client_response),
+        (_, _, true) => traced
+            .boxed(call_upstream(route, authority, request))
+            .await
+            .map(client_response),
     };
     match &answered {
         Ok(Ok(response)) => {
@@ -1037,7 +1041,7 @@ fn upstream_headers(
 type Answered =
     Result<Result<http::Response<Body>, upstream::Failure>, tokio::time::error::Elapsed>;
 
-fn plain(
+fn client_response(
     answered: Result<http::Response<upstream::Answer>, upstream::Failure>,
 ) -> Result<http::Response<Body>, upstream::Failure> {
     answered.map(|response| response.map(Body::new))
@@ -1081,7 +1085,7 @@ async fn metered(
 
 /// The upstream call within the route's timeout (made outside the async
 /// fn that awaits it, so that the call's future is not held twice).
-fn timed<'a>(
+fn call_upstream<'a>(
     route: &'a Route,
     authority: &'a Authority,
     request: Request,

@@ -15,14 +15,14 @@ use weir_core::algo::LeaseId;
 use weir_redis::LeaseOp;
 
 use crate::backend::{Check, Few, Verdict};
-use crate::config::PolicyId;
+use crate::config::TableId;
 use crate::state::Shared;
 
 /// Leases taken by one admission, released when dropped.
 pub(crate) struct Held {
     shared: Arc<Shared>,
     key: String,
-    leases: Few<(PolicyId, LeaseId)>,
+    leases: Few<(TableId, LeaseId)>,
     /// Taken by the in-process fallback (the shared store was down).
     local: bool,
     renewing: tokio::task::JoinHandle<()>,
@@ -35,10 +35,10 @@ impl Held {
     pub(crate) fn take(
         shared: &Arc<Shared>,
         key: &str,
-        ids: &[PolicyId],
+        ids: &[TableId],
         verdict: &Verdict,
     ) -> Option<Self> {
-        let leases: Few<(PolicyId, LeaseId)> = ids
+        let leases: Few<(TableId, LeaseId)> = ids
             .iter()
             .zip(verdict.decisions())
             .filter_map(|(&id, d)| Some((id, d.lease?)))
@@ -78,7 +78,7 @@ impl Held {
 async fn renew(
     shared: Arc<Shared>,
     key: String,
-    leases: Few<(PolicyId, LeaseId)>,
+    leases: Few<(TableId, LeaseId)>,
     local: bool,
     every: Duration,
 ) {
@@ -86,7 +86,7 @@ async fn renew(
     loop {
         tick.tick().await;
         for &(policy, lease) in &leases {
-            let check = on(policy, &key);
+            let check = lease_check(policy, &key);
             let renewed = (shared.backend)
                 .on_lease(&shared.table, &check, LeaseOp::Renew(lease), local)
                 .await;
@@ -112,12 +112,12 @@ impl Drop for Held {
         // In process: released before the next request can be decided.
         if local || shared.backend.remote().is_none() {
             for &(policy, lease) in &leases {
-                let check = on(policy, &key);
+                let check = lease_check(policy, &key);
                 let released =
                     shared
                         .backend
                         .on_local_lease(&shared.table, &check, LeaseOp::Release(lease));
-                settled(&shared, policy, lease, released.ok());
+                count_release(&shared, policy, lease, released.ok());
             }
             return;
         }
@@ -126,18 +126,18 @@ impl Drop for Held {
         };
         runtime.spawn(async move {
             for (policy, lease) in leases {
-                let check = on(policy, &key);
+                let check = lease_check(policy, &key);
                 let released = (shared.backend)
                     .on_lease(&shared.table, &check, LeaseOp::Release(lease), false)
                     .await;
-                settled(&shared, policy, lease, released.ok());
+                count_release(&shared, policy, lease, released.ok());
             }
         });
     }
 }
 
 /// A release's or a renewal's check: the lease's policy and key.
-fn on(policy: PolicyId, key: &str) -> Check<'_> {
+fn lease_check(policy: TableId, key: &str) -> Check<'_> {
     Check {
         policy,
         key,
@@ -146,9 +146,9 @@ fn on(policy: PolicyId, key: &str) -> Check<'_> {
 }
 
 /// Counts a release the store answered (`None`: it did not).
-fn settled(
+fn count_release(
     shared: &Shared,
-    policy: PolicyId,
+    policy: TableId,
     lease: LeaseId,
     released: Option<weir_core::Decision>,
 ) {

@@ -1,5 +1,5 @@
 //! The policy table: every policy of a configuration resolved once — its
-//! [`PolicyId`], name, `Policy`, store rules, `RateLimit-Policy` field and
+//! [`TableId`], name, `Policy`, store rules, `RateLimit-Policy` field and
 //! metric handles. Routes and descriptor rules hold ids; the request path
 //! indexes this table and never scans or compares names.
 
@@ -12,7 +12,7 @@ use weir_core::{Decision, Policy};
 use weir_tower::{Part, quota, rate_limit_policy};
 
 use crate::config::{
-    OnStateLoss, OnStoreError, Override, PolicyConfig, PolicyId, Quota, StoreConfig, StoreUrl,
+    OnStateLoss, OnStoreError, Override, PolicyConfig, Quota, StoreConfig, StoreUrl, TableId,
 };
 
 pub(crate) use crate::live::Outcome;
@@ -217,14 +217,14 @@ impl Drop for Waiting {
 /// source, Envoy).
 const OVERRIDE_SCOPES: usize = 16;
 
-/// Every policy of a configuration, by [`PolicyId`]; then one entry per
+/// Every policy of a configuration, by [`TableId`]; then one entry per
 /// `[[overrides]]` table.
 #[derive(Debug)]
 pub struct PolicyTable {
     entries: Vec<Entry>,
-    by_name: HashMap<String, PolicyId>,
+    by_name: HashMap<String, TableId>,
     /// Per policy, the identities overridden and the entry they use instead.
-    overrides: HashMap<PolicyId, HashMap<String, PolicyId>>,
+    overrides: HashMap<TableId, HashMap<String, TableId>>,
     /// `[server] near_limit_ratio`, in parts per million.
     near_limit: Option<u64>,
     /// Entries added by requests that name their own limit.
@@ -246,8 +246,8 @@ pub const AD_HOC_RECENT: std::time::Duration = std::time::Duration::from_secs(60
 /// when a request last named it.
 #[derive(Debug)]
 struct AdHoc {
-    id: PolicyId,
-    base: Option<PolicyId>,
+    id: TableId,
+    base: Option<TableId>,
     used: std::time::Instant,
 }
 
@@ -257,7 +257,7 @@ pub(crate) struct Named {
     pub(crate) stored_as: String,
     pub(crate) name: String,
     pub(crate) policy: Policy,
-    pub(crate) base: Option<PolicyId>,
+    pub(crate) base: Option<TableId>,
 }
 
 impl PolicyTable {
@@ -270,9 +270,9 @@ impl PolicyTable {
         let by_name = entries
             .iter()
             .enumerate()
-            .map(|(i, e)| (e.name.clone(), PolicyId(i)))
+            .map(|(i, e)| (e.name.clone(), TableId(i)))
             .collect();
-        let mut table: HashMap<PolicyId, HashMap<String, PolicyId>> = HashMap::new();
+        let mut table: HashMap<TableId, HashMap<String, TableId>> = HashMap::new();
         for (n, o) in overrides.iter().enumerate() {
             let base = &policies[o.policy.0];
             let config = PolicyConfig {
@@ -287,7 +287,7 @@ impl PolicyTable {
             };
             let mut entry = Entry::new(&config, format!("{}@override-{}", base.name, n + 1), store);
             entry.unlimited = o.quota == Quota::Unlimited;
-            let id = PolicyId(entries.len());
+            let id = TableId(entries.len());
             entries.push(entry);
             let keys = table.entry(o.policy).or_default();
             keys.extend(o.keys.iter().map(|k| (k.clone(), id)));
@@ -321,7 +321,7 @@ impl PolicyTable {
     /// The entry that decides `identity` (as the client sent it) under
     /// `policy`: its override's, or the policy's own. One hash lookup,
     /// however many overrides.
-    pub fn resolve(&self, policy: PolicyId, identity: &str) -> PolicyId {
+    pub fn resolve(&self, policy: TableId, identity: &str) -> TableId {
         self.overrides
             .get(&policy)
             .and_then(|keys| keys.get(identity))
@@ -330,7 +330,7 @@ impl PolicyTable {
     }
 
     /// The policy `id` (ids come from the same configuration).
-    pub fn get(&self, id: PolicyId) -> &Entry {
+    pub fn get(&self, id: TableId) -> &Entry {
         match id.0.checked_sub(self.entries.len()) {
             None => &self.entries[id.0],
             // Ad-hoc ids are handed out only once their entry is set.
@@ -351,8 +351,8 @@ impl PolicyTable {
         stored_as: &str,
         name: &str,
         policy: Policy,
-        base: Option<PolicyId>,
-    ) -> Option<PolicyId> {
+        base: Option<TableId>,
+    ) -> Option<TableId> {
         let mut names = self
             .ad_hoc_names
             .lock()
@@ -374,7 +374,7 @@ impl PolicyTable {
             shadow: base.is_some_and(|b| b.shadow),
         };
         let _ = cell.set(Entry::new(&config, stored_as.to_owned(), &self.store));
-        let id = PolicyId(self.entries.len() + slot);
+        let id = TableId(self.entries.len() + slot);
         let used = std::time::Instant::now();
         names.insert(
             stored_as.to_owned(),
@@ -437,16 +437,16 @@ impl PolicyTable {
     }
 
     /// The policy a client named (the decision API, the admin endpoints).
-    pub fn find(&self, name: &str) -> Option<PolicyId> {
+    pub fn find(&self, name: &str) -> Option<TableId> {
         self.by_name.get(name).copied()
     }
 
     /// Every policy, with its id.
-    pub fn iter(&self) -> impl Iterator<Item = (PolicyId, &Entry)> {
+    pub fn iter(&self) -> impl Iterator<Item = (TableId, &Entry)> {
         self.entries
             .iter()
             .enumerate()
-            .map(|(i, e)| (PolicyId(i), e))
+            .map(|(i, e)| (TableId(i), e))
     }
 }
 

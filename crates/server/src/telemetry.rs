@@ -83,7 +83,7 @@ impl Traced {
     }
 
     /// Whether spans are recorded (to skip building attributes when not).
-    pub(crate) fn on(&self) -> bool {
+    pub(crate) fn is_recording(&self) -> bool {
         self.0.is_some()
     }
 

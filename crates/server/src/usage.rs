@@ -23,7 +23,7 @@ use http::header::CONTENT_TYPE;
 use hyper::body::{Body, Bytes, Frame, SizeHint};
 
 use crate::backend::{Check, NewKeys};
-use crate::config::{PolicyId, Usage};
+use crate::config::{TableId, Usage};
 use crate::state::Shared;
 use crate::upstream::Answer;
 
@@ -35,7 +35,7 @@ pub(crate) const MAX_SCAN: usize = 1 << 20;
 pub(crate) struct Charge {
     pub(crate) shared: Arc<Shared>,
     pub(crate) route: Arc<str>,
-    pub(crate) policies: Vec<PolicyId>,
+    pub(crate) policies: Vec<TableId>,
     pub(crate) key: String,
     /// What the admission check charged.
     pub(crate) admitted: u64,
@@ -71,7 +71,7 @@ impl Charge {
     async fn report(
         shared: &Shared,
         route: &str,
-        policies: &[PolicyId],
+        policies: &[TableId],
         key: &str,
         excess: u64,
         used: u64,

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use toml::Spanned;
 use weir_envoy_ratelimit::Tree;
 
-use super::{PolicyId, Report};
+use super::{Report, TableId};
 
 /// Maps an Envoy descriptor to a policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,7 +23,7 @@ pub struct DescriptorRule {
     pub entries: Vec<(String, Option<String>)>,
     /// The policy that decides it; `None` for `unlimited = true` (matched,
     /// never limited) and `refuse = true` (always over the limit).
-    pub policy: Option<PolicyId>,
+    pub policy: Option<TableId>,
     /// `refuse = true`: every descriptor it matches is over the limit
     /// (envoyproxy/ratelimit's `requests_per_unit: 0`).
     pub refuse: bool,
@@ -74,7 +74,7 @@ pub(super) struct Raw {
 
 pub(super) fn parse(
     raw: &[Raw],
-    resolve: &dyn Fn(&str) -> Option<PolicyId>,
+    resolve: &dyn Fn(&str) -> Option<TableId>,
     known: &dyn Fn() -> String,
     leased: &dyn Fn(&str) -> bool,
     report: &mut Report<'_>,
@@ -254,10 +254,10 @@ pub const NO_RELEASE: &str = "a concurrency policy cannot serve Envoy: Envoy's r
 /// The policy a rule names, or why it cannot decide descriptors.
 fn policy_of(
     policy: &Spanned<String>,
-    resolve: &dyn Fn(&str) -> Option<PolicyId>,
+    resolve: &dyn Fn(&str) -> Option<TableId>,
     known: &dyn Fn() -> String,
     leased: &dyn Fn(&str) -> bool,
-) -> Result<PolicyId, String> {
+) -> Result<TableId, String> {
     let name = policy.get_ref();
     if leased(name) {
         return Err(format!(

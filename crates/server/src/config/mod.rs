@@ -21,7 +21,7 @@ use serde::Deserialize;
 pub use descriptors::{DescriptorRule, DescriptorTree, NO_RELEASE};
 pub use jwt::{Jwt, Refused as TokenRefused};
 pub use overrides::{Override, Quota};
-pub use policies::{OnStateLoss, OnStoreError, PolicyConfig, PolicyId};
+pub use policies::{OnStateLoss, OnStoreError, PolicyConfig, TableId};
 pub use routes::{Cost, Identity, Route, Segment, Usage};
 pub use server::{ConnectionLimits, ServerConfig, Telemetry};
 pub use store::{StoreConfig, StoreUrl};
@@ -37,7 +37,7 @@ pub struct Config {
     pub server: ServerConfig,
     /// `[store]`: where state lives.
     pub store: StoreConfig,
-    /// `[policies.NAME]`, in name order; a [`PolicyId`] is an index here.
+    /// `[policies.NAME]`, in name order; a [`TableId`] is an index here.
     pub policies: Vec<PolicyConfig>,
     /// `[[routes]]`, in file order (the first match wins).
     pub routes: Vec<Route>,
@@ -54,11 +54,11 @@ pub struct Config {
 
 impl Config {
     /// The policy called `name`.
-    pub fn policy_id(&self, name: &str) -> Option<PolicyId> {
+    pub fn policy_id(&self, name: &str) -> Option<TableId> {
         self.policies
             .iter()
             .position(|p| p.name == name)
-            .map(PolicyId)
+            .map(TableId)
     }
 }
 
@@ -267,7 +267,7 @@ pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
         policies.iter_mut().for_each(|p| p.shadow = true);
     }
     let names = &raw.policies.0;
-    let resolve = |name: &str| names.keys().position(|n| n == name).map(PolicyId);
+    let resolve = |name: &str| names.keys().position(|n| n == name).map(TableId);
     let known = || {
         names
             .keys()

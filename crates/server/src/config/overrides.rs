@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use toml::{Spanned, Value};
 use weir_core::{MAX_IDENTITY, Policy};
 
-use super::{PolicyConfig, PolicyId, Report};
+use super::{PolicyConfig, Report, TableId};
 
 /// What an override gives its keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,7 +32,7 @@ pub enum Quota {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Override {
     /// The policy it overrides.
-    pub policy: PolicyId,
+    pub policy: TableId,
     /// The identities it applies to, as clients send them.
     pub keys: Vec<String>,
     /// What they get instead.
@@ -44,12 +44,12 @@ pub(super) type Raw = Vec<BTreeMap<String, Spanned<Value>>>;
 pub(super) fn parse(
     raw: &Raw,
     policies: &[PolicyConfig],
-    resolve: &dyn Fn(&str) -> Option<PolicyId>,
+    resolve: &dyn Fn(&str) -> Option<TableId>,
     known: &dyn Fn() -> String,
     report: &mut Report<'_>,
 ) -> Vec<Override> {
     let mut overrides = Vec::new();
-    let mut seen: BTreeMap<(PolicyId, String), usize> = BTreeMap::new();
+    let mut seen: BTreeMap<(TableId, String), usize> = BTreeMap::new();
     for (i, table) in raw.iter().enumerate() {
         let entry = Entry::new(table, i + 1);
         let Some(name) = table.get("policy").and_then(|v| v.get_ref().as_str()) else {

@@ -12,10 +12,12 @@ use weir_core::Policy;
 use super::Report;
 
 /// A policy's place in [`Config::policies`](super::Config::policies) and in
-/// the policy table built from it: routes and descriptor rules hold these,
-/// so nothing on the request path looks a policy up by name.
+/// the policy table built from it (whose entries also count overrides and
+/// Envoy's ad-hoc limits): routes and descriptor rules hold these, so
+/// nothing on the request path looks a policy up by name. Not the
+/// limiter's `PolicyId`, an index into the limiter's own policies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PolicyId(pub usize);
+pub struct TableId(pub usize);
 
 /// One `[policies.NAME]` table.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use http::{HeaderName, Method, Uri};
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{PolicyId, Report};
+use super::{Report, TableId};
 
 /// A gateway route.
 #[derive(Debug, Clone)]
@@ -31,7 +31,7 @@ pub struct Route {
     /// their scopes, tried in order while the ones before are absent.
     pub fallbacks: Vec<(Identity, String)>,
     /// Policies checked all-or-nothing.
-    pub policies: Vec<PolicyId>,
+    pub policies: Vec<TableId>,
     /// `scheme://authority` of the upstream: `http`, or `https` (TLS,
     /// the upstream's certificate verified).
     pub upstream: Uri,
@@ -246,7 +246,7 @@ type Place<'a> = &'a dyn Fn(&str) -> String;
 
 pub(super) fn parse(
     raw: &[Raw],
-    resolve: &dyn Fn(&str) -> Option<PolicyId>,
+    resolve: &dyn Fn(&str) -> Option<TableId>,
     known: &dyn Fn() -> String,
     report: &mut Report<'_>,
 ) -> Vec<Route> {
@@ -421,11 +421,11 @@ fn identities(
 /// `policies`: each named once, each defined.
 fn policies(
     raw: &Raw,
-    resolve: &dyn Fn(&str) -> Option<PolicyId>,
+    resolve: &dyn Fn(&str) -> Option<TableId>,
     known: &dyn Fn() -> String,
     place: Place<'_>,
     report: &mut Report<'_>,
-) -> Vec<PolicyId> {
+) -> Vec<TableId> {
     let at = raw.policies.span();
     if raw.policies.get_ref().is_empty() {
         report.error(&at, &place("policies"), "name at least one policy");

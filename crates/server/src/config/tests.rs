@@ -121,7 +121,7 @@ fn routes_parse() {
         ]
     );
     assert_eq!(route.identity, Identity::Path("seller".into()));
-    assert_eq!(route.policies, [PolicyId(0)]);
+    assert_eq!(route.policies, [TableId(0)]);
     assert_eq!(
         config.server.admin_token.as_deref(),
         Some("from-the-environment")
