@@ -254,7 +254,12 @@ pub(crate) trait Pack: Copy {
     fn unpack(self, word: Self::Int, now: Nanos) -> State;
     fn pack(self, state: &State) -> Self::Int;
     /// Decides a check of `cost` on `slot` (see [`commit!`]).
-    fn check<A: Atom<Packing = Self>>(self, slot: &Word<A>, now: Nanos, cost: u64) -> Decision;
+    fn check<A: AtomicInt<Packing = Self>>(
+        self,
+        slot: &PackedSlot<A>,
+        now: Nanos,
+        cost: u64,
+    ) -> Decision;
 }
 
 impl Pack for Packing {
@@ -277,7 +282,12 @@ impl Pack for Packing {
     }
 
     #[inline(always)]
-    fn check<A: Atom<Packing = Self>>(self, slot: &Word<A>, now: Nanos, cost: u64) -> Decision {
+    fn check<A: AtomicInt<Packing = Self>>(
+        self,
+        slot: &PackedSlot<A>,
+        now: Nanos,
+        cost: u64,
+    ) -> Decision {
         match self {
             Self::Level(Leveled::Bucket(b), n) => commit!(slot, now, |word, t| {
                 let (decision, next) = b.check(level_of(word, t, n), t, cost);
@@ -330,13 +340,13 @@ fn window_word(state: FixedWindowState, window: FixedWindow, bits: u32) -> u64 {
 /// is past the limit, and in the retry's division, `(limit − cost)·window`
 /// over it, it rounds to 0.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Wide {
+pub(crate) struct CounterPacking {
     counter: SlidingCounter,
     bits: u32,
     cap: u64,
 }
 
-impl Wide {
+impl CounterPacking {
     /// The packing of `policy`, if its states fit 128 bits for every time
     /// up to `u64::MAX` ns.
     fn of(policy: &Policy) -> Option<Self> {
@@ -374,7 +384,7 @@ impl Wide {
     }
 }
 
-impl Pack for Wide {
+impl Pack for CounterPacking {
     type Int = u128;
 
     fn unpack(self, word: u128, now: Nanos) -> State {
@@ -390,7 +400,12 @@ impl Pack for Wide {
     }
 
     #[inline(always)]
-    fn check<A: Atom<Packing = Self>>(self, slot: &Word<A>, now: Nanos, cost: u64) -> Decision {
+    fn check<A: AtomicInt<Packing = Self>>(
+        self,
+        slot: &PackedSlot<A>,
+        now: Nanos,
+        cost: u64,
+    ) -> Decision {
         commit!(slot, now, |word, t| {
             let (decision, next) = self.counter.check(self.state(word, t), t, cost);
             (decision, self.word(next))
@@ -405,7 +420,7 @@ pub(crate) struct Rules {
     /// How a key's state fits one word, on the word path.
     word: Option<Packing>,
     /// How a sliding counter's state fits 128 bits, on the wide path.
-    wide: Option<Wide>,
+    wide: Option<CounterPacking>,
     /// The hasher of keys, for shards and buckets alike.
     pick: Pick,
 }
@@ -426,8 +441,8 @@ pub(crate) trait Slot: Sized {
 }
 
 /// An atomic integer a state is packed in: 64 bits ([`Packing`]) or 128
-/// ([`Wide`]).
-pub(crate) trait Atom: Default {
+/// ([`CounterPacking`]).
+pub(crate) trait AtomicInt: Default {
     type Packing: Pack;
     fn packing(rules: &Rules) -> Option<Self::Packing>;
     fn get(&self) -> <Self::Packing as Pack>::Int;
@@ -440,7 +455,7 @@ pub(crate) trait Atom: Default {
     ) -> bool;
 }
 
-impl Atom for AtomicU64 {
+impl AtomicInt for AtomicU64 {
     type Packing = Packing;
 
     fn packing(rules: &Rules) -> Option<Packing> {
@@ -463,10 +478,10 @@ impl Atom for AtomicU64 {
     }
 }
 
-impl Atom for AtomicU128 {
-    type Packing = Wide;
+impl AtomicInt for AtomicU128 {
+    type Packing = CounterPacking;
 
-    fn packing(rules: &Rules) -> Option<Wide> {
+    fn packing(rules: &Rules) -> Option<CounterPacking> {
         rules.wide
     }
 
@@ -486,15 +501,15 @@ impl Atom for AtomicU128 {
     }
 }
 
-/// The packed state (as [`Packing`] or [`Wide`] says), and the latest time a
+/// The packed state (as [`Packing`] or [`CounterPacking`] says), and the latest time a
 /// check of the key read (a check's time is never earlier: docs/SPEC.md's clamp).
 #[derive(Debug, Default)]
-pub(crate) struct Word<A = AtomicU64> {
+pub(crate) struct PackedSlot<A = AtomicU64> {
     word: A,
     seen: AtomicU64,
 }
 
-impl<A: Atom> Word<A> {
+impl<A: AtomicInt> PackedSlot<A> {
     /// The state at `now` (at least the latest time seen), and that time.
     fn state(&self, rules: &Rules, now: Nanos) -> (State, Nanos) {
         let word = self.word.get();
@@ -506,7 +521,7 @@ impl<A: Atom> Word<A> {
     }
 }
 
-impl<A: Atom> Slot for Word<A> {
+impl<A: AtomicInt> Slot for PackedSlot<A> {
     fn new(_: &Rules) -> Self {
         Self::default()
     }
@@ -811,8 +826,8 @@ impl<S: Slot> Shards<S> {
 macro_rules! each_kind {
     ($value:expr, $kind:ident, $s:ident => $body:expr) => {
         match $value {
-            $kind::Word($s) => $body,
-            $kind::Wide($s) => $body,
+            $kind::PackedSlot($s) => $body,
+            $kind::CounterPacking($s) => $body,
             $kind::Locked($s) => $body,
         }
     };
@@ -820,16 +835,16 @@ macro_rules! each_kind {
 
 #[derive(Debug)]
 enum Table {
-    Word(Shards<Word>),
-    Wide(Shards<Word<AtomicU128>>),
+    PackedSlot(Shards<PackedSlot>),
+    CounterPacking(Shards<PackedSlot<AtomicU128>>),
     Locked(Shards<Mutex<State>>),
 }
 
 /// A write-locked shard, for checks over several policies.
 #[derive(Debug)]
 pub(crate) enum Guard<'a> {
-    Word(ShardedLockWriteGuard<'a, ShardMap<Word>>),
-    Wide(ShardedLockWriteGuard<'a, ShardMap<Word<AtomicU128>>>),
+    PackedSlot(ShardedLockWriteGuard<'a, ShardMap<PackedSlot>>),
+    CounterPacking(ShardedLockWriteGuard<'a, ShardMap<PackedSlot<AtomicU128>>>),
     Locked(ShardedLockWriteGuard<'a, ShardMap<Mutex<State>>>),
 }
 
@@ -842,11 +857,11 @@ pub(crate) struct Store {
 
 impl Store {
     pub(crate) fn new(policy: Policy, shards: usize) -> Self {
-        let (word, wide) = (Packing::of(&policy), Wide::of(&policy));
+        let (word, wide) = (Packing::of(&policy), CounterPacking::of(&policy));
         let count = shards.max(1).next_power_of_two();
         let table = match (word, wide) {
-            (Some(_), _) => Table::Word(Shards::new(count)),
-            (_, Some(_)) => Table::Wide(Shards::new(count)),
+            (Some(_), _) => Table::PackedSlot(Shards::new(count)),
+            (_, Some(_)) => Table::CounterPacking(Shards::new(count)),
             (None, None) => Table::Locked(Shards::new(count)),
         };
         Self {
@@ -919,8 +934,8 @@ impl Store {
 
     pub(crate) fn lock(&self, index: usize) -> Guard<'_> {
         match &self.table {
-            Table::Word(shards) => Guard::Word(write(&shards.shards[index])),
-            Table::Wide(shards) => Guard::Wide(write(&shards.shards[index])),
+            Table::PackedSlot(shards) => Guard::PackedSlot(write(&shards.shards[index])),
+            Table::CounterPacking(shards) => Guard::CounterPacking(write(&shards.shards[index])),
             Table::Locked(shards) => Guard::Locked(write(&shards.shards[index])),
         }
     }
@@ -1064,7 +1079,7 @@ mod tests {
 
     #[test]
     fn a_sliding_counter_is_128_bits_while_its_index_and_counts_fit() {
-        let wide = |spec: &str| Wide::of(&Policy::parse(spec).expect("a valid policy"));
+        let wide = |spec: &str| CounterPacking::of(&Policy::parse(spec).expect("a valid policy"));
         // 100 ms windows: 38 bits of index; counts up to 10·10^8 + 1, 30 bits.
         let w = wide("sliding-counter limit=10 window=100ms").expect("fits");
         assert_eq!((w.bits, w.cap), (30, 1_000_000_001));
@@ -1075,7 +1090,7 @@ mod tests {
         assert!(wide("sliding-counter limit=100 window=1d").is_some());
         assert!(wide("fixed-window limit=10 window=100ms").is_none());
         // A map entry: the key inline, the 128-bit word, `seen`.
-        assert_eq!(size_of::<(CompactString, Word<AtomicU128>)>(), 64);
-        assert_eq!(size_of::<(CompactString, Word)>(), 40);
+        assert_eq!(size_of::<(CompactString, PackedSlot<AtomicU128>)>(), 64);
+        assert_eq!(size_of::<(CompactString, PackedSlot)>(), 40);
     }
 }
