@@ -71,6 +71,7 @@
 -- before tags, digits first, is read as it is.)
 
 local E9 = 1000000000
+local LOG_TAG, LEASE_TAG = 'g:', 'c:' -- their parameters never change what the state means
 local BIG = 9007199254740992 -- 2^53
 local LIM = 2251799813685248 -- 2^51: below it, a check is decided in doubles
 
@@ -423,8 +424,8 @@ local function parse(arg)
     if k == 'tb' then p[10] = 't' .. spec[2] .. ',' .. spec[4] .. ':'
     elseif k == 'lb' then p[10] = 'l' .. spec[3] .. ':'
     elseif k == 'fw' or k == 'sc' then p[10] = string.sub(k, 1, 1) .. spec[3] .. ':'
-    elseif k == 'sl' then p[10] = 'g:'
-    else p[10] = 'c:' end
+    elseif k == 'sl' then p[10] = LOG_TAG
+    else p[10] = LEASE_TAG end
     local flags = (spec[1] == 'tb' or spec[1] == 'lb') and 5 or 4
     for k = flags, #spec do
       if spec[k] == 'e' then p[6] = true
@@ -467,7 +468,8 @@ local function is_wide(kind, a, b, c, s3, s5, s6, cost, report)
 end
 
 local function store(key, tag, text, reset, redis_time)
-  -- A log's or a lease list's text is written with its tag (`tagged`).
+  -- A log's or a lease list's text comes with its tag (long: not copied
+  -- again to add it).
   if string.byte(text, 1) ~= string.byte(tag, 1) then text = tag .. text end
   if redis_time and reset == 0 then
     redis.call('DEL', key)
@@ -750,8 +752,8 @@ local function sliding_log(L, W_, wide, cost, report, raw, s3, s4, blob, ts, tn,
       end
       last_s, last_n, sum = ts, tn, count + extra
     end
-    if body == '' then return 'g:' .. fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ts) .. ' ' .. fmt(tn) .. ' 0 ' .. fmt(ts) .. ' ' .. fmt(tn) .. bar end
-    return 'g:' .. fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(fs or ts) .. ' ' .. (fs and fmt(fn) or fmt(tn)) .. ' ' .. fmt(sum) .. ' '
+    if body == '' then return LOG_TAG .. fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(ts) .. ' ' .. fmt(tn) .. ' 0 ' .. fmt(ts) .. ' ' .. fmt(tn) .. bar end
+    return LOG_TAG .. fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(fs or ts) .. ' ' .. (fs and fmt(fn) or fmt(tn)) .. ' ' .. fmt(sum) .. ' '
       .. fmt(last_s) .. ' ' .. fmt(last_n) .. bar .. body
   end
   -- The oldest live entry whose expiry leaves room for `excess` less: its
@@ -820,7 +822,7 @@ local function concurrency(L, D, cost, lease, blob, ts, tn, total)
   end
   local rest = string.sub(blob, at)
   local op, id = string.sub(lease or 'i=0', 1, 1), string.sub(lease or 'i=0', 3)
-  local function encode(extra) return 'c:' .. fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(used) .. rest .. (extra or '') end
+  local function encode(extra) return LEASE_TAG .. fmt(ts) .. ' ' .. fmt(tn) .. ' ' .. fmt(used) .. rest .. (extra or '') end
   local function last() -- the wait until the last live lease expires
     local es, en = string.match(rest, '.*|%d+ %d+ (%d+) (%d+)$')
     if not es then return 0 end
@@ -880,12 +882,12 @@ end
 -- text if charged and the refreshed one (false: none); the standing with no
 -- request (remaining, reset); shadow; late; the key was missing and must
 -- not be created (2), or missing (1), or there (0); the delay; a refusal's
--- wait for a check of cost 1; the tag its state is written with. One table for the call: tables are most of a
--- check's cost.
+-- wait for a check of cost 1; the tag its state is written with. One table
+-- for the call: tables are most of a check's cost.
 local checks = {}
 
 -- A level's number (`1/p` token) from one unit to another: `level · to /
--- from`, rounded up (`up`) or down, at most `ceiling`, all wide.
+-- from`, rounded up (`up`) or down, all wide.
 local function rescale(level, to, from, up)
   local X = wide()
   local scaled = X.mul(level, to)
@@ -909,7 +911,7 @@ local function untag(raw, tag, arg)
   local old, rest = string.match(raw, '^([^:]*:)(.*)$')
   local letter = string.sub(tag, 1, 1)
   if not old or string.sub(old, 1, 1) ~= letter then return nil end
-  if letter == 'g' or letter == 'c' then return rest, 0 end
+  if tag == LOG_TAG or tag == LEASE_TAG then return rest, 0 end
   if letter ~= 't' and letter ~= 'l' then return nil end
   local X = wide()
   local s1, s2, lv = string.match(rest, '^(%d+) (%d+) (%d+)$')

@@ -258,7 +258,7 @@ impl Local {
                 .filter(|name| !limiter.shares_state_with(&previous.limiter, name))
                 .partition(|name| previous.limiter.policy(name).is_ok());
             if !changed.is_empty() {
-                tracing::info!(policies = ?changed, "reload: these policies' parameters changed: each key keeps its state where it still means the same (docs/SEMANTICS.md, \"Changing a policy\")");
+                tracing::info!(policies = ?changed, "reload: these policies' parameters changed: each key keeps its state where it still means the same (docs/SPEC.md, \"Changed parameters\")");
             }
             if !fresh.is_empty() {
                 tracing::info!(policies = ?fresh, "reload: these policies are new and start afresh");

@@ -354,7 +354,7 @@ async fn prepare(
                     .map(|(_, e)| (e.name.as_str(), e.live.totals()));
                 state.history.record(totals, shared.meters.latency.read());
                 if second % 5 == 4 {
-                    state.current().backend.local().limiter.sweep();
+                    shared.backend.local().limiter.sweep();
                 }
             }
         })

@@ -331,10 +331,10 @@ pub(crate) struct Sample {
     policies: Vec<PolicyCounts>,
 }
 
+/// One policy's counts, as `/v1/stats` shows them now and in its history.
 #[derive(Debug, Clone, serde::Serialize)]
-struct PolicyCounts {
-    /// Shared by every sample of one configuration.
-    #[serde(serialize_with = "text")]
+pub(crate) struct PolicyCounts {
+    /// In the history, shared by every sample of one configuration.
     name: std::sync::Arc<str>,
     allowed: u64,
     limited: u64,
@@ -342,8 +342,26 @@ struct PolicyCounts {
     shadow_limited: u64,
 }
 
-fn text<S: serde::Serializer>(name: &std::sync::Arc<str>, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(name)
+impl PolicyCounts {
+    /// `name`'s [`Live::totals`].
+    pub(crate) fn new(name: std::sync::Arc<str>, totals: [u64; 4]) -> Self {
+        let [allowed, limited, degraded, shadow_limited] = totals;
+        Self {
+            name,
+            allowed,
+            limited,
+            degraded,
+            shadow_limited,
+        }
+    }
+}
+
+/// Now, in milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis()
 }
 
 /// The last [`HISTORY`] samples, recorded once a second by the server's
@@ -365,31 +383,19 @@ impl History {
         let last = samples.back().map(|s| &s.policies);
         let policies = policies
             .enumerate()
-            .map(
-                |(i, (name, [allowed, limited, degraded, shadow_limited]))| {
-                    let name = match last.and_then(|l| l.get(i)).filter(|p| *p.name == *name) {
-                        Some(p) => p.name.clone(),
-                        None => std::sync::Arc::from(name),
-                    };
-                    PolicyCounts {
-                        name,
-                        allowed,
-                        limited,
-                        degraded,
-                        shadow_limited,
-                    }
-                },
-            )
+            .map(|(i, (name, totals))| {
+                let name = match last.and_then(|l| l.get(i)).filter(|p| *p.name == *name) {
+                    Some(p) => p.name.clone(),
+                    None => std::sync::Arc::from(name),
+                };
+                PolicyCounts::new(name, totals)
+            })
             .collect();
         if samples.len() >= HISTORY {
             samples.pop_front();
         }
-        let time_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis();
         samples.push_back(Sample {
-            time_ms,
+            time_ms: now_ms(),
             latency_us,
             policies,
         });

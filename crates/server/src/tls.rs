@@ -219,6 +219,9 @@ pub fn client(ca: Option<&Path>, alpn: &[u8]) -> Result<tokio_rustls::TlsConnect
                     .add(cert)
                     .map_err(|e| format!("{}: {e}", path.display()))?;
             }
+            if roots.is_empty() {
+                return Err(format!("{}: no PEM certificate in it", path.display()));
+            }
         }
         None => {
             let found = rustls_native_certs::load_native_certs();

@@ -18,7 +18,7 @@ use weir_sim::{TraceError, TraceReader};
 use crate::answer::{ApiError, read_body};
 use crate::api::{Peer, authorize};
 use crate::backend::Backend;
-use crate::live::{CAPACITY, Hitter, SLICE, SLICES};
+use crate::live::{CAPACITY, Hitter, PolicyCounts, SLICE, SLICES, now_ms};
 use crate::state::AppState;
 
 const PAGE: &str = include_str!("ui/index.html");
@@ -59,7 +59,7 @@ pub(crate) async fn style() -> Response {
 }
 
 #[derive(Debug, Serialize)]
-struct Stats<'a> {
+struct Stats {
     /// Milliseconds since the Unix epoch.
     time_ms: u128,
     /// Whether the admin API (top keys, inspector, reset) is enabled.
@@ -67,19 +67,12 @@ struct Stats<'a> {
     store: Store,
     /// `[largest µs of the bucket, checks]` since the configuration loaded.
     latency_us: Vec<[u64; 2]>,
-    policies: Vec<PolicyStats<'a>>,
+    policies: Vec<PolicyCounts>,
     /// With `?history=1`: the counts and latencies as they were each second
     /// of the last [`crate::live::HISTORY`] (oldest first), for a dashboard
     /// opened now.
     #[serde(skip_serializing_if = "Option::is_none")]
     history: Option<Vec<crate::live::Sample>>,
-}
-
-fn now_ms() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis()
 }
 
 #[derive(Debug, Deserialize)]
@@ -104,15 +97,6 @@ struct Store {
     master: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
-struct PolicyStats<'a> {
-    name: &'a str,
-    allowed: u64,
-    limited: u64,
-    degraded: u64,
-    shadow_limited: u64,
-}
-
 /// `GET /v1/stats`: decisions per policy since the configuration loaded,
 /// the store's state and check latencies; with `?history=1` also each
 /// second's of the last three minutes. No identity is shown.
@@ -120,7 +104,6 @@ pub(crate) async fn stats(
     State(state): State<Arc<AppState>>,
     Query(query): Query<StatsQuery>,
 ) -> Response {
-    use crate::live::Counted;
     let shared = state.current();
     let (kind, up, nodes, master) = match &shared.backend {
         Backend::Memory(_) => ("memory", true, Vec::new(), None),
@@ -134,13 +117,7 @@ pub(crate) async fn stats(
     let policies = shared
         .table
         .iter()
-        .map(|(_, e)| PolicyStats {
-            name: &e.name,
-            allowed: e.live.total(Counted::Allowed),
-            limited: e.live.total(Counted::Limited),
-            degraded: e.live.total(Counted::Degraded),
-            shadow_limited: e.live.total(Counted::ShadowLimited),
-        })
+        .map(|(_, e)| PolicyCounts::new(Arc::from(e.name.as_str()), e.live.totals()))
         .collect();
     let stats = Stats {
         time_ms: now_ms(),
