@@ -412,6 +412,22 @@ impl History {
 mod tests {
     use super::*;
 
+    /// The dashboard's history keeps [`HISTORY`] seconds, the oldest
+    /// dropped, and one name per configuration shared by its samples.
+    #[test]
+    fn the_history_is_bounded_and_shares_names() {
+        let history = History::default();
+        for second in 0..HISTORY as u64 + 20 {
+            let policies = [("api", [second, 0, 0, 0]), ("search", [0, second, 0, 0])];
+            history.record(policies.into_iter(), vec![[10, second]]);
+        }
+        let samples = history.samples();
+        assert_eq!(samples.len(), HISTORY);
+        assert_eq!(samples[0].policies[0].allowed, 20, "the oldest 20 dropped");
+        let (first, last) = (&samples[0].policies[1], &samples[HISTORY - 1].policies[1]);
+        assert!(std::sync::Arc::ptr_eq(&first.name, &last.name));
+    }
+
     #[test]
     fn striped_counts_add_up_across_threads() {
         let live = std::sync::Arc::new(Live::default());
