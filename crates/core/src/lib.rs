@@ -31,6 +31,7 @@ pub mod check;
 pub mod clock;
 mod decision;
 pub mod policy;
+pub mod store;
 pub mod units;
 
 pub use check::{AllDecision, Check, CheckError, MAX_IDENTITY};

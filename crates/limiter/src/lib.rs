@@ -44,6 +44,7 @@
 //! key is idle, checks of *new* keys fail with [`Error::TooManyKeys`] (a
 //! server should answer them as limited), while known keys go on as before.
 
+mod as_store;
 mod store;
 
 use std::collections::HashMap;
@@ -382,6 +383,18 @@ impl<C: Clock> Limiter<C> {
             .get(name)
             .map(|&i| PolicyId(i))
             .ok_or_else(|| CheckError::UnknownPolicy(name.to_owned()).into())
+    }
+
+    /// The parameters of the policy called `name` (built in or ad hoc).
+    pub fn parameters(&self, name: &str) -> Option<Policy> {
+        let index = match self.index.get(name) {
+            Some(&i) => i,
+            None => {
+                let names = self.ad_hoc_names.lock();
+                self.policies.len() + *names.unwrap_or_else(PoisonError::into_inner).get(name)?
+            }
+        };
+        self.get(index).map(|named| *named.store.policy())
     }
 
     /// Checks `key` against the first policy added, at the clock's time.

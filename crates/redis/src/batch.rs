@@ -15,7 +15,7 @@ use std::sync::{Arc, PoisonError, Weak};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::{Checked, Connection, MARKER, StoreError, parse};
+use crate::{Connection, MARKER, Reply, StoreError, parse};
 
 /// Script calls of one store in flight at once: while one is in Redis the
 /// next batch gathers, so Redis is never idle waiting for a round trip.
@@ -44,7 +44,7 @@ pub(crate) struct Request {
     pub(crate) marker: bool,
     /// The store's deadline for a call.
     pub(crate) timeout: std::time::Duration,
-    pub(crate) reply: oneshot::Sender<Result<Checked, StoreError>>,
+    pub(crate) reply: oneshot::Sender<Result<Reply, StoreError>>,
 }
 
 /// The queue in front of a store's connection.

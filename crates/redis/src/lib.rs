@@ -28,8 +28,10 @@ use redis::Script;
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use thiserror::Error;
-use weir_core::algo::LeaseId;
 use weir_core::{AllDecision, CheckError, Decision, NANOS_PER_SEC, Nanos, Policy};
+
+/// The store boundary's vocabulary, `weir-core`'s: every store speaks it.
+pub use weir_core::store::{Check, Checked, LeaseOp, Mode, OnLoss};
 
 /// The script: see its header for the KEYS/ARGV contract.
 pub const SCRIPT: &str = include_str!("weir.lua");
@@ -105,124 +107,15 @@ impl StoreError {
     }
 }
 
-/// A decided request: the all-or-nothing decision every store gives, and
-/// what this store noticed while making it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Checked {
-    /// The decision.
-    pub all: AllDecision,
-    /// This call found the generation marker missing: the store lost its
-    /// state (restarted empty, flushed, evicted) since the marker was set —
-    /// or it was never set (a new store).
-    pub state_lost: bool,
-    /// Per check, how far its key's latest time moved its time forward
-    /// (docs/SPEC.md's clamp): its durations are measured from then.
+/// What the script answered, with what the refusal cache needs: per check,
+/// how far its key's latest time moved its time forward (docs/SPEC.md's
+/// clamp), and for a check refused at a cost above 1 the wait until a
+/// check of cost 1 would fit (else 0).
+#[derive(Debug)]
+pub(crate) struct Reply {
+    checked: Checked,
     late: Vec<Nanos>,
-    /// Per check refused at a cost above 1, the wait until a check of cost
-    /// 1 would fit (its remaining stays 0 until then); else 0.
     unit_waits: Vec<Nanos>,
-    /// Keys this call stored that did not exist before.
-    pub created: usize,
-    /// A check marked [`Check::no_new_key`] found its key missing: the
-    /// request was refused and nothing stored.
-    pub new_key_refused: bool,
-}
-
-/// What a key lost with the store's state counts as.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum OnLoss {
-    /// A new key: its full allowance (as if never seen).
-    #[default]
-    Full,
-    /// Used up at the moment the loss was found; it refills from there.
-    Empty,
-}
-
-impl std::str::FromStr for OnLoss {
-    type Err = String;
-
-    /// The words of a configuration's `on_state_loss`.
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "full" => Ok(Self::Full),
-            "empty" => Ok(Self::Empty),
-            _ => Err(format!("`{s}` is not valid (valid: \"full\" \"empty\")")),
-        }
-    }
-}
-
-impl std::fmt::Display for OnLoss {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Full => "full",
-            Self::Empty => "empty",
-        })
-    }
-}
-
-/// One check of a request: `weir-core`'s check (policy, key, cost; a cost
-/// of 0 reports the key's standing) and what its key counts as when lost.
-#[derive(Debug, Clone, Copy)]
-pub struct Check<'a> {
-    /// The policy, key and cost.
-    pub check: weir_core::Check<'a>,
-    /// What the key counts as when lost (needs [`RedisStore::with_marker`]).
-    pub on_loss: OnLoss,
-    /// Decided and charged as if enforced, but never refusing the request
-    /// (a shadow check that would refuse charges nothing).
-    pub shadow: bool,
-    /// Usage after the fact (docs/SPEC.md's report): always charged, possibly
-    /// into debt; answered allowed with the wait of a check of cost 1.
-    pub report: bool,
-    /// The key must not be created: when it does not exist, the request
-    /// is refused, storing nothing ([`Checked::new_key_refused`]) — for a
-    /// client that has created its share of new keys.
-    pub no_new_key: bool,
-    /// On a concurrency policy: the lease an admission takes (chosen by
-    /// [`Check::from`], random), or the lease a release or renewal acts on.
-    pub lease: LeaseOp,
-}
-
-/// What a check does with a concurrency policy's leases.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseOp {
-    /// A check: an admission takes this lease (random, so that identities
-    /// are unique across every weir sharing the store, and an identity from
-    /// another key or an earlier life of this one finds nothing; never 0).
-    Take(LeaseId),
-    /// Frees this lease if it is live (docs/SPEC.md's release).
-    Release(LeaseId),
-    /// Extends this lease if it is live (docs/SPEC.md's renew).
-    Renew(LeaseId),
-}
-
-impl<'a> From<weir_core::Check<'a>> for Check<'a> {
-    fn from(check: weir_core::Check<'a>) -> Self {
-        Self {
-            check,
-            on_loss: OnLoss::Full,
-            shadow: false,
-            report: false,
-            no_new_key: false,
-            lease: LeaseOp::Take(match check.policy {
-                Policy::Concurrency(_) => weir_core::algo::new_lease_id(),
-                _ => 0,
-            }),
-        }
-    }
-}
-
-/// What a call does with its decisions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Charge when every check allows and no shaper would delay by more
-    /// than `max_delay` ns.
-    Charge {
-        /// The longest delay accepted.
-        max_delay: Nanos,
-    },
-    /// Decide as a check would, writing nothing.
-    Peek,
 }
 
 /// What [`RedisStore::init_marker`] found.
@@ -633,7 +526,7 @@ impl RedisStore {
             let cost = checks[0].check.cost;
             if let Some(refusal) = cached.and_then(|c| c.answer(&keys[0], policy, cost, clock, now))
             {
-                return Ok(Checked::refused(refusal));
+                return Ok(refused(refusal));
             }
             sent = keys.iter().fold(now, |t, k| refusals.take(k, clock, t));
             at = at.map(|_| sent);
@@ -657,7 +550,11 @@ impl RedisStore {
             Sender::Shared(batcher) => batcher.submit(request),
         }
         .ok_or(StoreError::Reply)?;
-        let mut checked = match tokio::time::timeout(self.timeout, answer).await {
+        let Reply {
+            mut checked,
+            late,
+            unit_waits,
+        } = match tokio::time::timeout(self.timeout, answer).await {
             Ok(Ok(answer)) => answer?,
             Ok(Err(_)) => return Err(StoreError::Reply),
             Err(_) => return Err(StoreError::Timeout(self.timeout)),
@@ -674,8 +571,8 @@ impl RedisStore {
             cached,
             cache_key,
             checked.all.decisions.as_slice(),
-            checked.late.as_slice(),
-            checked.unit_waits.as_slice(),
+            late.as_slice(),
+            unit_waits.as_slice(),
         ) {
             let decided = sent.saturating_add(*late);
             let check = &checks[0].check;
@@ -692,18 +589,8 @@ impl RedisStore {
     /// The validation every store shares, a report's cost bounded by the
     /// report's own bound (not the capacity); on a cluster, one identity.
     fn validate(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
-        let core: Vec<weir_core::Check<'_>> = checks
-            .iter()
-            .map(|c| weir_core::Check {
-                cost: if c.report { 0 } else { c.check.cost },
-                ..c.check
-            })
-            .collect();
-        weir_core::check::validate(&core, self.max_key_len)?;
-        for c in checks.iter().filter(|c| c.report) {
-            weir_core::check::validate_report(&c.check).map_err(StoreError::Invalid)?;
-        }
-        if self.is_cluster() && core.iter().any(|c| c.key != core[0].key) {
+        weir_core::store::validate(checks, self.max_key_len)?;
+        if self.is_cluster() && checks.iter().any(|c| c.check.key != checks[0].check.key) {
             return Err(StoreError::Unsupported(
                 "on a Redis Cluster, the checks of one request share one identity",
             ));
@@ -830,20 +717,14 @@ fn spec(c: &Check<'_>) -> String {
     spec
 }
 
-impl Checked {
-    /// A request of one check refused by the refusal cache.
-    fn refused(decision: Decision) -> Self {
-        Self {
-            all: AllDecision {
-                allowed: false,
-                decisions: vec![decision],
-            },
-            state_lost: false,
-            late: vec![0],
-            unit_waits: vec![0],
-            created: 0,
-            new_key_refused: false,
-        }
+/// A request of one check refused by the refusal cache.
+fn refused(decision: Decision) -> Checked {
+    Checked {
+        all: AllDecision {
+            allowed: false,
+            decisions: vec![decision],
+        },
+        ..Checked::default()
     }
 }
 
@@ -852,7 +733,7 @@ impl Checked {
 /// request's all_allowed and state_lost).
 pub(crate) const PER_CHECK: usize = 8;
 
-fn parse(reply: &[i64], count: usize) -> Result<Checked, StoreError> {
+fn parse(reply: &[i64], count: usize) -> Result<Reply, StoreError> {
     if reply.len() != 2 + PER_CHECK * count {
         return Err(StoreError::Reply);
     }
@@ -875,16 +756,19 @@ fn parse(reply: &[i64], count: usize) -> Result<Checked, StoreError> {
         late.push(n(d[5])?);
         unit_waits.push(n(d[7])?);
     }
-    Ok(Checked {
-        all: AllDecision {
-            allowed: reply[0] == 1,
-            decisions,
+    Ok(Reply {
+        checked: Checked {
+            all: AllDecision {
+                allowed: reply[0] == 1,
+                decisions,
+            },
+            state_lost: reply[1] == 1,
+            created,
+            new_key_refused,
+            degraded: false,
         },
-        state_lost: reply[1] == 1,
         late,
         unit_waits,
-        created,
-        new_key_refused,
     })
 }
 
@@ -896,6 +780,42 @@ fn sole_decision(checked: Checked) -> Result<Decision, StoreError> {
         .into_iter()
         .next()
         .ok_or(StoreError::Reply)
+}
+
+impl From<StoreError> for weir_core::store::Error {
+    fn from(e: StoreError) -> Self {
+        let kind = match &e {
+            StoreError::Invalid(e) => return Self::Invalid(e.clone()),
+            StoreError::Unsupported(m) => return Self::Unsupported(m),
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Reply => "reply",
+            StoreError::Replication { .. } => "replication",
+            _ => "redis",
+        };
+        Self::Unavailable {
+            kind,
+            reason: e.to_string(),
+        }
+    }
+}
+
+/// Redis as a store: every call one script call, at the Redis clock.
+impl weir_core::store::Store for RedisStore {
+    async fn decide(
+        &self,
+        checks: &[Check<'_>],
+        mode: Mode,
+    ) -> Result<Checked, weir_core::store::Error> {
+        Ok(RedisStore::decide(self, checks, None, mode).await?)
+    }
+
+    async fn exists(&self, name: &str, key: &str) -> Result<bool, weir_core::store::Error> {
+        Ok(RedisStore::exists(self, name, key).await?)
+    }
+
+    async fn reset(&self, name: &str, key: &str) -> Result<bool, weir_core::store::Error> {
+        Ok(RedisStore::reset(self, name, key).await?)
+    }
 }
 
 /// The deadline of a store call unless [`RedisStore::with_timeout`] sets

@@ -16,6 +16,7 @@ use weir_tower::{Part, append_fields};
 use crate::answer::{ApiError, DecisionBody, ms, read_body, read_lease};
 use crate::backend::{Check, Few, scoped_key};
 use crate::config::{Identity, OnStoreError, TableId};
+use crate::engine::Ask;
 use crate::state::{AppState, Shared};
 use weir_core::algo::LeaseId;
 use weir_redis::LeaseOp;
@@ -215,14 +216,7 @@ pub(crate) async fn report(
     let asked = read_request(&shared, body).await?;
     let checks = asked.checks();
     // A report stores a key as a check does: the same guard.
-    let new_keys = shared
-        .may_create(&checks, peer)
-        .map_err(ApiError::NewKeys)?;
-    let (decided, created) = shared
-        .backend
-        .report(&shared.table, &checks, new_keys)
-        .await?;
-    shared.created(peer, created);
+    let decided = shared.report(&checks, peer).await?;
     let bodies = asked
         .ids
         .iter()
@@ -241,30 +235,14 @@ pub(crate) async fn check(
 ) -> Result<Response, ApiError> {
     let shared = state.current();
     let asked = read_request(&shared, body).await?;
-    let checks = asked.checks();
-    let new_keys = shared
-        .may_create(&checks, peer)
-        .map_err(ApiError::NewKeys)?;
     let verdict = shared
-        .backend
-        .decide(
-            &shared.table,
-            &shared.meters,
-            &checks,
-            Nanos::MAX,
-            Some(OnStoreError::Local),
-            new_keys,
-        )
+        .decide(Ask {
+            checks: &asked.checks(),
+            client: peer,
+            max_delay: Nanos::MAX,
+            on_store_error: Some(OnStoreError::Local),
+        })
         .await?;
-    shared.created(peer, verdict.created);
-    for (id, lease) in asked
-        .ids
-        .iter()
-        .zip(verdict.decisions())
-        .filter_map(|(id, d)| Some((id, d.lease?)))
-    {
-        shared.table.get(*id).lease_taken(lease);
-    }
     let degraded = verdict.degraded;
     let bodies = asked
         .ids
@@ -478,7 +456,7 @@ pub(crate) fn nodes(remote: &crate::breaker::Remote) -> Vec<NodeBody> {
 /// the outage the fallback exists to prevent.
 pub(crate) async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let shared = state.current();
-    let keys = shared.backend.local().limiter.len();
+    let keys = shared.backend.local().len();
     let mut ready = match shared.backend.remote() {
         None => Ready {
             ready: true,

@@ -1,20 +1,20 @@
-//! Where decisions are made: one [`Backend`], in process or on Redis. On
-//! Redis, the circuit breaker and each policy's store-error rule live here:
-//! a store error is never an exhausted bucket — it is decided by the
-//! policy's `on_store_error` rule (the local fallback, allow or deny),
-//! marked degraded and counted.
+//! Where decisions are made: the configured [`Backend`] (a [`Store`]:
+//! in process, or Redis guarded by its breaker and fallback), and the
+//! decision pipeline every face calls — a table's checks made store checks,
+//! unlimited overrides answered without a store call, the store's answer
+//! made a [`Verdict`], every outcome counted.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use weir_core::store::{self, LeaseOp, Mode, OnStoreError, Store};
 use weir_core::{AllDecision, CheckError, Decision, MAX_IDENTITY, Nanos};
 use weir_limiter::Limiter;
-use weir_redis::LeaseOp;
-use weir_redis::{Mode, StoreError};
 
 use crate::breaker::Remote;
-use crate::config::{Config, OnStoreError, StoreUrl, TableId};
+use crate::config::{Config, StoreUrl, TableId};
+use crate::guarded::Guarded;
 use crate::metrics::Meters;
 use crate::table::{Outcome, PolicyTable};
 use crate::telemetry::Traced;
@@ -72,13 +72,15 @@ pub(crate) enum NewKeys {
     Refused(Nanos),
 }
 
-impl From<weir_limiter::Error> for Undecided {
-    fn from(e: weir_limiter::Error) -> Self {
+impl From<store::Error> for Undecided {
+    fn from(e: store::Error) -> Self {
         match e {
-            weir_limiter::Error::Invalid(e) => Self::Invalid(e),
-            weir_limiter::Error::TooManyKeys { max } => Self::Full { max },
-            // A built limiter never reports its configuration again.
-            other => Self::Invalid(CheckError::UnknownPolicy(other.to_string())),
+            store::Error::Invalid(e) => Self::Invalid(e),
+            store::Error::Full { max } => Self::Full { max },
+            store::Error::Unsupported(m) => Self::Unsupported(m),
+            store::Error::Denied => Self::Unavailable { denied: true },
+            // `store::Error` is open to more kinds: each is a failure to answer.
+            _ => Self::Unavailable { denied: false },
         }
     }
 }
@@ -217,113 +219,82 @@ impl Verdict {
     }
 }
 
-/// The in-process limiter and its handles, in policy-table order.
-#[derive(Debug)]
-pub struct Local {
-    /// The limiter.
-    pub limiter: Arc<Limiter>,
-    ids: Vec<weir_limiter::PolicyId>,
-}
-
-impl Local {
-    /// A limiter of `table`'s local policies, keeping `previous`'s keys of
-    /// every policy that is unchanged.
-    fn new(
-        table: &PolicyTable,
-        store: &crate::config::StoreConfig,
-        previous: Option<&Local>,
-    ) -> Result<Self, weir_limiter::Error> {
-        let mut builder = Limiter::builder()
-            .max_keys(store.max_keys)
-            .max_leases(store.max_leases)
-            .max_key_len(MAX_KEY);
-        for (_, entry) in table.iter() {
-            builder = builder.policy(entry.stored_as.clone(), entry.local);
-            if let Some(max) = entry.max_keys {
-                builder = builder.policy_max_keys(entry.stored_as.clone(), max);
-            }
-        }
-        if let Some(previous) = previous {
-            builder = builder.keep_state_of(&previous.limiter);
-        }
-        let limiter = builder.build()?;
-        let ids = table
-            .iter()
-            .map(|(_, e)| limiter.policy(&e.stored_as))
-            .collect::<Result<_, _>>()?;
-        if let Some(previous) = previous {
-            let (changed, fresh): (Vec<&str>, Vec<&str>) = table
-                .iter()
-                .map(|(_, e)| e.stored_as.as_str())
-                .filter(|name| !limiter.shares_state_with(&previous.limiter, name))
-                .partition(|name| previous.limiter.policy(name).is_ok());
-            if !changed.is_empty() {
-                tracing::info!(policies = ?changed, "reload: these policies' parameters changed: each key keeps its state where it still means the same (docs/SPEC.md, \"Changed parameters\")");
-            }
-            if !fresh.is_empty() {
-                tracing::info!(policies = ?fresh, "reload: these policies are new and start afresh");
-            }
-        }
-        Ok(Self {
-            limiter: Arc::new(limiter),
-            ids,
-        })
-    }
-
-    /// Whether the check's key is stored.
-    pub(crate) fn contains(&self, check: &Check<'_>) -> bool {
-        self.ids
-            .get(check.policy.0)
-            .is_some_and(|&id| self.limiter.contains(id, check.key))
-    }
-
-    /// The limiter's check for `check`; an ad-hoc policy of the table (an
-    /// Envoy descriptor's own `limit`) is added to the limiter by its name.
-    fn check<'a>(
-        &self,
-        table: &PolicyTable,
-        check: &Check<'a>,
-    ) -> Result<weir_limiter::Check<'a>, Undecided> {
-        let entry = table.get(check.policy);
-        let policy = match self.ids.get(check.policy.0) {
-            Some(&id) => id,
-            None => self.limiter.ad_hoc(&entry.stored_as, entry.local)?,
-        };
-        Ok(weir_limiter::Check {
-            policy,
-            key: check.key,
-            cost: check.cost,
-            shadow: entry.shadow,
-        })
-    }
-
-    fn decide(
-        &self,
-        table: &PolicyTable,
-        checks: &[Check<'_>],
-        max_delay: Nanos,
-    ) -> Result<AllDecision, Undecided> {
-        let checks = checks
-            .iter()
-            .map(|c| self.check(table, c))
-            .collect::<Result<Few<_>, _>>()?;
-        Ok(self.limiter.check_all_within(&checks, max_delay)?)
-    }
-}
-
-/// Where a configuration's decisions are made.
+/// Where a configuration's decisions are made: each arm a [`Store`], the
+/// match only delegating.
 #[derive(Debug)]
 pub enum Backend {
     /// The in-process store.
-    Memory(Local),
+    Memory(Arc<Limiter>),
     /// A shared Redis behind a circuit breaker, with an in-process fallback
     /// of the policies scaled by `fallback_share`.
-    Redis {
-        /// The store and its breaker.
-        remote: Arc<Remote>,
-        /// The fallback.
-        fallback: Local,
-    },
+    Redis(Guarded),
+}
+
+impl Store for Backend {
+    async fn decide(
+        &self,
+        checks: &[store::Check<'_>],
+        mode: Mode,
+    ) -> Result<store::Checked, store::Error> {
+        match self {
+            Self::Memory(limiter) => limiter.decide_now(checks, mode),
+            // Boxed: the remote call's future is large, and an in-process
+            // decision should not move it around.
+            Self::Redis(guarded) => Box::pin(guarded.decide(checks, mode)).await,
+        }
+    }
+
+    async fn exists(&self, name: &str, key: &str) -> Result<bool, store::Error> {
+        match self {
+            Self::Memory(limiter) => Store::exists(&**limiter, name, key).await,
+            Self::Redis(guarded) => guarded.exists(name, key).await,
+        }
+    }
+
+    async fn reset(&self, name: &str, key: &str) -> Result<bool, store::Error> {
+        match self {
+            Self::Memory(limiter) => Store::reset(&**limiter, name, key).await,
+            Self::Redis(guarded) => guarded.reset(name, key).await,
+        }
+    }
+}
+
+/// The in-process limiter of `table`'s policies (each `local`: with a
+/// shared store, scaled by `fallback_share`), keeping `previous`'s keys of
+/// every policy whose state still means the same.
+fn limiter(
+    table: &PolicyTable,
+    store: &crate::config::StoreConfig,
+    previous: Option<&Limiter>,
+) -> Result<Limiter, weir_limiter::Error> {
+    let mut builder = Limiter::builder()
+        .max_keys(store.max_keys)
+        .max_leases(store.max_leases)
+        .max_key_len(MAX_KEY);
+    for (_, entry) in table.iter() {
+        builder = builder.policy(entry.stored_as.clone(), entry.local);
+        if let Some(max) = entry.max_keys {
+            builder = builder.policy_max_keys(entry.stored_as.clone(), max);
+        }
+    }
+    if let Some(previous) = previous {
+        builder = builder.keep_state_of(previous);
+    }
+    let limiter = builder.build()?;
+    if let Some(previous) = previous {
+        let (changed, fresh): (Vec<&str>, Vec<&str>) = table
+            .iter()
+            .map(|(_, e)| e.stored_as.as_str())
+            .filter(|name| !limiter.shares_state_with(previous, name))
+            .partition(|name| previous.policy(name).is_ok());
+        if !changed.is_empty() {
+            tracing::info!(policies = ?changed, "reload: these policies' parameters changed: each key keeps its state where it still means the same (docs/SPEC.md, \"Changed parameters\")");
+        }
+        if !fresh.is_empty() {
+            tracing::info!(policies = ?fresh, "reload: these policies are new and start afresh");
+        }
+    }
+    Ok(limiter)
 }
 
 impl Backend {
@@ -335,32 +306,36 @@ impl Backend {
         table: &PolicyTable,
         previous: Option<&Backend>,
     ) -> Result<Self, weir_limiter::Error> {
-        let local = Local::new(table, &config.store, previous.map(Backend::local))?;
+        let local = Arc::new(limiter(
+            table,
+            &config.store,
+            previous.map(|p| &**p.local()),
+        )?);
         Ok(match &config.store.url {
             StoreUrl::Memory => Self::Memory(local),
             StoreUrl::Redis(url) => {
                 let kept = match previous {
-                    Some(Self::Redis { remote, .. }) if remote.serves(url, &config.store) => {
-                        Some(remote.clone())
+                    Some(Self::Redis(guarded)) if guarded.remote.serves(url, &config.store) => {
+                        Some(guarded.remote.clone())
                     }
                     _ => None,
                 };
                 let remote = kept.unwrap_or_else(|| Remote::new(url, &config.store, MAX_KEY));
-                Self::Redis {
+                Self::Redis(Guarded {
                     remote,
                     fallback: local,
-                }
+                })
             }
         })
     }
 
     /// The in-process limiter: the store, or the fallback.
-    pub fn local(&self) -> &Local {
+    pub fn local(&self) -> &Arc<Limiter> {
         match self {
             Self::Memory(local)
-            | Self::Redis {
+            | Self::Redis(Guarded {
                 fallback: local, ..
-            } => local,
+            }) => local,
         }
     }
 
@@ -368,7 +343,7 @@ impl Backend {
     pub fn remote(&self) -> Option<&Arc<Remote>> {
         match self {
             Self::Memory(_) => None,
-            Self::Redis { remote, .. } => Some(remote),
+            Self::Redis(guarded) => Some(&guarded.remote),
         }
     }
 
@@ -413,32 +388,45 @@ impl Backend {
                 traced.identity(first.key);
             }
         }
-        let decided = match self {
-            _ if counted.is_empty() => Ok(Verdict {
-                all: AllDecision {
-                    allowed: true,
-                    decisions: Vec::new(),
-                },
-                degraded: false,
-                max_delay,
-                shadow: Few::new(),
-                created: 0,
-            }),
-            Self::Memory(local) => local.decide(table, &counted, max_delay).map(|all| Verdict {
-                all,
-                degraded: false,
-                max_delay,
-                shadow: shadows(table, &counted),
-                created: 0,
-            }),
-            Self::Redis { remote, fallback } => {
-                let decided = decide_remote(
-                    table, remote, fallback, &counted, max_delay, default, new_keys,
-                );
-                // Boxed: the remote call's future is large, and an
-                // in-process decision should not move it around.
-                Box::pin(traced.around(decided)).await
+        let decided = match counted.is_empty() {
+            true => Ok(store::Checked::default()),
+            false => {
+                let asked: Few<store::Check<'_>> = (counted.iter())
+                    .map(|c| store::Check {
+                        no_new_key: new_keys != NewKeys::Allowed,
+                        on_error: table.get(c.policy).on_store_error.or(default),
+                        ..store_check(table, c)
+                    })
+                    .collect();
+                traced
+                    .around(Store::decide(self, &asked, Mode::Charge { max_delay }))
+                    .await
             }
+        };
+        if matches!(&decided, Ok(c) if c.degraded)
+            || matches!(
+                &decided,
+                Err(store::Error::Unavailable { .. } | store::Error::Denied)
+            )
+        {
+            counted.iter().for_each(|c| table.get(c.policy).fell_back());
+        }
+        let decided = match decided {
+            Ok(checked) if checked.new_key_refused => Err(Undecided::NewKeys(match new_keys {
+                NewKeys::Refused(wait) => wait,
+                NewKeys::Allowed => 0,
+            })),
+            Ok(checked) => Ok(Verdict {
+                all: AllDecision {
+                    allowed: checked.all.allowed || counted.is_empty(),
+                    decisions: checked.all.decisions,
+                },
+                degraded: checked.degraded,
+                max_delay,
+                shadow: counted.iter().map(|c| table.get(c.policy).shadow).collect(),
+                created: checked.created,
+            }),
+            Err(e) => Err(Undecided::from(e)),
         };
         let decided = match decided {
             Ok(verdict) if counted.len() < checks.len() => {
@@ -484,58 +472,32 @@ impl Backend {
     }
 
     /// Charges usage after the fact (docs/SPEC.md's reports): every check is
-    /// charged, possibly into debt, after all are validated. On Redis, one
-    /// script call charges them together; a store failure is
-    /// [`Undecided::Unavailable`] (usage is never charged to a fallback).
+    /// charged, possibly into debt, after all are validated, in one store
+    /// call; a store failure is [`Undecided::Unavailable`] (usage is never
+    /// charged to a fallback).
     pub(crate) async fn report(
         &self,
         table: &PolicyTable,
         checks: &[Check<'_>],
         new_keys: NewKeys,
     ) -> Result<(Vec<Decision>, usize), Undecided> {
-        let reports: Vec<weir_redis::Check<'_>> = checks
+        let reports: Few<store::Check<'_>> = checks
             .iter()
-            .map(|c| weir_redis::Check {
+            .map(|c| store::Check {
                 report: true,
                 no_new_key: new_keys != NewKeys::Allowed,
-                ..redis_check(table, c)
+                on_error: Some(OnStoreError::Deny),
+                ..store_check(table, c)
             })
             .collect();
-        // Keys, pairs named twice and the report's own bound on the cost.
-        let core: Vec<weir_core::Check<'_>> = reports
-            .iter()
-            .map(|c| weir_core::Check { cost: 0, ..c.check })
-            .collect();
-        weir_core::check::validate(&core, MAX_KEY).map_err(Undecided::Invalid)?;
-        for c in &reports {
-            weir_core::check::validate_report(&c.check).map_err(Undecided::Invalid)?;
+        let checked = Store::decide(self, &reports, Mode::CHARGE).await?;
+        if let (true, NewKeys::Refused(wait)) = (checked.new_key_refused, new_keys) {
+            return Err(Undecided::NewKeys(wait));
         }
-        let (decided, created) = match self {
-            Self::Memory(local) => {
-                let checks = checks
-                    .iter()
-                    .map(|c| local.check(table, c))
-                    .collect::<Result<Vec<_>, Undecided>>()?;
-                (local.limiter.report_all(&checks)?, 0)
-            }
-            Self::Redis { remote, .. } => {
-                let store = remote
-                    .available()
-                    .ok_or(Undecided::Unavailable { denied: true })?;
-                let mode = Mode::Charge {
-                    max_delay: Nanos::MAX,
-                };
-                let checked = store.decide(&reports, None, mode).await.map_err(refusal)?;
-                if let (true, NewKeys::Refused(wait)) = (checked.new_key_refused, new_keys) {
-                    return Err(Undecided::NewKeys(wait));
-                }
-                (checked.all.decisions, checked.created)
-            }
-        };
         for c in checks {
             table.get(c.policy).reported(c.cost);
         }
-        Ok((decided, created))
+        Ok((checked.all.decisions, checked.created))
     }
 
     /// What a check of cost 1 of `key` would decide now, charging nothing,
@@ -552,26 +514,16 @@ impl Backend {
             key,
             cost: 1,
         };
-        match self {
-            Self::Memory(local) => Ok(local.limiter.peek(local.check(table, &check)?)?),
-            Self::Redis { remote, .. } => {
-                let store = remote
-                    .available()
-                    .ok_or(Undecided::Unavailable { denied: true })?;
-                let checks = [redis_check(table, &check)];
-                let exists = store.exists(&table.get(policy).stored_as, key);
-                let (checked, exists) =
-                    tokio::join!(store.decide(&checks, None, Mode::Peek), exists);
-                let decision = checked
-                    .map_err(refusal)?
-                    .all
-                    .decisions
-                    .first()
-                    .copied()
-                    .ok_or(Undecided::Unavailable { denied: true })?;
-                Ok((decision, exists.map_err(refusal)?))
-            }
-        }
+        let asked = [store::Check {
+            on_error: Some(OnStoreError::Deny),
+            ..store_check(table, &check)
+        }];
+        let stored_as = &table.get(policy).stored_as;
+        let (checked, exists) = tokio::join!(
+            Store::decide(self, &asked, Mode::Peek),
+            self.exists(stored_as, key)
+        );
+        Ok((checked?.sole()?, exists?))
     }
 
     /// Releases or renews a concurrency policy's lease where it was taken:
@@ -584,18 +536,14 @@ impl Backend {
         op: LeaseOp,
         local: bool,
     ) -> Result<Decision, Undecided> {
-        let remote = match self {
-            Self::Redis { remote, .. } if !local => remote,
-            _ => return self.on_local_lease(table, check, op),
-        };
-        let store = remote
-            .available()
-            .ok_or(Undecided::Unavailable { denied: true })?;
-        let entry = table.get(check.policy);
-        let decided = store
-            .on_lease(&entry.stored_as, &entry.policy, check.key, op, None)
-            .await;
-        decided.map_err(refusal)
+        match (self, local) {
+            (Self::Redis(guarded), false) => {
+                let remote = guarded.remote.available();
+                let remote = remote.ok_or(Undecided::Unavailable { denied: true })?;
+                Ok(Store::on_lease(&*remote, core_check(table, check), op).await?)
+            }
+            _ => self.on_local_lease(table, check, op),
+        }
     }
 
     /// [`Backend::on_lease`] on the in-process store (or fallback), at
@@ -606,13 +554,11 @@ impl Backend {
         check: &Check<'_>,
         op: LeaseOp,
     ) -> Result<Decision, Undecided> {
-        let local = self.local();
-        let id = local.check(table, check)?.policy;
-        Ok(match op {
-            LeaseOp::Release(lease) => local.limiter.release(id, check.key, lease),
-            LeaseOp::Renew(lease) => local.limiter.renew(id, check.key, lease),
-            LeaseOp::Take(_) => local.limiter.release(id, check.key, 0),
-        }?)
+        let asked = store::Check {
+            lease: op,
+            ..store::Check::from(core_check(table, check))
+        };
+        Ok(self.local().decide_now(&[asked], Mode::CHARGE)?.sole()?)
     }
 
     /// Forgets `key` under `policy` (the admin `DELETE`), in the shared
@@ -623,217 +569,33 @@ impl Backend {
         policy: TableId,
         key: &str,
     ) -> Result<bool, Undecided> {
-        let local = self.local();
-        let here = local.limiter.reset(local.ids[policy.0], key)?;
-        let Some(remote) = self.remote() else {
-            return Ok(here);
-        };
-        let store = remote
-            .available()
-            .ok_or(Undecided::Unavailable { denied: true })?;
-        store
-            .reset(&table.get(policy).stored_as, key)
-            .await
-            .map_err(|e| {
-                tracing::warn!(error = %e, "admin reset failed");
-                Undecided::Unavailable { denied: true }
-            })
+        let stored_as = &table.get(policy).stored_as;
+        Store::reset(self, stored_as, key).await.map_err(|e| {
+            tracing::warn!(error = %e, "admin reset failed");
+            Undecided::from(e)
+        })
     }
 }
 
-fn refusal(e: StoreError) -> Undecided {
-    match e {
-        StoreError::Invalid(e) => Undecided::Invalid(e),
-        StoreError::Unsupported(m) => Undecided::Unsupported(m),
-        _ => Undecided::Unavailable { denied: true },
-    }
-}
-
-fn shadows(table: &PolicyTable, checks: &[Check<'_>]) -> Few<bool> {
-    checks.iter().map(|c| table.get(c.policy).shadow).collect()
-}
-
-fn redis_check<'a>(table: &'a PolicyTable, check: &Check<'a>) -> weir_redis::Check<'a> {
+/// `check` as `weir-core` names it: the policy's stored name and parameters.
+fn core_check<'a>(table: &'a PolicyTable, check: &Check<'a>) -> weir_core::Check<'a> {
     let entry = table.get(check.policy);
-    weir_redis::Check {
+    weir_core::Check {
+        name: &entry.stored_as,
+        policy: &entry.policy,
+        key: check.key,
+        cost: check.cost,
+    }
+}
+
+/// `check` as a store is asked it, with its policy's rules.
+fn store_check<'a>(table: &'a PolicyTable, check: &Check<'a>) -> store::Check<'a> {
+    let entry = table.get(check.policy);
+    store::Check {
         on_loss: entry.on_state_loss,
         shadow: entry.shadow,
-        ..weir_redis::Check::from(weir_core::Check {
-            name: &entry.stored_as,
-            policy: &entry.policy,
-            key: check.key,
-            cost: check.cost,
-        })
+        ..store::Check::from(core_check(table, check))
     }
-}
-
-/// One charge on Redis; with `replica_acks`, an admission is not answered
-/// before that many replicas hold it.
-async fn charged(
-    store: &weir_redis::RedisStore,
-    replica_acks: u32,
-    checks: &[weir_redis::Check<'_>],
-    max_delay: Nanos,
-) -> Result<weir_redis::Checked, StoreError> {
-    let checked = store
-        .decide(checks, None, Mode::Charge { max_delay })
-        .await?;
-    let charged = checked.all.allowed && checks.iter().any(|c| c.check.cost > 0);
-    if let (true, Some(first)) = (replica_acks > 0 && charged, checks.first()) {
-        // Boxed: its future is large (~3 kB), and would otherwise make every
-        // store call's future that large, copied on each call.
-        let acked = Box::pin(store.wait_replicas(first.check.key, replica_acks)).await?;
-        if acked < u64::from(replica_acks) {
-            return Err(StoreError::Replication {
-                acked,
-                wanted: replica_acks,
-            });
-        }
-    }
-    Ok(checked)
-}
-
-async fn decide_remote(
-    table: &PolicyTable,
-    remote: &Remote,
-    fallback: &Local,
-    checks: &[Check<'_>],
-    max_delay: Nanos,
-    default: Option<OnStoreError>,
-    new_keys: NewKeys,
-) -> Result<Verdict, Undecided> {
-    let redis: Vec<weir_redis::Check<'_>> = (checks.iter())
-        .map(|c| weir_redis::Check {
-            no_new_key: new_keys != NewKeys::Allowed,
-            ..redis_check(table, c)
-        })
-        .collect();
-    // Refuse what the store would refuse before trying it, so that an
-    // invalid request is refused alike whether Redis is up or not.
-    let core: Vec<weir_core::Check<'_>> = redis.iter().map(|c| c.check).collect();
-    weir_core::check::validate(&core, MAX_KEY).map_err(Undecided::Invalid)?;
-    let traced = Traced::start("weir.store");
-    traced.set("db.system.name", "redis");
-    // On a cluster, the breaker of the master serving this identity.
-    let node = checks.first().and_then(|c| remote.node_for(c.key));
-    let node = node.as_deref();
-    if let Some(node) = node {
-        traced.set("server.address", node.addr.clone());
-    }
-    match remote
-        .available()
-        .filter(|_| node.is_none_or(|n| n.is_up()))
-    {
-        Some(store) => match traced
-            .around(charged(&store, remote.replica_acks, &redis, max_delay))
-            .await
-        {
-            Ok(checked) => {
-                remote.succeeded(node);
-                if checked.state_lost {
-                    Meters::state_lost();
-                    tracing::warn!(
-                        "the store lost its state (restarted empty, flushed or evicted): on_state_loss applies"
-                    );
-                }
-                if checked.new_key_refused {
-                    return Err(match new_keys {
-                        NewKeys::Refused(wait) => Undecided::NewKeys(wait),
-                        NewKeys::Allowed => Undecided::NewKeys(0),
-                    });
-                }
-                return Ok(Verdict {
-                    all: checked.all,
-                    degraded: false,
-                    max_delay,
-                    shadow: shadows(table, checks),
-                    created: checked.created,
-                });
-            }
-            Err(StoreError::Invalid(e)) => return Err(Undecided::Invalid(e)),
-            Err(StoreError::Unsupported(m)) => return Err(Undecided::Unsupported(m)),
-            Err(e) => {
-                remote.failed(node);
-                Meters::store_error(match e {
-                    StoreError::Timeout(_) => "timeout",
-                    StoreError::Reply => "reply",
-                    StoreError::Replication { .. } => "replication",
-                    _ => "redis",
-                });
-                tracing::debug!(error = %e, "store call failed");
-                traced.error(e.to_string());
-            }
-        },
-        None => {
-            Meters::store_error("circuit_open");
-            traced.error("the circuit breaker is open".to_owned());
-        }
-    }
-    drop(traced);
-    let _fallback = Traced::start("weir.fallback");
-    fall_back(table, fallback, checks, max_delay, default)
-}
-
-/// Decides without the store: `deny` anywhere refuses; `local` policies are
-/// checked all-or-nothing by the scaled in-process limiter; `allow` admits
-/// without counting (reporting the full limit as remaining).
-fn fall_back(
-    table: &PolicyTable,
-    fallback: &Local,
-    checks: &[Check<'_>],
-    max_delay: Nanos,
-    default: Option<OnStoreError>,
-) -> Result<Verdict, Undecided> {
-    let rules: Vec<Option<OnStoreError>> = checks
-        .iter()
-        .map(|c| {
-            let entry = table.get(c.policy);
-            entry.fell_back();
-            entry.on_store_error.or(default)
-        })
-        .collect();
-    if rules.contains(&Some(OnStoreError::Deny)) {
-        return Err(Undecided::Unavailable { denied: true });
-    }
-    if rules.contains(&None) {
-        return Err(Undecided::Unavailable { denied: false });
-    }
-    let local: Vec<Check<'_>> = checks
-        .iter()
-        .zip(&rules)
-        .filter(|(_, r)| **r == Some(OnStoreError::Local))
-        .map(|(c, _)| *c)
-        .collect();
-    let checked = match local.is_empty() {
-        true => AllDecision {
-            allowed: true,
-            decisions: Vec::new(),
-        },
-        false => fallback.decide(table, &local, max_delay)?,
-    };
-    let mut local_decisions = checked.decisions.into_iter();
-    let decisions = rules
-        .iter()
-        .zip(checks)
-        .map(|(rule, check)| match rule {
-            Some(OnStoreError::Local) => local_decisions.next().unwrap_or_default(),
-            _ => Decision {
-                allowed: true,
-                remaining: table.get(check.policy).limit(true),
-                ..Decision::default()
-            },
-        })
-        .collect();
-    Ok(Verdict {
-        all: AllDecision {
-            allowed: checked.allowed,
-            decisions,
-        },
-        degraded: true,
-        max_delay,
-        shadow: shadows(table, checks),
-        created: 0,
-    })
 }
 
 /// The stored key of a client's `identity` under `scope` (`api`,

@@ -259,6 +259,11 @@ impl Remote {
         self.is_up()
     }
 
+    /// The longest key it takes.
+    pub(crate) fn max_key_len(&self) -> usize {
+        self.max_key_len
+    }
+
     /// The connected store while the breaker is closed.
     pub(crate) fn available(&self) -> Option<Arc<RedisStore>> {
         self.store.load_full().filter(|_| self.is_up())

@@ -32,8 +32,9 @@ use weir_core::check::escape;
 use weir_core::{Decision, MAX_IDENTITY, NANOS_PER_SEC, Nanos, Policy, Rate};
 use weir_tower::{Limited, Part, fields_in};
 
-use crate::backend::{Check, Few, NewKeys, Undecided};
+use crate::backend::{Check, Few, Undecided};
 use crate::config::{Config, DescriptorRule, TableId};
+use crate::engine::Ask;
 use crate::state::{AppState, Shared};
 use weir_envoy_ratelimit::Found;
 
@@ -520,15 +521,12 @@ pub(crate) async fn answer(
     // Envoy cannot hold a request: a shaper admits only what it would
     // release at once.
     let decided = shared
-        .backend
-        .decide(
-            &shared.table,
-            &shared.meters,
-            &checks,
-            0,
-            None,
-            NewKeys::Allowed,
-        )
+        .decide(Ask {
+            checks: &checks,
+            client: None,
+            max_delay: 0,
+            on_store_error: None,
+        })
         .await;
     match decided {
         Ok(verdict) => Ok(answered(shared, response, &checks, &slot, &names, &verdict)),
@@ -594,11 +592,7 @@ async fn report(
         return Ok(());
     }
     let checks: Vec<Check<'_>> = reports.iter().map(|(_, c)| *c).collect();
-    let (reported, _) = shared
-        .backend
-        .report(&shared.table, &checks, NewKeys::Allowed)
-        .await
-        .map_err(status)?;
+    let reported = shared.report(&checks, None).await.map_err(status)?;
     for ((i, check), d) in reports.iter().zip(&reported) {
         let entry = shared.table.get(check.policy);
         response.statuses[*i] = descriptor_status(Code::Ok, &entry.name, &entry.policy, d);

@@ -22,6 +22,7 @@ use crate::RouteLabel;
 use crate::answer::ApiError;
 use crate::backend::{Check, Few, scoped_key};
 use crate::config::{Cost, Identity, OnStoreError, Route, Segment, TableId, Usage};
+use crate::engine::Ask;
 use crate::leases::{Held, Leased};
 use crate::metrics::Meters;
 use crate::state::{AppState, Shared};
@@ -601,27 +602,18 @@ async fn decide_and_forward(
             },
         })
         .collect();
-    let new_keys = match shared.may_create(&checks, client) {
-        Ok(new_keys) => new_keys,
-        Err(wait) => return ApiError::NewKeys(wait).into_response(),
-    };
-    let max_wait = Nanos::try_from(route.max_wait.as_nanos()).unwrap_or(Nanos::MAX);
     let decided = shared
-        .backend
-        .decide(
-            &shared.table,
-            &shared.meters,
-            &checks,
-            max_wait,
-            Some(OnStoreError::Local),
-            new_keys,
-        )
+        .decide(Ask {
+            checks: &checks,
+            client,
+            max_delay: Nanos::try_from(route.max_wait.as_nanos()).unwrap_or(Nanos::MAX),
+            on_store_error: Some(OnStoreError::Local),
+        })
         .await;
     let verdict = match decided {
         Ok(verdict) => verdict,
         Err(refusal) => return ApiError::from(refusal).into_response(),
     };
-    shared.created(client, verdict.created);
     let parts: Few<Part<'_>> = verdict.visible(&shared.table, &ids);
     let server = &shared.config.server;
     let logged = |outcome, policy: Option<&str>| Logged {

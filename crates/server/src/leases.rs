@@ -30,7 +30,7 @@ pub(crate) struct Held {
 
 impl Held {
     /// The leases `verdict` took for the checks of `ids` on `key`, held and
-    /// renewed until dropped (and counted in the policy's lease book); `None`
+    /// renewed until dropped (booked by the pipeline, released here); `None`
     /// when it took none.
     pub(crate) fn take(
         shared: &Arc<Shared>,
@@ -53,9 +53,6 @@ impl Held {
             })
             .min()?
             .max(1_000_000);
-        for &(id, lease) in &leases {
-            shared.table.get(id).lease_taken(lease);
-        }
         let local = verdict.degraded;
         let renewing = tokio::spawn(renew(
             shared.clone(),

@@ -19,10 +19,12 @@ mod api;
 pub mod backend;
 pub mod breaker;
 pub mod config;
+mod engine;
 pub mod envoy;
 mod envoy_json;
 mod gateway;
 mod grpc;
+pub mod guarded;
 mod lease_book;
 mod leases;
 pub use grpc::run_grpc;
@@ -354,7 +356,7 @@ async fn prepare(
                     .map(|(_, e)| (e.name.as_str(), e.live.totals()));
                 state.history.record(totals, shared.meters.latency.read());
                 if second % 5 == 4 {
-                    shared.backend.local().limiter.sweep();
+                    shared.backend.local().sweep();
                 }
             }
         })

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use weir_core::{NANOS_PER_SEC, Nanos, Policy, Rate};
+use weir_core::{Policy, Rate};
 use weir_limiter::Limiter;
 
-use crate::backend::{Backend, Check, NewKeys};
+use crate::backend::Backend;
 use crate::config::{Config, StoreUrl};
 use crate::metrics::Meters;
 use crate::reload::{Reloaded, Source, UNCHANGED, changes, record};
@@ -30,7 +30,7 @@ pub struct Shared {
     pub backend: Backend,
     pub(crate) meters: Meters,
     /// `[server] new_keys_per_ip`: new keys each client address may create.
-    new_keys: Option<Arc<Limiter>>,
+    pub(crate) new_keys: Option<Arc<Limiter>>,
     /// The fingerprint of the configuration's text (0: not from a file).
     pub hash: u64,
 }
@@ -77,63 +77,10 @@ impl Shared {
             hash: 0,
         })
     }
-
-    /// Whether `checks` from `client` may store new keys
-    /// (`[server] new_keys_per_ip`). In process, whether a key is new is
-    /// known here: `Err(wait)` refuses before anything is stored, and an
-    /// admitted new key takes from the client's share at once. On Redis it
-    /// is known only to the script: a client with its share left may
-    /// create keys (counted after, by [`Shared::created`]); one without
-    /// gets [`NewKeys::Refused`], which the script enforces.
-    pub(crate) fn may_create(
-        &self,
-        checks: &[Check<'_>],
-        client: Option<IpAddr>,
-    ) -> Result<NewKeys, Nanos> {
-        let (Some(new_keys), Some(client)) = (&self.new_keys, client) else {
-            return Ok(NewKeys::Allowed);
-        };
-        let client = self.config.server.limits.client(client);
-        match &self.backend {
-            Backend::Memory(local) if checks.iter().all(|c| local.contains(c)) => {
-                Ok(NewKeys::Allowed)
-            }
-            Backend::Memory(_) => match new_keys.check(&client.to_string(), 1) {
-                Ok(d) if d.allowed => Ok(NewKeys::Allowed),
-                Ok(d) => Err(d.retry_after),
-                // Too many clients tracked at once: refuse, never wave through.
-                Err(_) => Err(NANOS_PER_SEC),
-            },
-            Backend::Redis { .. } => {
-                let client = client.to_string();
-                let share = (new_keys.policy(NEW_KEYS))
-                    .and_then(|id| new_keys.peek(weir_limiter::Check::new(id, &client)));
-                match share {
-                    Ok((d, _)) if d.allowed => Ok(NewKeys::Allowed),
-                    Ok((d, _)) => Ok(NewKeys::Refused(d.retry_after)),
-                    Err(_) => Ok(NewKeys::Refused(NANOS_PER_SEC)),
-                }
-            }
-        }
-    }
-
-    /// Counts the keys a Redis decision for `client` created against its
-    /// `new_keys_per_ip` share (in process they were counted before).
-    pub(crate) fn created(&self, client: Option<IpAddr>, created: usize) {
-        if let (Some(new_keys), Some(client), Backend::Redis { .. }, 1..) =
-            (&self.new_keys, client, &self.backend, created)
-        {
-            let client = self.config.server.limits.client(client).to_string();
-            if let Ok(id) = new_keys.policy(NEW_KEYS) {
-                let check = weir_limiter::Check::new(id, &client);
-                let _ = new_keys.report(check.cost(created as u64));
-            }
-        }
-    }
 }
 
 /// The policy of `new_keys_per_ip`: new keys per client address.
-const NEW_KEYS: &str = "new-keys";
+pub(crate) const NEW_KEYS: &str = "new-keys";
 
 /// Client addresses tracked by `new_keys_per_ip` at once.
 const NEW_KEY_CLIENTS: usize = 100_000;
@@ -240,7 +187,7 @@ impl AppState {
     pub fn render_metrics(&self) -> String {
         crate::metrics::process().collect();
         let shared = self.current();
-        metrics::gauge!(crate::metrics::KEYS).set(shared.backend.local().limiter.len() as f64);
+        metrics::gauge!(crate::metrics::KEYS).set(shared.backend.local().len() as f64);
         metrics::gauge!(crate::metrics::MAX_KEYS).set(shared.config.store.max_keys as f64);
         for (_, entry) in shared.table.iter() {
             entry.sweep_leases();
@@ -279,10 +226,7 @@ impl AppState {
         };
         next.hash = current.hash;
         next.new_keys = current.new_keys.clone();
-        let (limiter, previous) = (
-            &next.backend.local().limiter,
-            &current.backend.local().limiter,
-        );
+        let (limiter, previous) = (&next.backend.local(), &current.backend.local());
         for named in &recent {
             let kept = next
                 .table

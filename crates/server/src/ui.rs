@@ -17,7 +17,6 @@ use weir_sim::{TraceError, TraceReader};
 
 use crate::answer::{ApiError, read_body};
 use crate::api::{Peer, authorize};
-use crate::backend::Backend;
 use crate::live::{CAPACITY, Hitter, PolicyCounts, SLICE, SLICES, now_ms};
 use crate::state::AppState;
 
@@ -105,9 +104,9 @@ pub(crate) async fn stats(
     Query(query): Query<StatsQuery>,
 ) -> Response {
     let shared = state.current();
-    let (kind, up, nodes, master) = match &shared.backend {
-        Backend::Memory(_) => ("memory", true, Vec::new(), None),
-        Backend::Redis { remote, .. } => (
+    let (kind, up, nodes, master) = match shared.backend.remote() {
+        None => ("memory", true, Vec::new(), None),
+        Some(remote) => (
             "redis",
             remote.is_up(),
             crate::api::nodes(remote),
@@ -126,7 +125,7 @@ pub(crate) async fn stats(
             kind,
             up,
             breaker: if up { "closed" } else { "open" },
-            local_keys: shared.backend.local().limiter.len(),
+            local_keys: shared.backend.local().len(),
             nodes,
             master,
         },

@@ -22,7 +22,7 @@ use http::HeaderMap;
 use http::header::CONTENT_TYPE;
 use hyper::body::{Body, Bytes, Frame, SizeHint};
 
-use crate::backend::{Check, NewKeys};
+use crate::backend::Check;
 use crate::config::{TableId, Usage};
 use crate::state::Shared;
 use crate::upstream::Answer;
@@ -96,7 +96,7 @@ impl Charge {
             return;
         }
         // The keys were admitted a moment ago: no new-key guard.
-        let reported = shared.backend.report(table, &checks, NewKeys::Allowed);
+        let reported = shared.report(&checks, None);
         if let Err(e) = reported.await {
             metrics::counter!(crate::metrics::USAGE_UNREPORTED, "route" => route.to_owned())
                 .increment(1);

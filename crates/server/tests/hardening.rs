@@ -220,7 +220,7 @@ async fn new_keys_per_address_are_capped_before_anything_is_stored() {
         report.body
     );
     assert_eq!(
-        state.current().backend.local().limiter.len(),
+        state.current().backend.local().len(),
         3,
         "d and e were not stored"
     );

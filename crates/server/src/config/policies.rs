@@ -2,7 +2,6 @@
 //! does when the shared store fails or loses its state.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::str::FromStr;
 
 use serde::Deserialize;
@@ -39,45 +38,9 @@ pub struct PolicyConfig {
     pub shadow: bool,
 }
 
-/// `on_store_error`: what a policy does when the shared store fails.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnStoreError {
-    /// Decide in process, with the policy scaled by `fallback_share`.
-    Local,
-    /// Admit without counting (fail open).
-    Allow,
-    /// Refuse (fail closed).
-    Deny,
-}
-
-/// `on_state_loss`: what a key lost with the store's state counts as —
-/// the Redis store's own rule, named as the configuration names it.
-pub use weir_redis::OnLoss as OnStateLoss;
-
-/// Names and their values, for `FromStr` and `Display` alike.
-macro_rules! words {
-    ($type:ident { $($variant:ident = $word:literal),+ }) => {
-        impl $type {
-            /// The valid values, as a config error lists them.
-            pub const VALID: &'static str = concat!($("\"", $word, "\" "),+);
-        }
-        impl FromStr for $type {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
-                match s {
-                    $($word => Ok(Self::$variant),)+
-                    _ => Err(format!("`{s}` is not valid (valid: {})", Self::VALID.trim_end())),
-                }
-            }
-        }
-        impl fmt::Display for $type {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(match self { $(Self::$variant => $word,)+ })
-            }
-        }
-    };
-}
-words!(OnStoreError { Local = "local", Allow = "allow", Deny = "deny" });
+/// `on_store_error` and `on_state_loss`: the store boundary's rules, named
+/// as the configuration names them.
+pub use weir_core::store::{OnLoss as OnStateLoss, OnStoreError};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(transparent)]
