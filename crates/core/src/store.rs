@@ -261,6 +261,14 @@ pub trait Store: Send + Sync {
     /// allowance; whether it was stored.
     fn reset(&self, name: &str, key: &str) -> impl Future<Output = Result<bool, Error>> + Send;
 
+    /// The parameters of the policy this store keeps under `name`, for a
+    /// store that keeps its own policies (the in-process limiter); `None`
+    /// for one that is told them with every check (Redis).
+    fn parameters(&self, name: &str) -> Option<Policy> {
+        let _ = name;
+        None
+    }
+
     /// Releases or renews the lease `op` names of `check`'s key under its
     /// concurrency policy: allowed is whether it was live, with the
     /// standing after it.
@@ -292,5 +300,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
 
     fn reset(&self, name: &str, key: &str) -> impl Future<Output = Result<bool, Error>> + Send {
         (**self).reset(name, key)
+    }
+
+    fn parameters(&self, name: &str) -> Option<Policy> {
+        (**self).parameters(name)
     }
 }

@@ -49,6 +49,10 @@ impl<C: Clock + Send + Sync> store::Store for Limiter<C> {
         };
         std::future::ready(reset)
     }
+
+    fn parameters(&self, name: &str) -> Option<weir_core::Policy> {
+        Limiter::parameters(self, name)
+    }
 }
 
 impl<C: Clock> Limiter<C> {

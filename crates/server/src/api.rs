@@ -323,21 +323,8 @@ async fn on_lease(
         ))
     })?;
     let key = scoped_key(API_SCOPE, &request.key)?;
-    let check = Check {
-        policy: id,
-        key: &key,
-        cost: 0,
-    };
-    let decision = shared
-        .backend
-        .on_lease(&shared.table, &check, op(lease), local)
-        .await?;
+    let decision = shared.on_lease(id, &key, op(lease), local).await?;
     let entry = shared.table.get(id);
-    match op(lease) {
-        LeaseOp::Release(_) => entry.lease_released(lease, decision.allowed),
-        _ if decision.allowed => entry.lease_taken(lease),
-        _ => {}
-    }
     let body = DecisionBody::new(entry, &decision, local);
     Ok(Json(Single {
         decision: body,
@@ -632,7 +619,7 @@ pub(crate) async fn inspect_key(
 ) -> Result<Response, ApiError> {
     let (shared, id) = authorize(&state, peer, &headers, &policy)?;
     let (id, stored) = addressed(&shared, id, &key, source.as_deref())?;
-    let (decision, exists) = shared.backend.peek(&shared.table, id, &stored).await?;
+    let (decision, exists) = shared.peek(id, &stored).await?;
     let entry = shared.table.get(id);
     Ok(Json(Inspected {
         policy: &entry.name,
@@ -665,7 +652,7 @@ pub(crate) async fn reset_key(
 ) -> Result<Response, ApiError> {
     let (shared, id) = authorize(&state, peer, &headers, &policy)?;
     let (id, stored) = addressed(&shared, id, &key, source.as_deref())?;
-    let existed = shared.backend.reset(&shared.table, id, &stored).await?;
+    let existed = shared.reset(id, &stored).await?;
     tracing::info!(policy, key = stored, existed, "admin reset a key");
     Ok(Json(Reset {
         policy: &policy,

@@ -4,20 +4,17 @@
 //! unlimited overrides answered without a store call, the store's answer
 //! made a [`Verdict`], every outcome counted.
 
-use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use weir_core::store::{self, LeaseOp, Mode, OnStoreError, Store};
+use weir_core::store::{self, Mode, Store};
 use weir_core::{AllDecision, CheckError, Decision, MAX_IDENTITY, Nanos};
 use weir_limiter::Limiter;
 
 use crate::breaker::Remote;
 use crate::config::{Config, StoreUrl, TableId};
 use crate::guarded::Guarded;
-use crate::metrics::Meters;
-use crate::table::{Outcome, PolicyTable};
-use crate::telemetry::Traced;
+use crate::table::PolicyTable;
 use weir_tower::Part;
 
 /// A request's policies, checks or parts: a few, kept on the stack (a
@@ -93,9 +90,9 @@ pub(crate) struct Verdict {
     /// Decided without the shared store (by `on_store_error`).
     pub(crate) degraded: bool,
     /// The longest shaper delay the caller accepted.
-    max_delay: Nanos,
+    pub(crate) max_delay: Nanos,
     /// Per check: its policy is in shadow mode.
-    shadow: Few<bool>,
+    pub(crate) shadow: Few<bool>,
     /// Keys this decision stored that did not exist before (Redis only: in
     /// process, [`NewKeys`] is known before the decision).
     pub(crate) created: usize,
@@ -169,7 +166,7 @@ impl Verdict {
     /// This verdict over every check of `checks`: the unlimited overrides,
     /// left out of the store call, put back in their places, admitted with
     /// their full limit.
-    fn with_unlimited(self, table: &PolicyTable, checks: &[Check<'_>]) -> Self {
+    pub(crate) fn with_unlimited(self, table: &PolicyTable, checks: &[Check<'_>]) -> Self {
         let mut decided = self.all.decisions.into_iter();
         let mut shadows = self.shadow.into_iter();
         let mut decisions = Vec::with_capacity(checks.len());
@@ -353,248 +350,6 @@ impl Backend {
             Some(remote) => remote.wait_up(within).await,
             None => true,
         }
-    }
-
-    /// Decides `checks` all-or-nothing, refusing shaper waits over
-    /// `max_delay`. A policy without an `on_store_error` rule follows
-    /// `default`; with none, a store failure makes the request
-    /// [`Undecided::Unavailable`]. Counts every policy's outcome.
-    pub(crate) async fn decide(
-        &self,
-        table: &PolicyTable,
-        meters: &Meters,
-        checks: &[Check<'_>],
-        max_delay: Nanos,
-        default: Option<OnStoreError>,
-        new_keys: NewKeys,
-    ) -> Result<Verdict, Undecided> {
-        let started = Instant::now();
-        // Unlimited overrides are admitted without a store call.
-        let unlimited = |c: &Check<'_>| table.get(c.policy).unlimited;
-        // Copied only when an unlimited override is among them.
-        let counted: Cow<'_, [Check<'_>]> = match checks.iter().any(unlimited) {
-            true => checks.iter().filter(|c| !unlimited(c)).copied().collect(),
-            false => Cow::Borrowed(checks),
-        };
-        let traced = Traced::start("weir.decide");
-        if traced.is_recording() {
-            let names: Vec<&str> = checks
-                .iter()
-                .map(|c| table.get(c.policy).name.as_str())
-                .collect();
-            traced.set("weir.policies", names.join(","));
-            if let Some(first) = checks.first() {
-                traced.set("weir.cost", i64::try_from(first.cost).unwrap_or(i64::MAX));
-                traced.identity(first.key);
-            }
-        }
-        let decided = match counted.is_empty() {
-            true => Ok(store::Checked::default()),
-            false => {
-                let asked: Few<store::Check<'_>> = (counted.iter())
-                    .map(|c| store::Check {
-                        no_new_key: new_keys != NewKeys::Allowed,
-                        on_error: table.get(c.policy).on_store_error.or(default),
-                        ..store_check(table, c)
-                    })
-                    .collect();
-                traced
-                    .around(Store::decide(self, &asked, Mode::Charge { max_delay }))
-                    .await
-            }
-        };
-        if matches!(&decided, Ok(c) if c.degraded)
-            || matches!(
-                &decided,
-                Err(store::Error::Unavailable { .. } | store::Error::Denied)
-            )
-        {
-            counted.iter().for_each(|c| table.get(c.policy).fell_back());
-        }
-        let decided = match decided {
-            Ok(checked) if checked.new_key_refused => Err(Undecided::NewKeys(match new_keys {
-                NewKeys::Refused(wait) => wait,
-                NewKeys::Allowed => 0,
-            })),
-            Ok(checked) => Ok(Verdict {
-                all: AllDecision {
-                    allowed: checked.all.allowed || counted.is_empty(),
-                    decisions: checked.all.decisions,
-                },
-                degraded: checked.degraded,
-                max_delay,
-                shadow: counted.iter().map(|c| table.get(c.policy).shadow).collect(),
-                created: checked.created,
-            }),
-            Err(e) => Err(Undecided::from(e)),
-        };
-        let decided = match decided {
-            Ok(verdict) if counted.len() < checks.len() => {
-                Ok(verdict.with_unlimited(table, checks))
-            }
-            other => other,
-        };
-        meters.observe(started);
-        if traced.is_recording() {
-            match &decided {
-                Ok(verdict) => {
-                    traced.set("weir.allowed", verdict.all.allowed);
-                    traced.set("weir.degraded", verdict.degraded);
-                }
-                Err(refusal) => traced.error(format!("{refusal:?}")),
-            }
-        }
-        match &decided {
-            Ok(verdict) => {
-                for (i, (check, d)) in checks.iter().zip(&verdict.all.decisions).enumerate() {
-                    let outcome = match (verdict.all.allowed, verdict.refuses(i)) {
-                        _ if unlimited(check) => Outcome::Unlimited,
-                        _ if verdict.shadow_limited(i) => Outcome::ShadowLimited,
-                        (true, _) => Outcome::Allowed,
-                        (false, false) => Outcome::Uncharged,
-                        (false, true) => Outcome::Rejected,
-                    };
-                    let entry = table.get(check.policy);
-                    entry.count(outcome);
-                    entry.live.count(outcome, verdict.degraded, check.key);
-                    if outcome == Outcome::Allowed
-                        && table.near_limit(entry, d.remaining, verdict.degraded)
-                    {
-                        entry.near_limit();
-                    }
-                }
-            }
-            Err(_) => checks
-                .iter()
-                .for_each(|c| table.get(c.policy).count(Outcome::Error)),
-        }
-        decided
-    }
-
-    /// Charges usage after the fact (docs/SPEC.md's reports): every check is
-    /// charged, possibly into debt, after all are validated, in one store
-    /// call; a store failure is [`Undecided::Unavailable`] (usage is never
-    /// charged to a fallback).
-    pub(crate) async fn report(
-        &self,
-        table: &PolicyTable,
-        checks: &[Check<'_>],
-        new_keys: NewKeys,
-    ) -> Result<(Vec<Decision>, usize), Undecided> {
-        let reports: Few<store::Check<'_>> = checks
-            .iter()
-            .map(|c| store::Check {
-                report: true,
-                no_new_key: new_keys != NewKeys::Allowed,
-                on_error: Some(OnStoreError::Deny),
-                ..store_check(table, c)
-            })
-            .collect();
-        let checked = Store::decide(self, &reports, Mode::CHARGE).await?;
-        if let (true, NewKeys::Refused(wait)) = (checked.new_key_refused, new_keys) {
-            return Err(Undecided::NewKeys(wait));
-        }
-        for c in checks {
-            table.get(c.policy).reported(c.cost);
-        }
-        Ok((checked.all.decisions, checked.created))
-    }
-
-    /// What a check of cost 1 of `key` would decide now, charging nothing,
-    /// and whether the key is stored (the admin `GET`): the shared store's
-    /// answer, never a fallback's.
-    pub(crate) async fn peek(
-        &self,
-        table: &PolicyTable,
-        policy: TableId,
-        key: &str,
-    ) -> Result<(Decision, bool), Undecided> {
-        let check = Check {
-            policy,
-            key,
-            cost: 1,
-        };
-        let asked = [store::Check {
-            on_error: Some(OnStoreError::Deny),
-            ..store_check(table, &check)
-        }];
-        let stored_as = &table.get(policy).stored_as;
-        let (checked, exists) = tokio::join!(
-            Store::decide(self, &asked, Mode::Peek),
-            self.exists(stored_as, key)
-        );
-        Ok((checked?.sole()?, exists?))
-    }
-
-    /// Releases or renews a concurrency policy's lease where it was taken:
-    /// the shared store, or (`local`: taken while the store was down) the
-    /// in-process fallback. `allowed` is whether it was live.
-    pub(crate) async fn on_lease(
-        &self,
-        table: &PolicyTable,
-        check: &Check<'_>,
-        op: LeaseOp,
-        local: bool,
-    ) -> Result<Decision, Undecided> {
-        match (self, local) {
-            (Self::Redis(guarded), false) => {
-                let remote = guarded.remote.available();
-                let remote = remote.ok_or(Undecided::Unavailable { denied: true })?;
-                Ok(Store::on_lease(&*remote, core_check(table, check), op).await?)
-            }
-            _ => self.on_local_lease(table, check, op),
-        }
-    }
-
-    /// [`Backend::on_lease`] on the in-process store (or fallback), at
-    /// once.
-    pub(crate) fn on_local_lease(
-        &self,
-        table: &PolicyTable,
-        check: &Check<'_>,
-        op: LeaseOp,
-    ) -> Result<Decision, Undecided> {
-        let asked = store::Check {
-            lease: op,
-            ..store::Check::from(core_check(table, check))
-        };
-        Ok(self.local().decide_now(&[asked], Mode::CHARGE)?.sole()?)
-    }
-
-    /// Forgets `key` under `policy` (the admin `DELETE`), in the shared
-    /// store and in the local fallback; whether the store held it.
-    pub(crate) async fn reset(
-        &self,
-        table: &PolicyTable,
-        policy: TableId,
-        key: &str,
-    ) -> Result<bool, Undecided> {
-        let stored_as = &table.get(policy).stored_as;
-        Store::reset(self, stored_as, key).await.map_err(|e| {
-            tracing::warn!(error = %e, "admin reset failed");
-            Undecided::from(e)
-        })
-    }
-}
-
-/// `check` as `weir-core` names it: the policy's stored name and parameters.
-fn core_check<'a>(table: &'a PolicyTable, check: &Check<'a>) -> weir_core::Check<'a> {
-    let entry = table.get(check.policy);
-    weir_core::Check {
-        name: &entry.stored_as,
-        policy: &entry.policy,
-        key: check.key,
-        cost: check.cost,
-    }
-}
-
-/// `check` as a store is asked it, with its policy's rules.
-fn store_check<'a>(table: &'a PolicyTable, check: &Check<'a>) -> store::Check<'a> {
-    let entry = table.get(check.policy);
-    store::Check {
-        on_loss: entry.on_state_loss,
-        shadow: entry.shadow,
-        ..store::Check::from(core_check(table, check))
     }
 }
 

@@ -1,17 +1,24 @@
 //! The decision pipeline every face calls: a face turns its input into an
 //! [`Ask`] and the [`Verdict`] into its answer. Here, once: the new-key
-//! guard (`[server] new_keys_per_ip`), the store call with its fallback
-//! and overrides ([`Backend::decide`](crate::backend::Backend::decide)),
-//! the keys created counted against the client's share, and the leases
-//! taken booked.
+//! guard (`[server] new_keys_per_ip`), unlimited overrides answered without
+//! a store call, the table's checks made store checks with their rules, the
+//! store's answer (its fallback's, when degraded) made a verdict, every
+//! outcome counted, the keys created counted against the client's share,
+//! and the leases taken booked. Usage reports, the admin API's look and
+//! reset, and a lease's release or renewal go through here as well.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
+use std::time::Instant;
 
-use weir_core::store::OnStoreError;
-use weir_core::{Decision, NANOS_PER_SEC, Nanos};
+use weir_core::store::{self, LeaseOp, Mode, OnStoreError, Store};
+use weir_core::{AllDecision, Decision, NANOS_PER_SEC, Nanos};
 
-use crate::backend::{Check, NewKeys, Undecided, Verdict};
+use crate::backend::{Check, Few, NewKeys, Undecided, Verdict};
+use crate::config::TableId;
 use crate::state::{NEW_KEYS, Shared};
+use crate::table::{Outcome, PolicyTable};
+use crate::telemetry::Traced;
 
 /// What a face asks of the pipeline.
 #[derive(Debug, Clone, Copy)]
@@ -35,16 +42,8 @@ impl Shared {
     /// booked in their policies.
     pub(crate) async fn decide(&self, ask: Ask<'_>) -> Result<Verdict, Undecided> {
         let new_keys = self.may_create(ask.client);
-        let verdict = (self.backend)
-            .decide(
-                &self.table,
-                &self.meters,
-                ask.checks,
-                ask.max_delay,
-                ask.on_store_error,
-                new_keys,
-            )
-            .await?;
+        let verdict =
+            (self.verdict(ask.checks, ask.max_delay, ask.on_store_error, new_keys)).await?;
         self.created(ask.client, verdict.created);
         for (check, decision) in ask.checks.iter().zip(verdict.decisions()) {
             if let Some(lease) = decision.lease {
@@ -62,9 +61,233 @@ impl Shared {
         client: Option<IpAddr>,
     ) -> Result<Vec<Decision>, Undecided> {
         let new_keys = self.may_create(client);
-        let (decided, created) = self.backend.report(&self.table, checks, new_keys).await?;
+        let (decided, created) = self.charge_reports(checks, new_keys).await?;
         self.created(client, created);
         Ok(decided)
+    }
+
+    /// Decides `checks` all-or-nothing, refusing shaper waits over
+    /// `max_delay`. A policy without an `on_store_error` rule follows
+    /// `default`; with none, a store failure makes the request
+    /// [`Undecided::Unavailable`]. Counts every policy's outcome.
+    async fn verdict(
+        &self,
+        checks: &[Check<'_>],
+        max_delay: Nanos,
+        default: Option<OnStoreError>,
+        new_keys: NewKeys,
+    ) -> Result<Verdict, Undecided> {
+        let (table, meters) = (&self.table, &self.meters);
+        let started = Instant::now();
+        // Unlimited overrides are admitted without a store call.
+        let unlimited = |c: &Check<'_>| table.get(c.policy).unlimited;
+        // Copied only when an unlimited override is among them.
+        let counted: Cow<'_, [Check<'_>]> = match checks.iter().any(unlimited) {
+            true => checks.iter().filter(|c| !unlimited(c)).copied().collect(),
+            false => Cow::Borrowed(checks),
+        };
+        let traced = Traced::start("weir.decide");
+        if traced.is_recording() {
+            let names: Vec<&str> = checks
+                .iter()
+                .map(|c| table.get(c.policy).name.as_str())
+                .collect();
+            traced.set("weir.policies", names.join(","));
+            if let Some(first) = checks.first() {
+                traced.set("weir.cost", i64::try_from(first.cost).unwrap_or(i64::MAX));
+                traced.identity(first.key);
+            }
+        }
+        let decided = match counted.is_empty() {
+            true => Ok(store::Checked::default()),
+            false => {
+                let asked: Few<store::Check<'_>> = (counted.iter())
+                    .map(|c| store::Check {
+                        no_new_key: new_keys != NewKeys::Allowed,
+                        on_error: table.get(c.policy).on_store_error.or(default),
+                        ..store_check(table, c)
+                    })
+                    .collect();
+                traced
+                    .around(self.backend.decide(&asked, Mode::Charge { max_delay }))
+                    .await
+            }
+        };
+        if matches!(&decided, Ok(c) if c.degraded)
+            || matches!(
+                &decided,
+                Err(store::Error::Unavailable { .. } | store::Error::Denied)
+            )
+        {
+            counted.iter().for_each(|c| table.get(c.policy).fell_back());
+        }
+        let decided = match decided {
+            Ok(checked) if checked.new_key_refused => Err(Undecided::NewKeys(match new_keys {
+                NewKeys::Refused(wait) => wait,
+                NewKeys::Allowed => 0,
+            })),
+            Ok(checked) => Ok(Verdict {
+                all: AllDecision {
+                    allowed: checked.all.allowed || counted.is_empty(),
+                    decisions: checked.all.decisions,
+                },
+                degraded: checked.degraded,
+                max_delay,
+                shadow: counted.iter().map(|c| table.get(c.policy).shadow).collect(),
+                created: checked.created,
+            }),
+            Err(e) => Err(Undecided::from(e)),
+        };
+        let decided = match decided {
+            Ok(verdict) if counted.len() < checks.len() => {
+                Ok(verdict.with_unlimited(table, checks))
+            }
+            other => other,
+        };
+        meters.observe(started);
+        if traced.is_recording() {
+            match &decided {
+                Ok(verdict) => {
+                    traced.set("weir.allowed", verdict.all.allowed);
+                    traced.set("weir.degraded", verdict.degraded);
+                }
+                Err(refusal) => traced.error(format!("{refusal:?}")),
+            }
+        }
+        match &decided {
+            Ok(verdict) => {
+                for (i, (check, d)) in checks.iter().zip(&verdict.all.decisions).enumerate() {
+                    let outcome = match (verdict.all.allowed, verdict.refuses(i)) {
+                        _ if unlimited(check) => Outcome::Unlimited,
+                        _ if verdict.shadow_limited(i) => Outcome::ShadowLimited,
+                        (true, _) => Outcome::Allowed,
+                        (false, false) => Outcome::Uncharged,
+                        (false, true) => Outcome::Rejected,
+                    };
+                    let entry = table.get(check.policy);
+                    entry.count(outcome);
+                    entry.live.count(outcome, verdict.degraded, check.key);
+                    if outcome == Outcome::Allowed
+                        && table.near_limit(entry, d.remaining, verdict.degraded)
+                    {
+                        entry.near_limit();
+                    }
+                }
+            }
+            Err(_) => checks
+                .iter()
+                .for_each(|c| table.get(c.policy).count(Outcome::Error)),
+        }
+        decided
+    }
+
+    /// Charges usage after the fact (docs/SPEC.md's reports): every check is
+    /// charged, possibly into debt, after all are validated, in one store
+    /// call; a store failure is [`Undecided::Unavailable`] (usage is never
+    /// charged to a fallback).
+    async fn charge_reports(
+        &self,
+        checks: &[Check<'_>],
+        new_keys: NewKeys,
+    ) -> Result<(Vec<Decision>, usize), Undecided> {
+        let table = &self.table;
+        let reports: Few<store::Check<'_>> = checks
+            .iter()
+            .map(|c| store::Check {
+                report: true,
+                no_new_key: new_keys != NewKeys::Allowed,
+                on_error: Some(OnStoreError::Deny),
+                ..store_check(table, c)
+            })
+            .collect();
+        let checked = self.backend.decide(&reports, Mode::CHARGE).await?;
+        if let (true, NewKeys::Refused(wait)) = (checked.new_key_refused, new_keys) {
+            return Err(Undecided::NewKeys(wait));
+        }
+        for c in checks {
+            table.get(c.policy).reported(c.cost);
+        }
+        Ok((checked.all.decisions, checked.created))
+    }
+
+    /// What a check of cost 1 of `key` would decide now, charging nothing,
+    /// and whether the key is stored (the admin `GET`): the shared store's
+    /// answer, never a fallback's.
+    pub(crate) async fn peek(
+        &self,
+        policy: TableId,
+        key: &str,
+    ) -> Result<(Decision, bool), Undecided> {
+        let table = &self.table;
+        let check = Check {
+            policy,
+            key,
+            cost: 1,
+        };
+        let asked = [store::Check {
+            on_error: Some(OnStoreError::Deny),
+            ..store_check(table, &check)
+        }];
+        let stored_as = &table.get(policy).stored_as;
+        let (checked, exists) = tokio::join!(
+            self.backend.decide(&asked, Mode::Peek),
+            self.backend.exists(stored_as, key)
+        );
+        Ok((checked?.sole()?, exists?))
+    }
+
+    /// Releases or renews a concurrency policy's lease where it was taken:
+    /// the shared store, or (`local`: taken while the store was down) the
+    /// in-process fallback — in process, at once. `allowed` is whether it
+    /// was live; the outcome is booked in the policy's lease book.
+    pub(crate) async fn on_lease(
+        &self,
+        policy: TableId,
+        key: &str,
+        op: LeaseOp,
+        local: bool,
+    ) -> Result<Decision, Undecided> {
+        let check = Check {
+            policy,
+            key,
+            cost: 0,
+        };
+        let asked = [store::Check {
+            lease: op,
+            on_error: Some(OnStoreError::Deny),
+            ..store::Check::from(core_check(&self.table, &check))
+        }];
+        let decided = match local || self.backend.remote().is_none() {
+            true => self.backend.local().decide_now(&asked, Mode::CHARGE),
+            false => self.backend.decide(&asked, Mode::CHARGE).await,
+        };
+        let entry = self.table.get(policy);
+        let decided = decided.and_then(store::Checked::sole);
+        match (op, &decided) {
+            (LeaseOp::Release(lease), Ok(d)) => entry.lease_released(lease, d.allowed),
+            (LeaseOp::Renew(lease), Ok(d)) if d.allowed => entry.lease_taken(lease),
+            (LeaseOp::Renew(_), Ok(_)) => {
+                tracing::debug!(policy = %entry.name, "a lease expired before its renewal");
+            }
+            (LeaseOp::Release(_), Err(_)) => {
+                tracing::warn!(policy = %entry.name, "a lease could not be released: the store did not answer; it expires by itself");
+            }
+            (LeaseOp::Renew(_), Err(_)) => {
+                tracing::warn!(policy = %entry.name, "a lease could not be renewed: the store did not answer");
+            }
+            (LeaseOp::Take(_), _) => {}
+        }
+        Ok(decided?)
+    }
+
+    /// Forgets `key` under `policy` (the admin `DELETE`), in the shared
+    /// store and in the local fallback; whether the store held it.
+    pub(crate) async fn reset(&self, policy: TableId, key: &str) -> Result<bool, Undecided> {
+        let stored_as = &self.table.get(policy).stored_as;
+        self.backend.reset(stored_as, key).await.map_err(|e| {
+            tracing::warn!(error = %e, "admin reset failed");
+            Undecided::from(e)
+        })
     }
 
     /// Whether `client` may store new keys (`[server] new_keys_per_ip`):
@@ -97,5 +320,26 @@ impl Shared {
                 let _ = new_keys.report(check.cost(created as u64));
             }
         }
+    }
+}
+
+/// `check` as `weir-core` names it: the policy's stored name and parameters.
+fn core_check<'a>(table: &'a PolicyTable, check: &Check<'a>) -> weir_core::Check<'a> {
+    let entry = table.get(check.policy);
+    weir_core::Check {
+        name: &entry.stored_as,
+        policy: &entry.policy,
+        key: check.key,
+        cost: check.cost,
+    }
+}
+
+/// `check` as a store is asked it, with its policy's rules.
+fn store_check<'a>(table: &'a PolicyTable, check: &Check<'a>) -> store::Check<'a> {
+    let entry = table.get(check.policy);
+    store::Check {
+        on_loss: entry.on_state_loss,
+        shadow: entry.shadow,
+        ..store::Check::from(core_check(table, check))
     }
 }

@@ -16,14 +16,14 @@ use http::{HeaderMap, HeaderName, Method, Version, header};
 use ipnet::IpNet;
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use weir_core::{Nanos, Policy};
-use weir_tower::{Limited, Part, append_fields};
+use weir_tower::{LeaseBody, Limited, Part, append_fields};
 
 use crate::RouteLabel;
 use crate::answer::ApiError;
 use crate::backend::{Check, Few, scoped_key};
 use crate::config::{Cost, Identity, OnStoreError, Route, Segment, TableId, Usage};
 use crate::engine::Ask;
-use crate::leases::{Held, Leased};
+use crate::leases::held;
 use crate::metrics::Meters;
 use crate::state::{AppState, Shared};
 use crate::telemetry::Traced;
@@ -639,7 +639,7 @@ async fn decide_and_forward(
     }
     // Held until the answer's body ends, the client goes away or the
     // upstream fails (this future, or the body, is then dropped).
-    let held = Held::take(shared, &key, &ids, &verdict);
+    let held = held(shared, &key, &ids, &verdict);
     let delay = verdict.delay();
     let logged = server
         .access_log
@@ -666,7 +666,7 @@ async fn decide_and_forward(
     let forwarded = Box::pin(send(shared, route, path, request, peer, charge));
     let mut response = forwarded.await;
     if let Some(held) = held {
-        response = response.map(|body| Body::new(Leased::new(body, held)));
+        response = response.map(|body| Body::new(LeaseBody::holding(body, Some(held))));
     }
     append_fields(server.headers, &parts, response.headers_mut());
     if let Some(logged) = logged {

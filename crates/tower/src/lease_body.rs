@@ -1,64 +1,130 @@
-//! What a response holds while it lives: its concurrency policies' leases.
+//! What a response holds while it lives: its concurrency policies' leases,
+//! released through the store that granted them when it ends — one type
+//! for this layer and for `weir serve`.
 
 use std::any::Any;
+use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use http_body::{Body, Frame, SizeHint};
-#[cfg(feature = "redis")]
-use weir_core::{Policy, algo::LeaseId};
-use weir_limiter::{Clock, LeaseGuard};
+use weir_core::Policy;
+use weir_core::algo::LeaseId;
+use weir_core::store::{LeaseOp, Store};
 
-/// Leases held until dropped (in process: their guards; on Redis, a
-/// release sent when dropped).
-pub(crate) struct Held(#[allow(dead_code)] Box<dyn Any + Send + Sync>);
+/// The leases one admission took (a concurrency policy's), held until
+/// dropped, then released through the store that granted them; renewed
+/// meanwhile at half the shortest lease when asked to. An in-process
+/// store's release is made before the drop returns (its future is ready at
+/// once); another's is sent by a task.
+pub struct Held<S: Store + Clone + 'static> {
+    store: S,
+    key: String,
+    /// Each lease's policy (stored name, parameters) and identity.
+    leases: Vec<(String, Policy, LeaseId)>,
+    renewing: Option<tokio::task::JoinHandle<()>>,
+}
 
-impl Held {
-    pub(crate) fn memory<C: Clock + Send + Sync + 'static>(
-        guards: Vec<LeaseGuard<C>>,
-    ) -> Option<Self> {
-        (!guards.is_empty()).then(|| Self(Box::new(guards)))
+impl<S: Store + Clone + 'static> std::fmt::Debug for Held<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held")
+            .field("key", &self.key)
+            .field("leases", &self.leases)
+            .finish_non_exhaustive()
     }
+}
 
-    #[cfg(feature = "redis")]
-    pub(crate) fn redis(
-        store: &weir_redis::RedisStore,
+impl<S: Store + Clone + 'static> Held<S> {
+    /// Holds `leases` of `key` taken on `store`; with `renew`, renews them
+    /// until dropped (within a tokio runtime). `None` when there are none.
+    pub fn new(
+        store: S,
         key: &str,
         leases: Vec<(String, Policy, LeaseId)>,
+        renew: bool,
     ) -> Option<Self> {
-        (!leases.is_empty()).then(|| {
-            Self(Box::new(OnRedis {
-                store: store.clone(),
-                key: key.to_owned(),
-                leases,
-            }))
+        if leases.is_empty() {
+            return None;
+        }
+        // Renewed at half the shortest lease: a renewal late by less than
+        // that still finds its lease live.
+        let every = (leases.iter())
+            .filter_map(|(_, p, _)| match p {
+                Policy::Concurrency(c) => Some(c.lease() / 2),
+                _ => None,
+            })
+            .min()
+            .map(|every| Duration::from_nanos(every.max(1_000_000)));
+        let renewing = match (renew, every, tokio::runtime::Handle::try_current()) {
+            (true, Some(every), Ok(runtime)) => Some(runtime.spawn(renewed(
+                store.clone(),
+                key.to_owned(),
+                leases.clone(),
+                every,
+            ))),
+            _ => None,
+        };
+        Some(Self {
+            store,
+            key: key.to_owned(),
+            leases,
+            renewing,
         })
     }
 }
 
-/// Leases taken on Redis: released when dropped (or, if no runtime is
-/// left to send the release, when they expire).
-#[cfg(feature = "redis")]
-struct OnRedis {
-    store: weir_redis::RedisStore,
+/// Renews `leases` every `every`, until aborted.
+async fn renewed<S: Store>(
+    store: S,
     key: String,
     leases: Vec<(String, Policy, LeaseId)>,
+    every: Duration,
+) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tick.tick().await;
+        for (name, policy, lease) in &leases {
+            let check = weir_core::Check {
+                name,
+                policy,
+                key: &key,
+                cost: 0,
+            };
+            // A renewal that fails leaves the lease to expire: the store's
+            // own rule, never a reason to end the response.
+            let _ = store.on_lease(check, LeaseOp::Renew(*lease)).await;
+        }
+    }
 }
 
-#[cfg(feature = "redis")]
-impl Drop for OnRedis {
+impl<S: Store + Clone + 'static> Drop for Held<S> {
     fn drop(&mut self) {
+        if let Some(renewing) = self.renewing.take() {
+            renewing.abort();
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
+            return; // the runtime is going: the leases expire by themselves
         };
         let (store, key) = (self.store.clone(), std::mem::take(&mut self.key));
         let leases = std::mem::take(&mut self.leases);
-        runtime.spawn(async move {
-            for (name, policy, lease) in leases {
-                let op = weir_redis::LeaseOp::Release(lease);
-                let _ = store.on_lease(&name, &policy, &key, op, None).await;
+        let mut release = Box::pin(async move {
+            for (name, policy, lease) in &leases {
+                let check = weir_core::Check {
+                    name,
+                    policy,
+                    key: &key,
+                    cost: 0,
+                };
+                let _ = store.on_lease(check, LeaseOp::Release(*lease)).await;
             }
         });
+        // In process, released before the next request can be decided.
+        let _entered = runtime.enter();
+        let mut cx = Context::from_waker(Waker::noop());
+        if release.as_mut().poll(&mut cx).is_pending() {
+            runtime.spawn(release);
+        }
     }
 }
 
@@ -68,13 +134,18 @@ pin_project_lite::pin_project! {
     pub struct LeaseBody<B> {
         #[pin]
         inner: B,
-        held: Option<Held>,
+        held: Option<Box<dyn Any + Send + Sync>>,
     }
 }
 
 impl<B> LeaseBody<B> {
-    pub(crate) fn new(inner: B, held: Option<Held>) -> Self {
-        Self { inner, held }
+    /// `inner`, holding `held` (a [`Held`], or whatever else must live as
+    /// long as the body) until it ends or is dropped.
+    pub fn holding(inner: B, held: Option<impl Any + Send + Sync>) -> Self {
+        Self {
+            inner,
+            held: held.map(|h| Box::new(h) as Box<dyn Any + Send + Sync>),
+        }
     }
 
     /// The body inside.
@@ -90,7 +161,10 @@ impl<B> LeaseBody<B> {
 
 impl<B: From<String>> From<String> for LeaseBody<B> {
     fn from(text: String) -> Self {
-        Self::new(B::from(text), None)
+        Self {
+            inner: B::from(text),
+            held: None,
+        }
     }
 }
 

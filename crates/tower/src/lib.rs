@@ -1,6 +1,6 @@
 //! A tower layer that rate-limits requests with weir: for axum and hyper
-//! services, over the in-process [`Limiter`] or (feature `redis`) a shared
-//! Redis.
+//! services, over any weir [`Store`] — the in-process [`Limiter`], a shared
+//! Redis (`weir_redis::RedisStore`), or your own.
 //!
 //! Each request's identity comes from a [`KeyExtractor`]: a closure, a
 //! trusted header ([`HeaderKey`]), the peer address ([`PeerKey`]), or the
@@ -19,13 +19,13 @@
 //! use std::sync::Arc;
 //! use axum::{routing::get, Router};
 //! use weir_limiter::{Limiter, Policy};
-//! use weir_tower::{HeaderKey, RateLimitLayer, Store};
+//! use weir_tower::{HeaderKey, RateLimitLayer};
 //!
 //! let limiter = Arc::new(Limiter::builder()
 //!     .policy("per-key", Policy::parse("token-bucket capacity=10 rate=2/s").unwrap())
 //!     .policy("per-day", Policy::parse("fixed-window limit=10000 window=1d").unwrap())
 //!     .build().unwrap());
-//! let layer = RateLimitLayer::builder(Store::memory(limiter))
+//! let layer = RateLimitLayer::builder(limiter)
 //!     .policy("per-key")
 //!     .policy("per-day")
 //!     .build(HeaderKey::new("x-api-key"))
@@ -70,17 +70,16 @@ use std::time::Duration;
 use http::{HeaderName, Request, Response, StatusCode};
 use tower_layer::Layer;
 use tower_service::Service;
+use weir_core::store::{self, Store};
 use weir_limiter::{
-    AllDecision, Check, CheckError, Clock, DEFAULT_MAX_KEY_LEN as MAX_IDENTITY, Error, Limiter,
-    Policy, PolicyId, SystemClock,
+    AllDecision, CheckError, Clock, DEFAULT_MAX_KEY_LEN as MAX_IDENTITY, Error, Limiter, Policy,
 };
 
 pub use headers::{
     HeaderStyle, Limited, Part, append_fields, error_body, fields, fields_in, quota,
     rate_limit_policy, retry_after_seconds,
 };
-use lease_body::Held;
-pub use lease_body::LeaseBody;
+pub use lease_body::{Held, LeaseBody};
 
 /// Why a request has no identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -261,62 +260,11 @@ where
     }
 }
 
-/// Where a layer's decisions are made.
-#[derive(Debug)]
-pub enum Store<C = SystemClock> {
-    /// The in-process limiter.
-    Memory(Arc<Limiter<C>>),
-    /// A shared Redis (or Redis Cluster), with the policies it checks.
-    #[cfg(feature = "redis")]
-    Redis {
-        /// The store.
-        store: weir_redis::RedisStore,
-        /// The policies, by name.
-        policies: Vec<(String, Policy)>,
-    },
-}
-
-impl<C: Clock> Store<C> {
-    /// The in-process limiter, with every policy it has.
-    pub fn memory(limiter: Arc<Limiter<C>>) -> Self {
-        Self::Memory(limiter)
-    }
-
-    fn policy(&self, name: &str) -> Result<(Policy, Option<PolicyId>), Error> {
-        match self {
-            Self::Memory(limiter) => {
-                let id = limiter.policy(name)?;
-                let policy = limiter
-                    .policies()
-                    .nth(id.index())
-                    .map(|(_, p)| *p)
-                    .ok_or_else(|| CheckError::UnknownPolicy(name.to_owned()))?;
-                Ok((policy, Some(id)))
-            }
-            #[cfg(feature = "redis")]
-            Self::Redis { policies, .. } => policies
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, p)| (*p, None))
-                .ok_or_else(|| CheckError::UnknownPolicy(name.to_owned()).into()),
-        }
-    }
-}
-
-#[cfg(feature = "redis")]
-impl Store<SystemClock> {
-    /// A shared Redis store checking `policies` (name, policy).
-    pub fn redis(store: weir_redis::RedisStore, policies: Vec<(String, Policy)>) -> Self {
-        Self::Redis { store, policies }
-    }
-}
-
 /// Why a request got no decision from the store.
 #[derive(Debug)]
 enum Refused {
     Invalid(CheckError),
     Full,
-    #[cfg(feature = "redis")]
     Unavailable,
 }
 
@@ -324,75 +272,51 @@ enum Refused {
 #[derive(Debug)]
 struct Limit {
     name: String,
-    /// What the Redis script is given (the limiter has its own).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     policy: Policy,
-    id: Option<PolicyId>,
     field: http::HeaderValue,
     limit: u64,
 }
 
 #[derive(Debug)]
-struct Shared<C> {
-    store: Store<C>,
+struct Shared<S> {
+    store: S,
     limits: Vec<Limit>,
 }
 
-impl<C: Clock + Send + Sync + 'static> Shared<C> {
+impl<S: Store + Clone + 'static> Shared<S> {
     /// The request's decision, and the leases its admission took.
-    async fn decide(&self, key: &str, cost: u64) -> Result<(AllDecision, Option<Held>), Refused> {
-        // A concurrency policy holds one slot per request.
-        let cost_of = |l: &Limit| match l.policy {
-            Policy::Concurrency(_) => 1,
-            _ => cost,
+    async fn decide(
+        &self,
+        key: &str,
+        cost: u64,
+    ) -> Result<(AllDecision, Option<Held<S>>), Refused> {
+        let checks: smallvec::SmallVec<[store::Check<'_>; 4]> = (self.limits.iter())
+            .map(|l| {
+                store::Check::from(weir_core::Check {
+                    name: &l.name,
+                    policy: &l.policy,
+                    key,
+                    // A concurrency policy holds one slot per request.
+                    cost: match l.policy {
+                        Policy::Concurrency(_) => 1,
+                        _ => cost,
+                    },
+                })
+            })
+            .collect();
+        let checked = match self.store.decide(&checks, store::Mode::CHARGE).await {
+            Ok(checked) => checked,
+            Err(store::Error::Invalid(e)) => return Err(Refused::Invalid(e)),
+            // The key table is full of limited keys: refuse, never admit.
+            Err(store::Error::Full { .. }) => return Err(Refused::Full),
+            Err(_) => return Err(Refused::Unavailable),
         };
-        match &self.store {
-            Store::Memory(limiter) => {
-                let checks: Vec<Check<'_>> = self
-                    .limits
-                    .iter()
-                    .filter_map(|l| Some(Check::new(l.id?, key).cost(cost_of(l))))
-                    .collect();
-                let (all, guards) = limiter.acquire(&checks).map_err(|e| match e {
-                    Error::Invalid(e) => Refused::Invalid(e),
-                    // The key table is full of limited keys: refuse, never admit.
-                    _ => Refused::Full,
-                })?;
-                Ok((all, Held::memory(guards)))
-            }
-            #[cfg(feature = "redis")]
-            Store::Redis { store, .. } => {
-                let checks: Vec<weir_redis::Check<'_>> = self
-                    .limits
-                    .iter()
-                    .map(|l| {
-                        weir_redis::Check::from(weir_core::Check {
-                            name: &l.name,
-                            policy: &l.policy,
-                            key,
-                            cost: cost_of(l),
-                        })
-                    })
-                    .collect();
-                let mode = weir_redis::Mode::Charge {
-                    max_delay: weir_core::Nanos::MAX,
-                };
-                match store.decide(&checks, None, mode).await {
-                    Ok(checked) => {
-                        let leases = self
-                            .limits
-                            .iter()
-                            .zip(&checked.all.decisions)
-                            .filter_map(|(l, d)| Some((l.name.clone(), l.policy, d.lease?)))
-                            .collect();
-                        let held = Held::redis(store, key, leases);
-                        Ok((checked.all, held))
-                    }
-                    Err(weir_redis::StoreError::Invalid(e)) => Err(Refused::Invalid(e)),
-                    Err(_) => Err(Refused::Unavailable),
-                }
-            }
-        }
+        let leases = (self.limits.iter())
+            .zip(&checked.all.decisions)
+            .filter_map(|(l, d)| Some((l.name.clone(), l.policy, d.lease?)))
+            .collect();
+        let held = Held::new(self.store.clone(), key, leases, false);
+        Ok((checked.all, held))
     }
 
     fn parts(&self, all: &AllDecision) -> Vec<Part<'_>> {
@@ -415,36 +339,44 @@ impl<C: Clock + Send + Sync + 'static> Shared<C> {
 
 /// Builds a [`RateLimitLayer`] over a [`Store`].
 #[derive(Debug)]
-pub struct Builder<C = SystemClock> {
-    store: Store<C>,
-    names: Vec<String>,
+pub struct Builder<S> {
+    store: S,
+    policies: Vec<(String, Option<Policy>)>,
 }
 
-impl<C: Clock> Builder<C> {
-    /// Adds a policy of the store, by name: a request must pass all of them
-    /// (and is charged by all, or by none).
+impl<S: Store> Builder<S> {
+    /// Adds a policy the store keeps (the in-process limiter's), by name: a
+    /// request must pass all of them (and is charged by all, or by none).
     pub fn policy(mut self, name: impl Into<String>) -> Self {
-        self.names.push(name.into());
+        self.policies.push((name.into(), None));
+        self
+    }
+
+    /// Adds a policy by name and parameters, for a store told them with
+    /// every check (Redis).
+    pub fn policy_with(mut self, name: impl Into<String>, policy: Policy) -> Self {
+        self.policies.push((name.into(), Some(policy)));
         self
     }
 
     /// The layer, with identities from `extractor`, each request costing 1
     /// (see [`RateLimitLayer::cost`]); fails on an unknown policy or none.
-    pub fn build<K>(self, extractor: K) -> Result<RateLimitLayer<K, C>, Error> {
-        if self.names.is_empty() {
+    pub fn build<K>(self, extractor: K) -> Result<RateLimitLayer<K, S>, Error> {
+        if self.policies.is_empty() {
             return Err(Error::Config("name at least one policy".into()));
         }
         let limits = self
-            .names
+            .policies
             .iter()
-            .map(|name| {
-                let (policy, id) = self.store.policy(name)?;
+            .map(|(name, given)| {
+                let policy = given
+                    .or_else(|| self.store.parameters(name))
+                    .ok_or_else(|| CheckError::UnknownPolicy(name.clone()))?;
                 Ok(Limit {
                     name: name.clone(),
                     field: rate_limit_policy(name, &policy),
                     limit: quota(&policy).0,
                     policy,
-                    id,
                 })
             })
             .collect::<Result<_, Error>>()?;
@@ -459,15 +391,17 @@ impl<C: Clock> Builder<C> {
     }
 }
 
-/// Rate-limits a service with one or more policies of a [`Store`].
+/// Rate-limits a service with one or more policies of a [`Store`]: the
+/// in-process [`Limiter`] (shared in an `Arc`), a `weir_redis::RedisStore`,
+/// or any other.
 #[derive(Debug)]
-pub struct RateLimitLayer<K, C = SystemClock, F = One> {
-    shared: Arc<Shared<C>>,
+pub struct RateLimitLayer<K, S = Arc<Limiter>, F = One> {
+    shared: Arc<Shared<S>>,
     extractor: K,
     cost: F,
 }
 
-impl<K: Clone, C, F: Clone> Clone for RateLimitLayer<K, C, F> {
+impl<K: Clone, S, F: Clone> Clone for RateLimitLayer<K, S, F> {
     fn clone(&self) -> Self {
         Self {
             shared: self.shared.clone(),
@@ -477,30 +411,30 @@ impl<K: Clone, C, F: Clone> Clone for RateLimitLayer<K, C, F> {
     }
 }
 
-impl<K, C: Clock> RateLimitLayer<K, C> {
+impl<K, C: Clock + Send + Sync + 'static> RateLimitLayer<K, Arc<Limiter<C>>> {
     /// Limits requests under the limiter's policy `policy`, each costing 1.
     pub fn new(limiter: Arc<Limiter<C>>, policy: &str, extractor: K) -> Result<Self, Error> {
-        RateLimitLayer::builder(Store::memory(limiter))
+        RateLimitLayer::builder(limiter)
             .policy(policy)
             .build(extractor)
     }
 }
 
-impl<C: Clock> RateLimitLayer<(), C> {
+impl RateLimitLayer<()> {
     /// Starts a layer over `store`: name its policies, then
     /// [`Builder::build`] it with a key extractor.
-    pub fn builder(store: Store<C>) -> Builder<C> {
+    pub fn builder<S: Store>(store: S) -> Builder<S> {
         Builder {
             store,
-            names: Vec::new(),
+            policies: Vec::new(),
         }
     }
 }
 
-impl<K, C, F> RateLimitLayer<K, C, F> {
+impl<K, S, F> RateLimitLayer<K, S, F> {
     /// Charges each request what `cost` says (a closure over the request,
     /// at least 1) instead of 1.
-    pub fn cost<G>(self, cost: G) -> RateLimitLayer<K, C, G> {
+    pub fn cost<G>(self, cost: G) -> RateLimitLayer<K, S, G> {
         RateLimitLayer {
             shared: self.shared,
             extractor: self.extractor,
@@ -509,10 +443,10 @@ impl<K, C, F> RateLimitLayer<K, C, F> {
     }
 }
 
-impl<S, K: Clone, C, F: Clone> Layer<S> for RateLimitLayer<K, C, F> {
-    type Service = RateLimit<S, K, C, F>;
+impl<T, K: Clone, S, F: Clone> Layer<T> for RateLimitLayer<K, S, F> {
+    type Service = RateLimit<T, K, S, F>;
 
-    fn layer(&self, inner: S) -> Self::Service {
+    fn layer(&self, inner: T) -> Self::Service {
         RateLimit {
             inner,
             shared: self.shared.clone(),
@@ -524,14 +458,14 @@ impl<S, K: Clone, C, F: Clone> Layer<S> for RateLimitLayer<K, C, F> {
 
 /// The service [`RateLimitLayer`] makes.
 #[derive(Debug)]
-pub struct RateLimit<S, K, C = SystemClock, F = One> {
-    inner: S,
-    shared: Arc<Shared<C>>,
+pub struct RateLimit<T, K, S = Arc<Limiter>, F = One> {
+    inner: T,
+    shared: Arc<Shared<S>>,
     extractor: K,
     cost: F,
 }
 
-impl<S: Clone, K: Clone, C, F: Clone> Clone for RateLimit<S, K, C, F> {
+impl<T: Clone, K: Clone, S, F: Clone> Clone for RateLimit<T, K, S, F> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -544,18 +478,18 @@ impl<S: Clone, K: Clone, C, F: Clone> Clone for RateLimit<S, K, C, F> {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-impl<S, K, C, F, ReqB, ResB> Service<Request<ReqB>> for RateLimit<S, K, C, F>
+impl<T, K, S, F, ReqB, ResB> Service<Request<ReqB>> for RateLimit<T, K, S, F>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
-    S::Future: Send,
+    T: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    T::Future: Send,
     K: KeyExtractor<ReqB>,
-    C: Clock + Send + Sync + 'static,
+    S: Store + Clone + 'static,
     F: Cost<ReqB>,
     ReqB: Send + 'static,
     ResB: From<String> + Send + 'static,
 {
     type Response = Response<LeaseBody<ResB>>;
-    type Error = S::Error;
+    type Error = T::Error;
     type Future = BoxFuture<Result<Self::Response, Self::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -609,7 +543,6 @@ where
                             Some(e.to_string()),
                         ),
                         Refused::Full => (StatusCode::SERVICE_UNAVAILABLE, "LIMITER_FULL", None),
-                        #[cfg(feature = "redis")]
                         Refused::Unavailable => {
                             (StatusCode::SERVICE_UNAVAILABLE, "STORE_UNAVAILABLE", None)
                         }
@@ -635,7 +568,7 @@ where
             // Held while the service runs: dropped with this future if the
             // client leaves, or if the service fails.
             let response = inner.call(request).await?;
-            let mut response = response.map(|body| LeaseBody::new(body, held));
+            let mut response = response.map(|body| LeaseBody::holding(body, held));
             response.headers_mut().extend(headers);
             Ok(response)
         })

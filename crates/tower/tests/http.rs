@@ -3,9 +3,10 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::get;
+use weir_core::store::Store;
 use weir_limiter::{FakeClock, Limiter, Policy};
 use weir_testkit::{Reply, send};
-use weir_tower::{ForwardedKey, HeaderKey, PeerKey, RateLimitLayer, Store};
+use weir_tower::{ForwardedKey, HeaderKey, PeerKey, RateLimitLayer};
 
 async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -177,7 +178,7 @@ async fn several_policies_all_or_nothing_with_a_cost_per_request() {
             .and_then(|v| v.to_str().ok()?.parse().ok())
             .unwrap_or(1)
     };
-    let layer = RateLimitLayer::builder(Store::memory(limiter.clone()))
+    let layer = RateLimitLayer::builder(limiter.clone())
         .policy("burst")
         .policy("daily")
         .build(HeaderKey::new("x-user"))
@@ -213,8 +214,8 @@ async fn the_redis_store_shares_one_balance() {
     let store = weir_redis::RedisStore::connect(&redis.url()).await.unwrap();
     let policy = Policy::parse("token-bucket capacity=2 rate=1/h").unwrap();
     let layer = || {
-        RateLimitLayer::builder(Store::redis(store.clone(), vec![("api".into(), policy)]))
-            .policy("api")
+        RateLimitLayer::builder(store.clone())
+            .policy_with("api", policy)
             .build(HeaderKey::new("x-user"))
             .unwrap()
     };
@@ -376,16 +377,20 @@ async fn a_concurrency_policy_holds_its_slot_for_the_life_of_the_body() {
     let redis = weir_testkit::RedisServer::start(&[]);
     let store = weir_redis::RedisStore::connect(&redis.url()).await.unwrap();
     let policy = Policy::parse("concurrency limit=1 lease=10m").unwrap();
-    let stores = [
-        Store::memory(Arc::new(
-            Limiter::builder().policy("api", policy).build().unwrap(),
-        )),
-        Store::redis(store, vec![("api".into(), policy)]),
-    ];
-    for store in stores {
+    let limiter = Limiter::builder().policy("api", policy).build().unwrap();
+    holds_its_slot_for_the_life_of_the_body(Arc::new(limiter), policy).await;
+    holds_its_slot_for_the_life_of_the_body(store, policy).await;
+}
+
+/// The concurrency test over one store.
+async fn holds_its_slot_for_the_life_of_the_body<S: Store + Clone + 'static>(
+    store: S,
+    policy: Policy,
+) {
+    {
         let release = Arc::new(tokio::sync::Notify::new());
         let layer = RateLimitLayer::builder(store)
-            .policy("api")
+            .policy_with("api", policy)
             .build(HeaderKey::new("x-user"))
             .unwrap();
         let addr = serve(slow(release.clone()).layer(layer)).await;
