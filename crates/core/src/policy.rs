@@ -560,30 +560,6 @@ impl Policy {
         }
     }
 
-    /// The policy as the Redis script reads it (`weir-redis`'s `weir.lua`:
-    /// `tb CAPACITY TOKENS PERIOD`, `lb QUEUE TOKENS PERIOD`, `fw|sc|sl
-    /// LIMIT WINDOW`, `cc LIMIT LEASE`). GCRA is the token bucket.
-    pub fn script_spec(&self) -> String {
-        match self {
-            Self::TokenBucket(b) | Self::Gcra(b) => format!(
-                "tb {} {} {}",
-                b.capacity(),
-                b.rate().tokens(),
-                b.rate().period()
-            ),
-            Self::LeakyBucket(l) => format!(
-                "lb {} {} {}",
-                l.queue(),
-                l.rate().tokens(),
-                l.rate().period()
-            ),
-            Self::FixedWindow(w) => format!("fw {} {}", w.limit(), w.window()),
-            Self::SlidingCounter(c) => format!("sc {} {}", c.limit(), c.window()),
-            Self::SlidingLog(l) => format!("sl {} {}", l.limit(), l.window()),
-            Self::Concurrency(c) => format!("cc {} {}", c.limit(), c.lease()),
-        }
-    }
-
     /// The window of a windowed algorithm (fixed window, sliding log,
     /// sliding counter); `None` for the buckets, the shaper and the
     /// concurrency limit.

@@ -47,16 +47,7 @@ async fn serve(limited: bool) -> (SocketAddr, Log) {
         app = app.layer(RateLimitLayer::new(Arc::new(limiter), "site", PeerKey).unwrap());
     }
     let app = app.layer(middleware::from_fn_with_state(log.clone(), record));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
+    let addr = weir_testkit::serve(app).await;
     (addr, log)
 }
 

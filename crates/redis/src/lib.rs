@@ -559,6 +559,15 @@ impl RedisStore {
             Ok(Err(_)) => return Err(StoreError::Reply),
             Err(_) => return Err(StoreError::Timeout(self.timeout)),
         };
+        // A look is allowed when every check would be (the script answers
+        // "nothing charged"); a request refused for a new key decided
+        // nothing — the same answers as every store's.
+        if mode == Mode::Peek {
+            checked.all.allowed = checked.all.decisions.iter().all(|d| d.allowed);
+        }
+        if checked.new_key_refused {
+            checked.all.decisions.fill(Decision::default());
+        }
         // An admission that was charged took its lease.
         if checked.all.allowed && mode != Mode::Peek {
             for (decision, check) in checked.all.decisions.iter_mut().zip(checks) {
@@ -688,10 +697,34 @@ fn header(checks: usize, mode: Mode, at: Option<Nanos>) -> String {
     }
 }
 
+/// The policy as the script reads it (`weir.lua`: `tb CAPACITY TOKENS
+/// PERIOD`, `lb QUEUE TOKENS PERIOD`, `fw|sc|sl LIMIT WINDOW`, `cc LIMIT
+/// LEASE`). GCRA is the token bucket.
+fn policy_spec(policy: &Policy) -> String {
+    match policy {
+        Policy::TokenBucket(b) | Policy::Gcra(b) => format!(
+            "tb {} {} {}",
+            b.capacity(),
+            b.rate().tokens(),
+            b.rate().period()
+        ),
+        Policy::LeakyBucket(l) => format!(
+            "lb {} {} {}",
+            l.queue(),
+            l.rate().tokens(),
+            l.rate().period()
+        ),
+        Policy::FixedWindow(w) => format!("fw {} {}", w.limit(), w.window()),
+        Policy::SlidingCounter(c) => format!("sc {} {}", c.limit(), c.window()),
+        Policy::SlidingLog(l) => format!("sl {} {}", l.limit(), l.window()),
+        Policy::Concurrency(c) => format!("cc {} {}", c.limit(), c.lease()),
+    }
+}
+
 /// A check's argument for the script: its policy, then its flags and cost
 /// (see `weir.lua`).
 fn spec(c: &Check<'_>) -> String {
-    let mut spec = c.check.policy.script_spec();
+    let mut spec = policy_spec(c.check.policy);
     if c.on_loss == OnLoss::Empty {
         spec.push_str(" e");
     }

@@ -14,7 +14,7 @@ use weir_core::Nanos;
 use weir_tower::{Part, append_fields};
 
 use crate::answer::{ApiError, DecisionBody, ms, read_body, read_lease};
-use crate::backend::{Check, Few, scoped_key};
+use crate::backend::{Check, InlineVec, scoped_key};
 use crate::config::{Identity, OnStoreError, TableId};
 use crate::engine::Ask;
 use crate::state::{AppState, Shared};
@@ -264,7 +264,7 @@ pub(crate) async fn check(
         .collect();
     let retry = verdict.retry_after();
     let mut response = asked.answer(bodies, verdict.all.allowed, retry, degraded)?;
-    let parts: Few<Part<'_>> = verdict.visible(&shared.table, &asked.ids);
+    let parts: InlineVec<Part<'_>> = verdict.visible(&shared.table, &asked.ids);
     let style = shared.config.server.headers;
     append_fields(style, &parts, response.headers_mut());
     Ok(response)

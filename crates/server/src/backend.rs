@@ -19,7 +19,7 @@ use weir_tower::Part;
 
 /// A request's policies, checks or parts: a few, kept on the stack (a
 /// route or a call names up to four without allocating).
-pub(crate) type Few<T> = smallvec::SmallVec<[T; 4]>;
+pub(crate) type InlineVec<T> = smallvec::SmallVec<[T; 4]>;
 
 /// The longest stored key: a scope (`header:NAME:`, `path:PARAM:`,
 /// `envoy:…`) and an identity of at most [`MAX_IDENTITY`] bytes, escaped
@@ -92,7 +92,7 @@ pub(crate) struct Verdict {
     /// The longest shaper delay the caller accepted.
     pub(crate) max_delay: Nanos,
     /// Per check: its policy is in shadow mode.
-    pub(crate) shadow: Few<bool>,
+    pub(crate) shadow: InlineVec<bool>,
     /// Keys this decision stored that did not exist before (Redis only: in
     /// process, [`NewKeys`] is known before the decision).
     pub(crate) created: usize,
@@ -170,7 +170,7 @@ impl Verdict {
         let mut decided = self.all.decisions.into_iter();
         let mut shadows = self.shadow.into_iter();
         let mut decisions = Vec::with_capacity(checks.len());
-        let mut shadow = Few::with_capacity(checks.len());
+        let mut shadow = InlineVec::with_capacity(checks.len());
         for check in checks {
             let entry = table.get(check.policy);
             if entry.unlimited {
@@ -197,7 +197,11 @@ impl Verdict {
 
     /// The `RateLimit` parts of the enforced policies among `ids` (the
     /// request's, in order): shadow policies are not shown to clients.
-    pub(crate) fn visible<'t>(&self, table: &'t PolicyTable, ids: &[TableId]) -> Few<Part<'t>> {
+    pub(crate) fn visible<'t>(
+        &self,
+        table: &'t PolicyTable,
+        ids: &[TableId],
+    ) -> InlineVec<Part<'t>> {
         ids.iter()
             .zip(self.decisions())
             .enumerate()

@@ -14,7 +14,7 @@ use std::time::Instant;
 use weir_core::store::{self, LeaseOp, Mode, OnStoreError, Store};
 use weir_core::{AllDecision, Decision, NANOS_PER_SEC, Nanos};
 
-use crate::backend::{Check, Few, NewKeys, Undecided, Verdict};
+use crate::backend::{Check, InlineVec, NewKeys, Undecided, Verdict};
 use crate::config::TableId;
 use crate::state::{NEW_KEYS, Shared};
 use crate::table::{Outcome, PolicyTable};
@@ -101,7 +101,7 @@ impl Shared {
         let decided = match counted.is_empty() {
             true => Ok(store::Checked::default()),
             false => {
-                let asked: Few<store::Check<'_>> = (counted.iter())
+                let asked: InlineVec<store::Check<'_>> = (counted.iter())
                     .map(|c| store::Check {
                         no_new_key: new_keys != NewKeys::Allowed,
                         on_error: table.get(c.policy).on_store_error.or(default),
@@ -191,7 +191,7 @@ impl Shared {
         new_keys: NewKeys,
     ) -> Result<(Vec<Decision>, usize), Undecided> {
         let table = &self.table;
-        let reports: Few<store::Check<'_>> = checks
+        let reports: InlineVec<store::Check<'_>> = checks
             .iter()
             .map(|c| store::Check {
                 report: true,

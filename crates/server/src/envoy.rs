@@ -32,7 +32,7 @@ use weir_core::check::escape;
 use weir_core::{Decision, MAX_IDENTITY, NANOS_PER_SEC, Nanos, Policy, Rate};
 use weir_tower::{Limited, Part, fields_in};
 
-use crate::backend::{Check, Few, Undecided};
+use crate::backend::{Check, InlineVec, Undecided};
 use crate::config::{Config, DescriptorRule, TableId};
 use crate::engine::Ask;
 use crate::state::{AppState, Shared};
@@ -621,7 +621,7 @@ fn answered(
     // each descriptor's status and the fields — but for its overall code,
     // OK. A policy's own `shadow` (their `shadow_mode`) answers OK.
     let global_shadow = shared.config.server.shadow;
-    let parts: Few<Part<'_>> = match global_shadow {
+    let parts: InlineVec<Part<'_>> = match global_shadow {
         true => decided.iter().copied().collect(),
         false => verdict.visible(&shared.table, &ids),
     };

@@ -20,7 +20,7 @@ use weir_tower::{LeaseBody, Limited, Part, append_fields};
 
 use crate::RouteLabel;
 use crate::answer::ApiError;
-use crate::backend::{Check, Few, scoped_key};
+use crate::backend::{Check, InlineVec, scoped_key};
 use crate::config::{Cost, Identity, OnStoreError, Route, Segment, TableId, Usage};
 use crate::engine::Ask;
 use crate::leases::held;
@@ -56,11 +56,11 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// The path parameters when `path` matches the route's pattern.
-fn path_matches<'a>(route: &'a Route, path: &'a str) -> Option<Few<(&'a str, &'a str)>> {
+fn path_matches<'a>(route: &'a Route, path: &'a str) -> Option<InlineVec<(&'a str, &'a str)>> {
     // What is left of the path after the segments matched so far; `None`
     // once it has none left.
     let mut left = Some(path.strip_prefix('/').unwrap_or(path));
-    let mut params = Few::new();
+    let mut params = InlineVec::new();
     for segment in &route.segments {
         let now = left?;
         if let Segment::Rest(name) = segment {
@@ -353,7 +353,7 @@ fn source_value<'r>(
 /// A route and the path's parameters.
 struct Matched<'a> {
     route: &'a Route,
-    params: Few<(&'a str, &'a str)>,
+    params: InlineVec<(&'a str, &'a str)>,
 }
 
 /// The first route for the request, or `404`, or `405` with the methods
@@ -589,7 +589,7 @@ async fn decide_and_forward(
         Ok(identified) => identified,
         Err(e) => return e.into_response(),
     };
-    let checks: Few<Check<'_>> = ids
+    let checks: InlineVec<Check<'_>> = ids
         .iter()
         .map(|&policy| Check {
             policy,
@@ -614,7 +614,7 @@ async fn decide_and_forward(
         Ok(verdict) => verdict,
         Err(refusal) => return ApiError::from(refusal).into_response(),
     };
-    let parts: Few<Part<'_>> = verdict.visible(&shared.table, &ids);
+    let parts: InlineVec<Part<'_>> = verdict.visible(&shared.table, &ids);
     let server = &shared.config.server;
     let logged = |outcome, policy: Option<&str>| Logged {
         outcome,
@@ -648,7 +648,7 @@ async fn decide_and_forward(
         // Counted in its shapers' queue depth while it waits. A client that
         // goes away while waiting drops this future: it is never forwarded
         // (its slot is not refunded).
-        let _waiting: Few<_> = ids
+        let _waiting: InlineVec<_> = ids
             .iter()
             .filter_map(|&id| shared.table.get(id).waiting())
             .collect();
@@ -678,7 +678,7 @@ async fn decide_and_forward(
 /// A request ready to decide.
 struct Identified {
     /// The policies that decide it, its overrides resolved.
-    ids: Few<TableId>,
+    ids: InlineVec<TableId>,
     /// Its stored key.
     key: String,
     /// What it is charged on admission.
@@ -713,7 +713,7 @@ fn identify(
     let client = peer.map(|p| client_ip(request.headers(), p.ip(), trusted));
     let (sent, key) = identity(route, request, params, client, shared.config.jwt.as_ref())?;
     // An overridden identity is decided by its override.
-    let ids: Few<TableId> = route
+    let ids: InlineVec<TableId> = route
         .policies
         .iter()
         .map(|&policy| shared.table.resolve(policy, &sent))

@@ -36,9 +36,7 @@ async fn upstream() -> (SocketAddr, Seen) {
             format!("{line} {}", String::from_utf8_lossy(&body))
         }
     }));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let addr = weir_testkit::serve(app).await;
     (addr, seen)
 }
 
@@ -426,9 +424,7 @@ async fn recording_upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
             format!("{path} {body}")
         }
     }));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let addr = weir_testkit::serve(app).await;
     (addr, seen)
 }
 

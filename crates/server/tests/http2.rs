@@ -22,10 +22,7 @@ async fn upstream() -> SocketAddr {
                 "late"
             }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
+    weir_testkit::serve(app).await
 }
 
 fn config(certs: &Certs, upstream: SocketAddr) -> String {

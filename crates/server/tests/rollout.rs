@@ -9,10 +9,7 @@ use crate::{send, start};
 
 async fn upstream() -> SocketAddr {
     let app = Router::new().fallback(any(|| async { "ok" }));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
+    weir_testkit::serve(app).await
 }
 
 fn series(metrics: &str, name: &str) -> f64 {

@@ -1,5 +1,6 @@
 //! What weir's integration tests share: real `redis-server` processes and a
-//! Redis Cluster on free loopback ports, a small HTTP client, and a fake LLM
+//! Redis Cluster on free loopback ports, the one test server ([`serve`]), a
+//! small HTTP client, and a fake LLM
 //! upstream that says how many tokens each answer used.
 //!
 //! Tests panic on purpose here (a fixture that cannot start is a failed
@@ -11,11 +12,13 @@ mod http_client;
 pub mod llm;
 mod redis;
 pub mod tls;
+mod upstream;
 
 pub use http_client::{Reply, send};
 pub use llm::Llm;
 pub use redis::{Cluster, RedisServer, Sentinels, free_port, require};
 pub use tls::Certs;
+pub use upstream::serve;
 
 /// A test's tool is missing: under `CI=true` the test fails, naming it and
 /// how to install it; elsewhere (a developer's machine without Chromium,

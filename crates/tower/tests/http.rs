@@ -5,22 +5,8 @@ use axum::Router;
 use axum::routing::get;
 use weir_core::store::Store;
 use weir_limiter::{FakeClock, Limiter, Policy};
-use weir_testkit::{Reply, send};
+use weir_testkit::{Reply, send, serve};
 use weir_tower::{ForwardedKey, HeaderKey, PeerKey, RateLimitLayer};
-
-async fn serve(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
-}
 
 async fn get_with(addr: SocketAddr, header: Option<(&str, &str)>) -> Reply {
     let headers: Vec<(&str, &str)> = header.into_iter().collect();
@@ -141,13 +127,6 @@ async fn futures_join(addr: SocketAddr, user: Option<(&'static str, &'static str
 #[test]
 fn an_unknown_policy_is_an_error() {
     assert!(RateLimitLayer::new(limiter("gcra burst=1 rate=1/s"), "nope", PeerKey).is_err());
-}
-
-async fn serve_plain(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
 }
 
 fn hello() -> Router {
@@ -309,7 +288,7 @@ async fn the_client_behind_trusted_proxies_is_the_key() {
 #[tokio::test]
 async fn the_peer_address_without_connect_info_fails_loudly() {
     let layer = RateLimitLayer::new(limiter("gcra burst=1 rate=1/s"), "api", PeerKey).unwrap();
-    let addr = serve_plain(hello().layer(layer)).await;
+    let addr = serve(hello().layer(layer)).await;
     let reply = send("GET", &format!("http://{addr}/hello"), &[], "").await;
     assert_eq!(reply.status, 500);
     assert!(
