@@ -288,7 +288,11 @@ async fn the_client_behind_trusted_proxies_is_the_key() {
 #[tokio::test]
 async fn the_peer_address_without_connect_info_fails_loudly() {
     let layer = RateLimitLayer::new(limiter("gcra burst=1 rate=1/s"), "api", PeerKey).unwrap();
-    let addr = serve(hello().layer(layer)).await;
+    // Served without `ConnectInfo`, as a service that forgot it.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = hello().layer(layer);
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let reply = send("GET", &format!("http://{addr}/hello"), &[], "").await;
     assert_eq!(reply.status, 500);
     assert!(
