@@ -16,6 +16,10 @@
 # docs/BENCHMARKS.md for how to build it; without it the RLS rows show weir
 # alone). Missing tools are installed from Debian's packages when apt-get is
 # there. Raw outputs go to $OUT (default: target/compare).
+#
+# BEFORE=<commit> adds weir as it was at that commit to the gateway rows,
+# in the same run (built once into target/before; its rows compare this
+# tree's weir with it): a change's speed, measured beside its peers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -186,6 +190,16 @@ if want gateway || want pingora || want hyper; then
   pids+=($!)
   gateways=(weir:19002)
   declare -A gateway_pid=([weir]=$!)
+  if [ -n "${BEFORE:-}" ]; then
+    rm -rf target/before-src && git worktree prune
+    git worktree add -f --detach target/before-src "$BEFORE" >/dev/null
+    (cd target/before-src && cargo build --release -q -p weir --target-dir ../before)
+    sed 's/127.0.0.1:19002/127.0.0.1:19005/' docs/bench/weir.toml >"$OUT/weir-before.toml"
+    target/before/release/weir serve --config "$OUT/weir-before.toml" --no-watch >"$OUT/weir-before.log" 2>&1 &
+    pids+=($!)
+    gateways+=(before:19005)
+    gateway_pid[before]=$!
+  fi
   if want gateway; then
     nginx -c "$PWD/docs/bench/nginx.conf" -g 'daemon off;' &
     pids+=($!)
@@ -226,6 +240,7 @@ if want gateway || want pingora || want hyper; then
       read -r pr p50 p99 pcpu <<<"$(median <"$OUT/gateway-${gw%%:*}-$path.txt")"
       case ${gw%%:*} in
         nginx) what="gateway, $path path" peer="nginx limit_req + proxy_pass" ;;
+        before) what="gateway, $path path" peer="weir at $BEFORE" ;;
         *) what="forwarding, $path path" peer="${gw%%:*}-gw (bench/pingora-eval)" ;;
       esac
       row "$what" "$peer" "$pr" "$wr" "$p50 / $p99" "$w50 / $w99" "wrk -t1 -c32 --latency -s $script" "$pcpu" "$wcpu"

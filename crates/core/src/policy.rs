@@ -545,6 +545,30 @@ impl Policy {
         }
     }
 
+    /// This algorithm with its quota replaced by `count` per `period`: a
+    /// bucket's capacity and rate, a window's limit per window of `period`,
+    /// a shaper's rate (its queue kept); `None` for a concurrency limit,
+    /// which has no quota per period.
+    pub fn with_quota(&self, count: u64, period: Nanos) -> Option<Result<Self, PolicyError>> {
+        let rate = || {
+            Rate::new(count, period).ok_or_else(|| {
+                PolicyError::new(
+                    "limit",
+                    PolicyErrorKind::OutOfBounds("at least 1 per period".to_owned()),
+                )
+            })
+        };
+        Some(match self {
+            Self::FixedWindow(_) => Self::fixed_window(count, period),
+            Self::TokenBucket(_) => rate().and_then(|r| Self::token_bucket(count, r)),
+            Self::Gcra(_) => rate().and_then(|r| Self::gcra(count, r)),
+            Self::SlidingLog(_) => Self::sliding_log(count, period),
+            Self::SlidingCounter(_) => Self::sliding_counter(count, period),
+            Self::LeakyBucket(l) => rate().and_then(|r| Self::leaky_bucket(r, l.queue())),
+            Self::Concurrency(_) => return None,
+        })
+    }
+
     /// The sustained rate: `count` per `period` ns (a bucket's or shaper's
     /// rate, a window's limit per window), as Envoy's `requests_per_unit`;
     /// a concurrency limit's limit per lease (no rate: starts are bounded

@@ -29,7 +29,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use tonic::{Request, Response, Status};
 use weir_core::check::escape;
-use weir_core::{Decision, MAX_IDENTITY, NANOS_PER_SEC, Nanos, Policy, Rate};
+use weir_core::{Decision, MAX_IDENTITY, NANOS_PER_SEC, Nanos, Policy};
 use weir_tower::{Limited, Part, fields_in};
 
 use crate::backend::{Check, InlineVec, Undecided};
@@ -295,21 +295,14 @@ fn unit_length(unit: i32) -> Option<(Nanos, &'static str)> {
 
 pub use crate::config::NO_RELEASE;
 
-/// `base`'s algorithm with its quota replaced by `count` per `period`: a
-/// bucket's capacity and rate, a window's limit per window of `period`, a
-/// shaper's rate; without a base, a fixed window.
+/// `base`'s algorithm with its quota replaced by `count` per `period`
+/// ([`Policy::with_quota`]); without a base, a fixed window.
 pub fn with_limit(base: Option<Policy>, count: u64, period: Nanos) -> Result<Policy, String> {
-    let rate = || Rate::new(count, period).ok_or("a limit of 0 requests".to_owned());
-    match base {
-        None | Some(Policy::FixedWindow(_)) => Policy::fixed_window(count, period),
-        Some(Policy::TokenBucket(_)) => Policy::token_bucket(count, rate()?),
-        Some(Policy::Gcra(_)) => Policy::gcra(count, rate()?),
-        Some(Policy::SlidingLog(_)) => Policy::sliding_log(count, period),
-        Some(Policy::SlidingCounter(_)) => Policy::sliding_counter(count, period),
-        Some(Policy::LeakyBucket(l)) => Policy::leaky_bucket(rate()?, l.queue()),
-        Some(Policy::Concurrency(_)) => return Err(NO_RELEASE.to_owned()),
+    match base.map(|base| base.with_quota(count, period)) {
+        None => Policy::fixed_window(count, period).map_err(|e| e.to_string()),
+        Some(Some(policy)) => policy.map_err(|e| e.to_string()),
+        Some(None) => Err(NO_RELEASE.to_owned()),
     }
-    .map_err(|e| e.to_string())
 }
 
 /// The table entry that decides `target`: a rule's policy, or the entry of

@@ -91,17 +91,9 @@ impl Entry {
                 }),
         };
         let counter = |outcome: &'static str| metrics::counter!(crate::metrics::DECISIONS, "policy" => name.clone(), "outcome" => outcome);
-        let queue = match config.policy {
-            Policy::LeakyBucket(_) => {
-                Some(metrics::gauge!(crate::metrics::QUEUE_DEPTH, "policy" => name.clone()))
-            }
-            Policy::TokenBucket(_)
-            | Policy::Gcra(_)
-            | Policy::FixedWindow(_)
-            | Policy::SlidingLog(_)
-            | Policy::SlidingCounter(_)
-            | Policy::Concurrency(_) => None,
-        };
+        // Only a shaper holds requests in a queue.
+        let queue = matches!(config.policy, Policy::LeakyBucket(_))
+            .then(|| metrics::gauge!(crate::metrics::QUEUE_DEPTH, "policy" => name.clone()));
         Self {
             refused: weir_tower::error_body("RATE_LIMITED", &name).into(),
             fields: Fields::new(&name, &config.policy),
