@@ -7,6 +7,7 @@ mod api;
 mod envoy;
 mod fuzz;
 mod gateway;
+mod guarded;
 mod hardening;
 mod http2;
 mod leases;

@@ -8,6 +8,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod boundary;
 mod http_client;
 pub mod llm;
 mod redis;
