@@ -350,7 +350,9 @@ impl<C: Clock> Builder<C> {
 #[derive(Debug)]
 pub struct Limiter<C = SystemClock> {
     policies: Vec<Named>,
-    index: HashMap<String, usize>,
+    /// Policies by name (foldhash: a name is looked up per check on the
+    /// `Store` face).
+    index: HashMap<String, usize, foldhash::fast::RandomState>,
     /// Policies added by name after the build ([`Limiter::ad_hoc`]).
     ad_hoc: Box<[OnceLock<Named>]>,
     ad_hoc_names: Mutex<HashMap<String, usize>>,

@@ -31,6 +31,7 @@ pub use grpc::run_grpc;
 mod live;
 pub mod metrics;
 pub mod reload;
+mod routing;
 pub mod serve;
 pub mod state;
 pub mod table;
