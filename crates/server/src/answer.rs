@@ -345,7 +345,7 @@ pub(crate) fn read_lease(token: &str) -> Option<(LeaseId, bool)> {
 
 impl<'a> DecisionBody<'a> {
     pub(crate) fn new(entry: &'a Entry, d: &Decision, degraded: bool) -> Self {
-        let limit = entry.limit(degraded);
+        let limit = entry.shown.limit(degraded);
         Self {
             allowed: d.allowed,
             policy: &entry.name,

@@ -364,7 +364,7 @@ pub(crate) async fn policies(State(state): State<Arc<AppState>>) -> Response {
             name: &e.name,
             algorithm: e.policy.algorithm().name(),
             spec: e.policy.to_string(),
-            ratelimit_policy: e.fields.field.to_str().unwrap_or_default(),
+            ratelimit_policy: e.shown.fields.field.to_str().unwrap_or_default(),
             on_store_error: e.on_store_error.map_or_else(
                 || "unset (HTTP: local; gRPC: UNAVAILABLE)".to_owned(),
                 |r| r.to_string(),

@@ -176,7 +176,7 @@ impl Verdict {
             if entry.unlimited {
                 decisions.push(Decision {
                     allowed: true,
-                    remaining: entry.limit(false),
+                    remaining: entry.shown.limit(false),
                     ..Decision::default()
                 });
                 shadow.push(false);
@@ -206,7 +206,10 @@ impl Verdict {
             .zip(self.decisions())
             .enumerate()
             .filter(|(i, _)| !self.is_shadow(*i))
-            .map(|(_, (id, d))| table.get(*id).part(d, self.degraded))
+            .map(|(_, (id, d))| {
+                let entry = table.get(*id);
+                entry.shown.part(&entry.name, d, self.degraded)
+            })
             .collect()
     }
 

@@ -16,8 +16,9 @@ use weir_core::{AllDecision, Decision, NANOS_PER_SEC, Nanos};
 
 use crate::backend::{Check, InlineVec, NewKeys, Undecided, Verdict};
 use crate::config::TableId;
+use crate::policy_meters::Outcome;
 use crate::state::{NEW_KEYS, Shared};
-use crate::table::{Outcome, PolicyTable};
+use crate::table::PolicyTable;
 use crate::telemetry::Traced;
 
 /// What a face asks of the pipeline.
@@ -47,7 +48,7 @@ impl Shared {
         self.created(ask.client, verdict.created);
         for (check, decision) in ask.checks.iter().zip(verdict.decisions()) {
             if let Some(lease) = decision.lease {
-                self.table.get(check.policy).lease_taken(lease);
+                self.table.get(check.policy).meters.lease_taken(lease);
             }
         }
         Ok(verdict)
@@ -119,7 +120,9 @@ impl Shared {
                 Err(store::Error::Unavailable { .. } | store::Error::Denied)
             )
         {
-            counted.iter().for_each(|c| table.get(c.policy).fell_back());
+            counted
+                .iter()
+                .for_each(|c| table.get(c.policy).meters.fell_back());
         }
         let decided = match decided {
             Ok(checked) if checked.new_key_refused => Err(Undecided::NewKeys(match new_keys {
@@ -165,18 +168,21 @@ impl Shared {
                         (false, true) => Outcome::Rejected,
                     };
                     let entry = table.get(check.policy);
-                    entry.count(outcome);
-                    entry.live.count(outcome, verdict.degraded, check.key);
+                    entry.meters.count(outcome);
+                    entry
+                        .meters
+                        .live
+                        .count(outcome, verdict.degraded, check.key);
                     if outcome == Outcome::Allowed
                         && table.near_limit(entry, d.remaining, verdict.degraded)
                     {
-                        entry.near_limit();
+                        entry.meters.near_limit();
                     }
                 }
             }
             Err(_) => checks
                 .iter()
-                .for_each(|c| table.get(c.policy).count(Outcome::Error)),
+                .for_each(|c| table.get(c.policy).meters.count(Outcome::Error)),
         }
         decided
     }
@@ -205,7 +211,7 @@ impl Shared {
             return Err(Undecided::NewKeys(wait));
         }
         for c in checks {
-            table.get(c.policy).reported(c.cost);
+            table.get(c.policy).meters.reported(c.cost);
         }
         Ok((checked.all.decisions, checked.created))
     }
@@ -264,8 +270,8 @@ impl Shared {
         let entry = self.table.get(policy);
         let decided = decided.and_then(store::Checked::sole);
         match (op, &decided) {
-            (LeaseOp::Release(lease), Ok(d)) => entry.lease_released(lease, d.allowed),
-            (LeaseOp::Renew(lease), Ok(d)) if d.allowed => entry.lease_taken(lease),
+            (LeaseOp::Release(lease), Ok(d)) => entry.meters.lease_released(lease, d.allowed),
+            (LeaseOp::Renew(lease), Ok(d)) if d.allowed => entry.meters.lease_taken(lease),
             (LeaseOp::Renew(_), Ok(_)) => {
                 tracing::debug!(policy = %entry.name, "a lease expired before its renewal");
             }

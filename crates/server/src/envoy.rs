@@ -608,7 +608,10 @@ fn answered(
     let decided: Vec<Part<'_>> = ids
         .iter()
         .zip(verdict.decisions())
-        .map(|(id, d)| shared.table.get(*id).part(d, verdict.degraded))
+        .map(|(id, d)| {
+            let entry = shared.table.get(*id);
+            entry.shown.part(&entry.name, d, verdict.degraded)
+        })
         .collect();
     // `[server] shadow` (their SHADOW_MODE): the answer as enforced —
     // each descriptor's status and the fields — but for its overall code,

@@ -300,7 +300,7 @@ async fn decide_and_forward(
             parts: &parts,
             style: server.headers,
         }
-        .response_with(Body::from(refusing.refused.clone()));
+        .response_with(Body::from(refusing.shown.refused.clone()));
         if server.access_log {
             let logged = logged("limited", Some(&refusing.name));
             response.extensions_mut().insert(logged);
@@ -320,7 +320,7 @@ async fn decide_and_forward(
         // (its slot is not refunded).
         let _waiting: InlineVec<_> = ids
             .iter()
-            .filter_map(|&id| shared.table.get(id).waiting())
+            .filter_map(|&id| shared.table.get(id).meters.waiting())
             .collect();
         tokio::time::sleep(Duration::from_nanos(delay)).await;
     }

@@ -30,9 +30,11 @@ mod leases;
 pub use grpc::run_grpc;
 mod live;
 pub mod metrics;
+mod policy_meters;
 pub mod reload;
 mod routing;
 pub mod serve;
+mod shown;
 pub mod state;
 pub mod table;
 pub mod telemetry;
@@ -354,7 +356,7 @@ async fn prepare(
                 let totals = shared
                     .table
                     .iter()
-                    .map(|(_, e)| (e.name.as_str(), e.live.totals()));
+                    .map(|(_, e)| (e.name.as_str(), e.meters.live.totals()));
                 state.history.record(totals, shared.meters.latency.read());
                 if second % 5 == 4 {
                     shared.backend.local().sweep();

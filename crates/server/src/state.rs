@@ -190,7 +190,7 @@ impl AppState {
         metrics::gauge!(crate::metrics::KEYS).set(shared.backend.local().len() as f64);
         metrics::gauge!(crate::metrics::MAX_KEYS).set(shared.config.store.max_keys as f64);
         for (_, entry) in shared.table.iter() {
-            entry.sweep_leases();
+            entry.meters.sweep_leases();
         }
         self.metrics.render()
     }

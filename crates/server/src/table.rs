@@ -1,37 +1,19 @@
 //! The policy table: every policy of a configuration resolved once — its
-//! [`TableId`], name, `Policy`, store rules, `RateLimit-Policy` field and
-//! metric handles. Routes and descriptor rules hold ids; the request path
-//! indexes this table and never scans or compares names.
+//! [`TableId`], name, `Policy`, its fallback's, its store rules — beside
+//! how it shows itself to clients (`shown.rs`) and what is counted of it
+//! (`policy_meters.rs`). Routes and descriptor rules hold ids; the request
+//! path indexes this table and never scans or compares names.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
-use http::HeaderValue;
-use metrics::{Counter, Gauge};
-use weir_core::{Decision, Policy};
-use weir_tower::{Part, quota, rate_limit_policy};
+use weir_core::Policy;
 
 use crate::config::{
     OnStateLoss, OnStoreError, Override, PolicyConfig, Quota, StoreConfig, StoreUrl, TableId,
 };
-
-pub(crate) use crate::live::Outcome;
-
-/// What a policy answers with: its `RateLimit-Policy` item and limit.
-#[derive(Debug, Clone)]
-pub(crate) struct Fields {
-    pub(crate) field: HeaderValue,
-    pub(crate) limit: u64,
-}
-
-impl Fields {
-    fn new(name: &str, policy: &Policy) -> Self {
-        Self {
-            field: rate_limit_policy(name, policy),
-            limit: quota(policy).0,
-        }
-    }
-}
+use crate::policy_meters::PolicyMeters;
+use crate::shown::Shown;
 
 /// One policy, resolved.
 #[derive(Debug)]
@@ -56,25 +38,10 @@ pub struct Entry {
     pub max_keys: Option<usize>,
     /// Decides and keeps state as if enforced, but never refuses.
     pub shadow: bool,
-    pub(crate) fields: Fields,
-    /// The fields of the local fallback's policy, for degraded answers.
-    pub(crate) local_fields: Fields,
-    /// The body of the gateway's `429` when this policy refuses, made once.
-    pub(crate) refused: axum::body::Bytes,
-    decisions: [Counter; 6],
-    /// `weir_near_limit_total`: admissions that left less than the
-    /// near-limit share (a part of `allowed`, counted apart so that the
-    /// outcomes of `weir_decisions_total` add up to the decisions).
-    near_limit: Counter,
-    fallbacks: Counter,
-    reported: Counter,
-    /// What the dashboard reads.
-    pub(crate) live: crate::live::Live,
-    /// A shaper's `weir_queue_depth`: requests held in its delay now.
-    queue: Option<Gauge>,
-    /// A concurrency limit's leases granted here, for its metrics (kept
-    /// across reloads that leave the policy as it was, as its keys are).
-    leases: Option<std::sync::Arc<crate::lease_book::Book>>,
+    /// How it shows itself to clients.
+    pub(crate) shown: Shown,
+    /// What is counted of it.
+    pub(crate) meters: PolicyMeters,
 }
 
 impl Entry {
@@ -90,28 +57,9 @@ impl Entry {
                     config.policy
                 }),
         };
-        let counter = |outcome: &'static str| metrics::counter!(crate::metrics::DECISIONS, "policy" => name.clone(), "outcome" => outcome);
-        // Only a shaper holds requests in a queue.
-        let queue = matches!(config.policy, Policy::LeakyBucket(_))
-            .then(|| metrics::gauge!(crate::metrics::QUEUE_DEPTH, "policy" => name.clone()));
         Self {
-            refused: weir_tower::error_body("RATE_LIMITED", &name).into(),
-            fields: Fields::new(&name, &config.policy),
-            local_fields: Fields::new(&name, &local),
-            decisions: [
-                counter("allowed"),
-                counter("rejected"),
-                counter("uncharged"),
-                counter("error"),
-                counter("shadow_limited"),
-                counter("unlimited"),
-            ],
-            near_limit: metrics::counter!(crate::metrics::NEAR_LIMIT, "policy" => name.clone()),
-            fallbacks: metrics::counter!(crate::metrics::FALLBACK_DECISIONS, "policy" => name.clone()),
-            reported: metrics::counter!(crate::metrics::REPORTED_COST, "policy" => name.clone()),
-            queue,
-            leases: crate::lease_book::Book::of(&name, &config.policy).map(std::sync::Arc::new),
-            live: crate::live::Live::default(),
+            shown: Shown::new(&name, &config.policy, &local),
+            meters: PolicyMeters::new(&name, &config.policy),
             policy: config.policy,
             local,
             on_store_error: config.on_store_error,
@@ -122,85 +70,6 @@ impl Entry {
             unlimited: false,
             name,
         }
-    }
-
-    /// Its part in an answer; a degraded decision reports the local
-    /// fallback's limit, the one that was applied.
-    pub(crate) fn part(&self, decision: Decision, degraded: bool) -> Part<'_> {
-        let fields = if degraded {
-            &self.local_fields
-        } else {
-            &self.fields
-        };
-        Part {
-            name: &self.name,
-            field: &fields.field,
-            limit: fields.limit,
-            decision,
-        }
-    }
-
-    /// The limit reported with a decision.
-    pub(crate) fn limit(&self, degraded: bool) -> u64 {
-        self.part(Decision::default(), degraded).limit
-    }
-
-    pub(crate) fn count(&self, outcome: Outcome) {
-        self.decisions[outcome as usize].increment(1);
-    }
-
-    /// An admission that left less than the near-limit share.
-    pub(crate) fn near_limit(&self) {
-        self.near_limit.increment(1);
-    }
-
-    /// Usage reported after the fact.
-    pub(crate) fn reported(&self, cost: u64) {
-        self.reported.increment(cost);
-    }
-
-    pub(crate) fn fell_back(&self) {
-        self.fallbacks.increment(1);
-    }
-
-    /// A lease this weir granted, or renewed: live a lease from now.
-    pub(crate) fn lease_taken(&self, lease: weir_core::algo::LeaseId) {
-        if let Some(book) = &self.leases {
-            book.taken(lease);
-        }
-    }
-
-    /// A release the store answered: `live` whether it freed the lease.
-    pub(crate) fn lease_released(&self, lease: weir_core::algo::LeaseId, live: bool) {
-        if let Some(book) = &self.leases {
-            book.released(lease, live);
-        }
-    }
-
-    /// Counts the leases that expired unreleased by now.
-    pub(crate) fn sweep_leases(&self) {
-        if let Some(book) = &self.leases {
-            book.sweep();
-        }
-    }
-
-    /// A request held in this shaper's delay, until the guard drops (it
-    /// is released, or its client left): none for other algorithms.
-    pub(crate) fn waiting(&self) -> Option<Waiting> {
-        self.queue.as_ref().map(|gauge| {
-            gauge.increment(1.0);
-            Waiting(gauge.clone())
-        })
-    }
-}
-
-/// One request counted in a shaper's `weir_queue_depth` while it lives.
-#[derive(Debug)]
-pub(crate) struct Waiting(Gauge);
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        self.0.decrement(1.0);
     }
 }
 
@@ -305,7 +174,7 @@ impl PolicyTable {
     /// Whether an admission leaving `remaining` of `entry`'s limit is near it.
     pub(crate) fn near_limit(&self, entry: &Entry, remaining: u64, degraded: bool) -> bool {
         self.near_limit.is_some_and(|ratio| {
-            let limit = u128::from(entry.limit(degraded));
+            let limit = u128::from(entry.shown.limit(degraded));
             u128::from(remaining) * 1_000_000 < limit * u128::from(1_000_000 - ratio.min(1_000_000))
         })
     }
@@ -416,15 +285,8 @@ impl PolicyTable {
             else {
                 continue;
             };
-            let (Some(book), Some(_)) = (&old.leases, &entry.leases) else {
-                continue;
-            };
-            entry.leases = match old.policy == entry.policy {
-                true => Some(book.clone()),
-                false => book
-                    .continued(&entry.name, &entry.policy)
-                    .map(std::sync::Arc::new),
-            };
+            let unchanged = old.policy == entry.policy;
+            (entry.meters).keep_book_of(&old.meters, &entry.name, unchanged, &entry.policy);
         }
     }
 
@@ -459,9 +321,9 @@ mod tests {
             let config = crate::config::parse(&text, &Default::default()).unwrap();
             PolicyTable::new(&config.policies, &config.overrides, &config.store)
         };
-        let book = |t: &PolicyTable| t.entries[0].leases.clone().unwrap();
+        let book = |t: &PolicyTable| t.entries[0].meters.book().unwrap();
         let first = table(3);
-        first.entries[0].lease_taken(7);
+        first.entries[0].meters.lease_taken(7);
         let mut same = table(3);
         same.keep_books_of(&first);
         assert!(std::sync::Arc::ptr_eq(&book(&first), &book(&same)));

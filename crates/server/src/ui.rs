@@ -116,7 +116,7 @@ pub(crate) async fn stats(
     let policies = shared
         .table
         .iter()
-        .map(|(_, e)| PolicyCounts::new(Arc::from(e.name.as_str()), e.live.totals()))
+        .map(|(_, e)| PolicyCounts::new(Arc::from(e.name.as_str()), e.meters.live.totals()))
         .collect();
     let stats = Stats {
         time_ms: now_ms(),
@@ -165,7 +165,7 @@ pub(crate) async fn top(
     let (shared, id) = authorize(&state, peer, &headers, &query.policy)?;
     let entry = shared.table.get(id);
     let n = query.n.unwrap_or(10).clamp(1, CAPACITY);
-    let (top, refused) = entry.live.top(n);
+    let (top, refused) = entry.meters.live.top(n);
     Ok(Json(Top {
         policy: &entry.name,
         window_seconds: SLICE.as_secs() * SLICES,
