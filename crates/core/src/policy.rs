@@ -26,7 +26,7 @@ use thiserror::Error;
 
 use crate::algo::{
     Concurrency, FixedWindow, FixedWindowState, LeakyBucket, LeaseId, LeaseState, LevelState,
-    LogState, SlidingCounter, SlidingCounterState, SlidingLog, TokenBucket,
+    LogState, Parameters, SlidingCounter, SlidingCounterState, SlidingLog, TokenBucket,
 };
 use crate::decision::{ceil_div, floor_div};
 use crate::units::{DisplayDuration, UnitError, parse_count, parse_duration};
@@ -525,24 +525,26 @@ impl Policy {
         }
     }
 
+    /// The algorithm's own parameters: the one place `Policy` dispatches
+    /// what an algorithm knows of itself.
+    pub fn parameters(&self) -> &dyn Parameters {
+        match self {
+            Self::TokenBucket(b) | Self::Gcra(b) => b,
+            Self::FixedWindow(w) => w,
+            Self::SlidingLog(l) => l,
+            Self::SlidingCounter(c) => c,
+            Self::LeakyBucket(l) => l,
+            Self::Concurrency(c) => c,
+        }
+    }
+
     /// The quota `q` per window `w` (ns) that `RateLimit-Policy` shows: a
     /// token bucket's capacity over the time to refill it from empty; a
     /// window's limit per window; a shaper's queue and the slot being served
     /// over the time to drain them; a concurrency limit's limit per lease.
     /// `w` is rounded down to the nanosecond.
     pub fn quota(&self) -> (u64, Nanos) {
-        let level = |size: u64, rate: Rate| {
-            let window = u128::from(size) * u128::from(rate.period()) / u128::from(rate.tokens());
-            (size, Nanos::try_from(window).unwrap_or(Nanos::MAX))
-        };
-        match self {
-            Self::TokenBucket(b) | Self::Gcra(b) => level(b.capacity(), b.rate()),
-            Self::FixedWindow(w) => (w.limit(), w.window()),
-            Self::SlidingLog(l) => (l.limit(), l.window()),
-            Self::SlidingCounter(c) => (c.limit(), c.window()),
-            Self::LeakyBucket(l) => level(l.queue() + 1, l.rate()),
-            Self::Concurrency(c) => (c.limit(), c.lease()),
-        }
+        self.parameters().quota()
     }
 
     /// This algorithm with its quota replaced by `count` per `period`: a
@@ -574,53 +576,34 @@ impl Policy {
     /// a concurrency limit's limit per lease (no rate: starts are bounded
     /// only by releases).
     pub fn sustained(&self) -> (u64, Nanos) {
-        match self {
-            Self::TokenBucket(b) | Self::Gcra(b) => (b.rate().tokens(), b.rate().period()),
-            Self::LeakyBucket(l) => (l.rate().tokens(), l.rate().period()),
-            Self::FixedWindow(w) => (w.limit(), w.window()),
-            Self::SlidingLog(l) => (l.limit(), l.window()),
-            Self::SlidingCounter(c) => (c.limit(), c.window()),
-            Self::Concurrency(c) => (c.limit(), c.lease()),
-        }
+        self.parameters().sustained()
     }
 
     /// The window of a windowed algorithm (fixed window, sliding log,
     /// sliding counter); `None` for the buckets, the shaper and the
     /// concurrency limit.
     pub fn window(&self) -> Option<Nanos> {
-        match self {
-            Self::FixedWindow(w) => Some(w.window()),
-            Self::SlidingLog(l) => Some(l.window()),
-            Self::SlidingCounter(c) => Some(c.window()),
-            Self::TokenBucket(_) | Self::Gcra(_) | Self::LeakyBucket(_) | Self::Concurrency(_) => {
-                None
-            }
-        }
+        self.parameters().window()
     }
 
     /// The window of an algorithm whose windows are aligned to multiples of
     /// it (fixed window, sliding counter): where its boundaries fall.
     pub fn aligned_window(&self) -> Option<Nanos> {
-        match self {
-            Self::FixedWindow(_) | Self::SlidingCounter(_) => self.window(),
-            Self::SlidingLog(_)
-            | Self::TokenBucket(_)
-            | Self::Gcra(_)
-            | Self::LeakyBucket(_)
-            | Self::Concurrency(_) => None,
-        }
+        self.parameters().aligned_window()
     }
 
-    /// The largest cost one request may have, and the parameter bounding it.
+    /// The largest cost one request may have, and the parameter bounding
+    /// it (dispatched statically: every check validates its cost).
+    #[inline]
     pub fn max_cost(&self) -> (u64, &'static str) {
         match self {
-            Self::TokenBucket(b) => (b.capacity(), "capacity"),
-            Self::Gcra(b) => (b.capacity(), "burst"),
-            Self::FixedWindow(w) => (w.limit(), "limit"),
-            Self::SlidingLog(l) => (l.limit(), "limit"),
-            Self::SlidingCounter(c) => (c.limit(), "limit"),
-            Self::LeakyBucket(l) => (l.queue(), "queue"),
-            Self::Concurrency(c) => (c.limit(), "limit"),
+            Self::TokenBucket(b) => (b.max_cost(), "capacity"),
+            Self::Gcra(b) => (b.max_cost(), "burst"),
+            Self::LeakyBucket(l) => (l.max_cost(), "queue"),
+            Self::FixedWindow(w) => (w.max_cost(), "limit"),
+            Self::SlidingLog(l) => (l.max_cost(), "limit"),
+            Self::SlidingCounter(c) => (c.max_cost(), "limit"),
+            Self::Concurrency(c) => (c.max_cost(), "limit"),
         }
     }
 
