@@ -84,17 +84,28 @@ async fn renewed<S: Store>(
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     loop {
         tick.tick().await;
-        for (name, policy, lease) in &leases {
-            let check = weir_core::Check {
-                name,
-                policy,
-                key: &key,
-                cost: 0,
-            };
-            // A renewal that fails leaves the lease to expire: the store's
-            // own rule, never a reason to end the response.
-            let _ = store.on_lease(check, LeaseOp::Renew(*lease)).await;
-        }
+        // A renewal that fails leaves the lease to expire: the store's own
+        // rule, never a reason to end the response.
+        each(&store, &key, &leases, LeaseOp::Renew).await;
+    }
+}
+
+/// `op` on each of `leases` of `key`, through `store`; what it answers is
+/// the store's to book.
+async fn each<S: Store>(
+    store: &S,
+    key: &str,
+    leases: &[(String, Policy, LeaseId)],
+    op: fn(LeaseId) -> LeaseOp,
+) {
+    for (name, policy, lease) in leases {
+        let check = weir_core::Check {
+            name,
+            policy,
+            key,
+            cost: 0,
+        };
+        let _ = store.on_lease(check, op(*lease)).await;
     }
 }
 
@@ -108,17 +119,8 @@ impl<S: Store + Clone + 'static> Drop for Held<S> {
         };
         let (store, key) = (self.store.clone(), std::mem::take(&mut self.key));
         let leases = std::mem::take(&mut self.leases);
-        let mut release = Box::pin(async move {
-            for (name, policy, lease) in &leases {
-                let check = weir_core::Check {
-                    name,
-                    policy,
-                    key: &key,
-                    cost: 0,
-                };
-                let _ = store.on_lease(check, LeaseOp::Release(*lease)).await;
-            }
-        });
+        let mut release =
+            Box::pin(async move { each(&store, &key, &leases, LeaseOp::Release).await });
         // In process, released before the next request can be decided.
         let _entered = runtime.enter();
         let mut cx = Context::from_waker(Waker::noop());
