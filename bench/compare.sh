@@ -18,8 +18,9 @@
 # there. Raw outputs go to $OUT (default: target/compare).
 #
 # BEFORE=<commit> adds weir as it was at that commit to the gateway rows,
-# in the same run (built once into target/before; its rows compare this
-# tree's weir with it): a change's speed, measured beside its peers.
+# and (without LIMITADOR) makes it the peer of the RLS rows, in the same
+# run (built once, sharing this tree's compiled dependencies, into
+# target/before/weir): a change's speed, measured beside its peers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,6 +61,13 @@ per_request() { # per_request TICKS REQUESTS -> µs
 }
 
 cargo build --release -q -p weir
+if [ -n "${BEFORE:-}" ]; then
+  rm -rf target/before-src && git worktree prune
+  git worktree add -f --detach target/before-src "$BEFORE" >/dev/null
+  (cd target/before-src && cargo build --release -q -p weir --target-dir ../)
+  mkdir -p target/before && cp target/before-src/../release/weir target/before/weir
+  cargo build --release -q -p weir # this tree's binary again, where the commit's was written
+fi
 
 # --- the in-process store against governor (same run) --------------------
 # examples/keyed: 20 million checks per run through each library's public
@@ -191,11 +199,8 @@ if want gateway || want pingora || want hyper; then
   gateways=(weir:19002)
   declare -A gateway_pid=([weir]=$!)
   if [ -n "${BEFORE:-}" ]; then
-    rm -rf target/before-src && git worktree prune
-    git worktree add -f --detach target/before-src "$BEFORE" >/dev/null
-    (cd target/before-src && cargo build --release -q -p weir --target-dir ../before)
     sed 's/127.0.0.1:19002/127.0.0.1:19005/' docs/bench/weir.toml >"$OUT/weir-before.toml"
-    target/before/release/weir serve --config "$OUT/weir-before.toml" --no-watch >"$OUT/weir-before.log" 2>&1 &
+    target/before/weir serve --config "$OUT/weir-before.toml" --no-watch >"$OUT/weir-before.log" 2>&1 &
     pids+=($!)
     gateways+=(before:19005)
     gateway_pid[before]=$!
@@ -327,6 +332,12 @@ YAML
       "$LIMITADOR" --rls-port "$lport" --http-port "$(free_port)" "$OUT/limits.yaml" $backend >"$OUT/limitador-$store.log" 2>&1 &
       peer_pid=$!
       pids+=("$peer_pid")
+    elif [ -n "${BEFORE:-}" ]; then
+      lport=$(free_port)
+      sed "s/^grpc = .*/grpc = \"127.0.0.1:$lport\"/; s/^listen = .*/listen = \"127.0.0.1:$(free_port)\"/" "$config" >"$OUT/rls-$store-before.toml"
+      target/before/weir serve --config "$OUT/rls-$store-before.toml" --no-watch >"$OUT/rls-$store-before.log" 2>&1 &
+      peer_pid=$!
+      pids+=("$peer_pid")
     fi
     sleep 2
     : >"$OUT/rls-weir-$store.txt"
@@ -348,10 +359,12 @@ YAML
       # The generator shares the cores: with it at G µs of CPU a call, no
       # server answers more than cores / (G + its own CPU a call) calls a
       # second, so twice the peer's rate R needs cores / 2R - G µs a call.
-      notes+=("- RLS ($store): the load generator spent $pgen µs of CPU per call beside limitador and $wgen beside weir. On the $(nproc) cores it shares, twice limitador's rate needs a server costing at most $(python3 -c "print(round($(nproc) * 1e6 / (2 * max($pr, 1)) - $wgen, 1))") µs of CPU per call, counted as in the CPU column (weir: $wcpu).")
+      [ -n "${LIMITADOR:-}" ] && notes+=("- RLS ($store): the load generator spent $pgen µs of CPU per call beside limitador and $wgen beside weir. On the $(nproc) cores it shares, twice limitador's rate needs a server costing at most $(python3 -c "print(round($(nproc) * 1e6 / (2 * max($pr, 1)) - $wgen, 1))") µs of CPU per call, counted as in the CPU column (weir: $wcpu).")
       kill "$peer_pid" 2>/dev/null || true
     fi
-    row "Envoy RLS ($store), 64 calls in flight, 100,000 sellers" "limitador-server" "$peer" "$wr" "$peer_lat" "$w50 µs / $w99 µs" \
+    peer_name=limitador-server
+    [ -z "${LIMITADOR:-}" ] && [ -n "${BEFORE:-}" ] && peer_name="weir at $BEFORE"
+    row "Envoy RLS ($store), 64 calls in flight, 100,000 sellers" "$peer_name" "$peer" "$wr" "$peer_lat" "$w50 µs / $w99 µs" \
       "cargo bench -p weir-server --bench grpc_load -- --addr …" "$pcpu" "$wcpu"
     kill "$weir_pid" 2>/dev/null || true
   done
