@@ -19,8 +19,8 @@
 #
 # BEFORE=<commit> adds weir as it was at that commit to the gateway rows,
 # and (without LIMITADOR) makes it the peer of the RLS rows, in the same
-# run (built once, sharing this tree's compiled dependencies, into
-# target/before/weir): a change's speed, measured beside its peers.
+# run (built once into target/before, from this tree's compiled
+# dependencies): a change's speed, measured beside its peers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -62,11 +62,13 @@ per_request() { # per_request TICKS REQUESTS -> µs
 
 cargo build --release -q -p weir
 if [ -n "${BEFORE:-}" ]; then
-  rm -rf target/before-src && git worktree prune
+  # Its own target directory (cargo names a workspace's crates by their
+  # path inside it, so two checkouts in one directory overwrite each
+  # other), seeded with this tree's compiled dependencies.
+  rm -rf target/before-src target/before && git worktree prune
   git worktree add -f --detach target/before-src "$BEFORE" >/dev/null
-  (cd target/before-src && cargo build --release -q -p weir --target-dir ../)
-  mkdir -p target/before && cp target/before-src/../release/weir target/before/weir
-  cargo build --release -q -p weir # this tree's binary again, where the commit's was written
+  mkdir -p target/before && cp -a target/release target/before/release
+  (cd target/before-src && cargo build --release -q -p weir --target-dir ../before)
 fi
 
 # --- the in-process store against governor (same run) --------------------
@@ -200,7 +202,7 @@ if want gateway || want pingora || want hyper; then
   declare -A gateway_pid=([weir]=$!)
   if [ -n "${BEFORE:-}" ]; then
     sed 's/127.0.0.1:19002/127.0.0.1:19005/' docs/bench/weir.toml >"$OUT/weir-before.toml"
-    target/before/weir serve --config "$OUT/weir-before.toml" --no-watch >"$OUT/weir-before.log" 2>&1 &
+    target/before/release/weir serve --config "$OUT/weir-before.toml" --no-watch >"$OUT/weir-before.log" 2>&1 &
     pids+=($!)
     gateways+=(before:19005)
     gateway_pid[before]=$!
@@ -335,7 +337,7 @@ YAML
     elif [ -n "${BEFORE:-}" ]; then
       lport=$(free_port)
       sed "s/^grpc = .*/grpc = \"127.0.0.1:$lport\"/; s/^listen = .*/listen = \"127.0.0.1:$(free_port)\"/" "$config" >"$OUT/rls-$store-before.toml"
-      target/before/weir serve --config "$OUT/rls-$store-before.toml" --no-watch >"$OUT/rls-$store-before.log" 2>&1 &
+      target/before/release/weir serve --config "$OUT/rls-$store-before.toml" --no-watch >"$OUT/rls-$store-before.log" 2>&1 &
       peer_pid=$!
       pids+=("$peer_pid")
     fi
