@@ -61,14 +61,17 @@ per_request() { # per_request TICKS REQUESTS -> µs
 }
 
 cargo build --release -q -p weir
-if [ -n "${BEFORE:-}" ]; then
+if [ -n "${BEFORE:-}" ] && [ "$(cat target/before/COMMIT 2>/dev/null)" != "$(git rev-parse "$BEFORE")" ]; then
   # Its own target directory (cargo names a workspace's crates by their
   # path inside it, so two checkouts in one directory overwrite each
-  # other), seeded with this tree's compiled dependencies.
+  # other), seeded with this tree's compiled dependencies; kept for the
+  # next run of the same commit.
   rm -rf target/before-src target/before && git worktree prune
   git worktree add -f --detach target/before-src "$BEFORE" >/dev/null
   mkdir -p target/before && cp -a target/release target/before/release
   (cd target/before-src && cargo build --release -q -p weir --target-dir ../before)
+  git rev-parse "$BEFORE" >target/before/COMMIT
+  git worktree remove --force target/before-src
 fi
 
 # --- the in-process store against governor (same run) --------------------

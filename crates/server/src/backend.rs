@@ -1,8 +1,9 @@
 //! Where decisions are made: the configured [`Backend`] (a [`Store`]:
-//! in process, or Redis guarded by its breaker and fallback), and the
-//! decision pipeline every face calls — a table's checks made store checks,
-//! unlimited overrides answered without a store call, the store's answer
-//! made a [`Verdict`], every outcome counted.
+//! in process, or Redis guarded by its breaker and fallback), and the words
+//! of a decision in the server — a [`Check`] by `TableId`, the `Verdict`
+//! over a request's policies, why a request was `Undecided`, the one
+//! identity bound (`scoped_key`). The pipeline that asks it is
+//! `engine.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,7 +60,7 @@ pub(crate) enum Undecided {
 
 /// Whether a request may store keys that do not exist yet: a client that
 /// has created its share of new keys (`[server] new_keys_per_ip`) may only
-/// use the keys it has. On Redis, the script tells a missing key: the
+/// use the keys it has. The store tells a missing key (`no_new_key`): the
 /// request is then refused, storing nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NewKeys {
@@ -93,8 +94,7 @@ pub(crate) struct Verdict {
     pub(crate) max_delay: Nanos,
     /// Per check: its policy is in shadow mode.
     pub(crate) shadow: InlineVec<bool>,
-    /// Keys this decision stored that did not exist before (Redis only: in
-    /// process, [`NewKeys`] is known before the decision).
+    /// Keys this decision stored that did not exist before.
     pub(crate) created: usize,
 }
 
