@@ -325,13 +325,15 @@ fn replica_acks_wait_for_the_replica() {
 /// rebalanced, then a master drained and removed: no answer degraded, no
 /// error, and the two together never admit a key past its limit. (The
 /// store timeout is 1 s: what is tested is the moving slots, not the
-/// latency of a machine whose two cores also run the other tests.)
+/// latency of a machine whose two cores also run the other tests. The
+/// policy is a sliding log: a fixed window's boundary, on the hour, fell
+/// inside one run and let every key in twice.)
 #[test]
 fn slots_moving_under_load_change_no_decision() {
     let mut cluster = Cluster::with_replicas(3, 0);
     let limit = 150;
     let config = format!(
-        "[store]\nurl = \"{}\"\ntimeout = \"1s\"\n\n[policies.api]\nalgorithm = \"fixed-window\"\nlimit = {limit}\nwindow = \"1h\"\non_store_error = \"deny\"\n",
+        "[store]\nurl = \"{}\"\ntimeout = \"1s\"\n\n[policies.api]\nalgorithm = \"sliding-log\"\nlimit = {limit}\nwindow = \"1h\"\non_store_error = \"deny\"\n",
         cluster.url()
     );
     let servers: Vec<Server> = (0..2)
