@@ -254,7 +254,7 @@ fn run_redis(args: &Args, policy: weir_core::Policy, duration: u64) -> anyhow::R
                     .enable_all()
                     .build()?;
                 runtime.block_on(async move {
-                    let store = crate::redis_store(&url)
+                    let store = crate::store_flag::redis_store(&url)
                         .await?
                         .with_timeout(Duration::from_secs(1))
                         .with_refusal_cache(cache);

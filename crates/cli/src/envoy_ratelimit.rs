@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail};
-use weir_envoy_ratelimit::weir::{self, quote as quoted};
+use weir_envoy_ratelimit::weir::{Options, quote as quoted, to_toml};
 use weir_envoy_ratelimit::{Limits, read_dir};
 
 /// The weir TOML (policies and descriptor rules) of the YAML files in
@@ -28,7 +28,7 @@ pub(crate) fn import(
             .map(|(name, text)| (name.as_str(), text.as_str())),
         merge_domains,
     )?;
-    Ok(weir::to_toml(&limits, weir::Options::default()))
+    Ok(to_toml(&limits, Options::default()))
 }
 
 /// `weir envoy-ratelimit`: configured by envoyproxy/ratelimit's environment

@@ -9,6 +9,7 @@ mod limitador;
 mod policy_flags;
 mod serve;
 mod simulate;
+mod store_flag;
 
 use std::process::ExitCode;
 
@@ -56,21 +57,6 @@ enum Command {
     /// Ask a URL of weir and exit 0 if it answers 2xx (the container's
     /// health check: no shell or curl needed).
     Healthcheck(healthcheck::Args),
-}
-
-/// A Redis store for `--store URL` (`weir bench`, `weir simulate`): the
-/// password from `WEIR_REDIS_PASSWORD` where set, as `weir serve` takes it,
-/// and the URL shown with its password hidden in any error.
-async fn redis_store(url: &str) -> anyhow::Result<weir_redis::RedisStore> {
-    let access = weir_redis::Access {
-        password: std::env::var("WEIR_REDIS_PASSWORD")
-            .ok()
-            .filter(|p| !p.is_empty()),
-        ..weir_redis::Access::default()
-    };
-    weir_redis::RedisStore::connect_with(url, &access)
-        .await
-        .map_err(|e| anyhow::anyhow!("--store {}: {e}", weir_redis::redacted(url)))
 }
 
 fn main() -> ExitCode {

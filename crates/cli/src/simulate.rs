@@ -173,7 +173,7 @@ fn simulate_on_redis(
         .enable_all()
         .build()?;
     let store = runtime
-        .block_on(crate::redis_store(url))?
+        .block_on(crate::store_flag::redis_store(url))?
         .with_timeout(std::time::Duration::from_secs(5));
     // Fresh keys for every run: a policy name no earlier run used.
     let stamp = std::time::SystemTime::now()

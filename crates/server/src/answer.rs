@@ -180,7 +180,7 @@ impl ApiError {
             Self::HeadersTooLarge(size) => (
                 S::REQUEST_HEADER_FIELDS_TOO_LARGE,
                 "HEADERS_TOO_LARGE",
-                format!("{size} bytes of headers; at most {}", crate::MAX_HEADER_BYTES),
+                format!("{size} bytes of headers; at most {}", MAX_HEADER_BYTES),
             ),
             Self::Malformed(m) => (S::BAD_REQUEST, "MALFORMED_JSON", m.clone()),
             Self::InvalidRequest(m) => (S::UNPROCESSABLE_ENTITY, "INVALID_REQUEST", m.clone()),
@@ -370,6 +370,9 @@ pub(crate) struct Secure;
 #[derive(Debug, thiserror::Error)]
 #[error("no request body data for {0:?}")]
 pub(crate) struct BodyTimedOut(pub(crate) std::time::Duration);
+
+/// The most header bytes (names and values) a request may carry.
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
 
 #[cfg(test)]
 mod tests {

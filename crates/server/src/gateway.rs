@@ -16,7 +16,7 @@ use ipnet::IpNet;
 use weir_core::{Nanos, Policy};
 use weir_tower::{LeaseBody, Limited, Part, append_fields};
 
-use crate::RouteLabel;
+use crate::routing::RouteLabel;
 use crate::answer::ApiError;
 use crate::backend::{Check, InlineVec};
 use crate::config::{OnStoreError, Route, Usage};

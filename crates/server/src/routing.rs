@@ -472,3 +472,8 @@ mod tests {
         assert_eq!(encode("/café menu/a?b"), "/caf%C3%A9%20menu/a%3Fb");
     }
 }
+
+/// The route an answer is counted under, set by the gateway behind the
+/// router (the per-core listener hands it over directly).
+#[derive(Debug, Clone)]
+pub(crate) struct RouteLabel(pub(crate) std::sync::Arc<str>);

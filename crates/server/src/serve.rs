@@ -26,12 +26,12 @@ use tower_service::Service;
 use axum::extract::ConnectInfo;
 use axum::response::IntoResponse;
 
-use crate::App;
+use crate::app::{App, bounded_and_counted};
 use crate::config::ConnectionLimits;
 use crate::tls::Tls;
 
 /// The largest request head hyper buffers (headers over
-/// [`crate::MAX_HEADER_BYTES`] are refused before that, with `431`).
+/// [`crate::answer::MAX_HEADER_BYTES`] are refused before that, with `431`).
 const MAX_BUF: usize = 64 * 1024;
 
 /// Raises the soft limit on open files to the hard limit, so that the
@@ -352,7 +352,7 @@ struct Conn {
     secure: bool,
 }
 
-pub(crate) use crate::answer::{BodyTimedOut, Secure};
+use crate::answer::Secure;
 
 /// Decrements the in-flight count when the response (head) is ready or the
 /// request is dropped (then counted as cancelled by the client).
@@ -446,7 +446,7 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Conn {
             let (state, peer) = (state.clone(), self.peer);
             return Box::pin(async move {
                 let forward = |request| crate::gateway::forward(&state, Some(peer), request);
-                let response = crate::bounded_and_counted(&state, None, request, forward).await;
+                let response = bounded_and_counted(&state, None, request, forward).await;
                 Ok(guard.answered(response))
             });
         }
@@ -575,7 +575,7 @@ async fn serve_counted(
 }
 
 /// An HTTP/2 server connection with the hardening bounds: at most
-/// `streams` at once, each head within [`crate::MAX_HEADER_BYTES`] (so a
+/// `streams` at once, each head within [`crate::answer::MAX_HEADER_BYTES`] (so a
 /// connection holds at most `streams` × 32 KiB of heads), and resets a
 /// client may cause (the "rapid reset" attack).
 pub(crate) fn http2(streams: u32) -> hyper::server::conn::http2::Builder<TokioExecutor> {
@@ -583,7 +583,7 @@ pub(crate) fn http2(streams: u32) -> hyper::server::conn::http2::Builder<TokioEx
     builder
         .timer(TokioTimer::new())
         .max_concurrent_streams(streams)
-        .max_header_list_size(u32::try_from(crate::MAX_HEADER_BYTES).unwrap_or(u32::MAX))
+        .max_header_list_size(u32::try_from(crate::answer::MAX_HEADER_BYTES).unwrap_or(u32::MAX))
         .max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
         .max_local_error_reset_streams(Some(MAX_PENDING_RESETS));
     builder
@@ -800,67 +800,5 @@ pub(crate) async fn drain(graceful: GracefulShutdown, deadline: Duration) {
             after = ?deadline,
             "shutdown deadline passed: closing the connections still open"
         );
-    }
-}
-
-/// A body that fails when no frame arrives within `timeout` of the last.
-/// The timer is armed only when a frame is not ready at once, so a body
-/// that came with its head costs none.
-#[derive(Debug)]
-pub struct TimeoutBody<B> {
-    body: B,
-    timeout: Duration,
-    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
-}
-
-impl<B> TimeoutBody<B> {
-    /// `body`, each frame awaited at most `timeout`.
-    pub fn new(body: B, timeout: Duration) -> Self {
-        Self {
-            body,
-            timeout,
-            sleep: None,
-        }
-    }
-}
-
-impl<B> hyper::body::Body for TimeoutBody<B>
-where
-    B: hyper::body::Body + Unpin,
-    B::Error: Into<axum::BoxError>,
-{
-    type Data = B::Data;
-    type Error = axum::BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        let this = &mut *self;
-        match Pin::new(&mut this.body).poll_frame(cx) {
-            Poll::Ready(frame) => {
-                // The next wait starts afresh.
-                this.sleep = None;
-                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
-            }
-            Poll::Pending => {
-                let timeout = this.timeout;
-                let sleep = this
-                    .sleep
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
-                match sleep.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimedOut(timeout))))),
-                    Poll::Pending => Poll::Pending,
-                }
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.body.size_hint()
     }
 }

@@ -311,7 +311,9 @@ mod tests {
         let text = "[policies.api]\nalgorithm = \"gcra\"\nburst = 5\nrate = \"1/s\"\n";
         let config = crate::config::parse(text, &Default::default()).unwrap();
         let state = AppState::new(crate::Shared::new(config, None).unwrap());
-        let app = crate::app(state, crate::Face::All);
+        let app = axum::Router::new()
+            .route("/v1/simulate", axum::routing::post(simulate))
+            .with_state(state);
         let ask = || {
             let body = r#"{"policies":["api"],"trace":"time,key\n0,a\n0.5,a\n"}"#;
             http::Request::post("/v1/simulate")
