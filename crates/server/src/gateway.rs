@@ -16,13 +16,13 @@ use ipnet::IpNet;
 use weir_core::{Nanos, Policy};
 use weir_tower::{LeaseBody, Limited, Part, append_fields};
 
-use crate::routing::RouteLabel;
 use crate::answer::ApiError;
 use crate::backend::{Check, InlineVec};
 use crate::config::{OnStoreError, Route, Usage};
 use crate::engine::Ask;
 use crate::leases::held;
 use crate::metrics::Meters;
+use crate::routing::RouteLabel;
 use crate::routing::{
     Identified, Matched, canonical, client_ip, encode, identify, request_host, route,
 };

@@ -67,7 +67,7 @@ impl Source {
             ),
             (None, None) => ("the example config".to_owned(), config::EXAMPLE.to_owned()),
         };
-        let mut config = config::parse(&text, &self.env).map_err(|errors| {
+        let named = |errors: config::ConfigErrors| {
             let lines: Vec<String> = (errors.0.iter())
                 .map(|e| match e.line {
                     0 => e.to_string(),
@@ -75,7 +75,9 @@ impl Source {
                 })
                 .collect();
             lines.join("\n")
-        })?;
+        };
+        let mut config = config::parse(&text, &self.env).map_err(named)?;
+        crate::tls::check(&config.server).map_err(named)?;
         let server = &mut config.server;
         server.listen = self.listen.unwrap_or(server.listen);
         server.grpc = self.grpc.or(server.grpc);

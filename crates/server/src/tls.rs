@@ -7,27 +7,42 @@
 //! symlink swap): connections already open keep theirs. A pair that does
 //! not load is logged, and the old one goes on serving.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime};
 
+use crate::config::{ConfigError, ConfigErrors, ServerConfig};
 use arc_swap::ArcSwap;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 
-/// `[server.tls]` (and `internal_tls`, `grpc_tls`): PEM files.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// The certificate chain, leaf first.
-    pub cert: PathBuf,
-    /// Its private key.
-    pub key: PathBuf,
-    /// Roots of the client certificates to require (mTLS); none: no client
-    /// certificate asked for.
-    pub client_ca: Option<PathBuf>,
+pub use crate::config::TlsFiles;
+
+/// Loads every listener's certificate and key once, as the configuration
+/// is read: a pair that does not load is an error naming its table and
+/// line, before anything is served.
+pub fn check(server: &ServerConfig) -> Result<(), ConfigErrors> {
+    let tables = [&server.tls, &server.internal_tls, &server.grpc_tls];
+    let errors: Vec<ConfigError> = (tables.into_iter().flatten())
+        .filter_map(|files| {
+            let alpn = match files.table {
+                "grpc_tls" => Alpn::Grpc,
+                _ => Alpn::Http,
+            };
+            Tls::new(files, alpn).err().map(|message| ConfigError {
+                line: files.line,
+                place: format!("[server.{}]", files.table),
+                message,
+            })
+        })
+        .collect();
+    match errors.is_empty() {
+        true => Ok(()),
+        false => Err(ConfigErrors(errors)),
+    }
 }
 
 /// What ALPN a listener offers.

@@ -329,3 +329,27 @@ async fn an_https_upstream_is_reached_over_verified_tls() {
         "{error}"
     );
 }
+
+/// A certificate that does not load is an error of the configuration as
+/// it is read (its file, line and table), not of the first handshake.
+#[test]
+fn a_certificate_that_does_not_load_names_its_line() {
+    let certs = Certs::new("unloadable");
+    let missing = certs.path("missing.pem");
+    let text = format!(
+        "[policies.p]\nalgorithm = \"gcra\"\nburst = 1\nrate = \"1/s\"\n\n[server.tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+        missing.display(),
+        certs.path("server-key.pem").display()
+    );
+    let path = certs.path("weir.toml");
+    std::fs::write(&path, text).unwrap();
+    let error = weir_server::reload::Source::file(Some(path.clone()))
+        .load()
+        .unwrap_err();
+    let expected = format!(
+        "{}:line 7: [server.tls]: cannot read {}",
+        path.display(),
+        missing.display()
+    );
+    assert!(error.starts_with(&expected), "{error}");
+}

@@ -23,7 +23,7 @@ pub use jwt::{Jwt, Refused as TokenRefused};
 pub use overrides::{Override, Quota};
 pub use policies::{OnStateLoss, OnStoreError, PolicyConfig, TableId};
 pub use routes::{Cost, Identity, Route, Segment, Usage};
-pub use server::{ConnectionLimits, ServerConfig, Telemetry};
+pub use server::{ConnectionLimits, ServerConfig, Telemetry, TlsFiles};
 pub use store::{StoreConfig, StoreUrl};
 
 /// The example served when `weir serve` is given no config, and printed by

@@ -2,6 +2,7 @@
 //! keep a listener on the internet up (docs/SECURITY.md).
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -60,11 +61,11 @@ pub struct ServerConfig {
     pub telemetry: Option<Telemetry>,
     /// `[server.tls]`: TLS on `listen`; none: plaintext. The paths are read
     /// at start; the files again whenever they change.
-    pub tls: Option<crate::tls::TlsFiles>,
+    pub tls: Option<TlsFiles>,
     /// `[server.internal_tls]`: TLS on `internal`.
-    pub internal_tls: Option<crate::tls::TlsFiles>,
+    pub internal_tls: Option<TlsFiles>,
     /// `[server.grpc_tls]`: TLS on `grpc`.
-    pub grpc_tls: Option<crate::tls::TlsFiles>,
+    pub grpc_tls: Option<TlsFiles>,
 }
 
 /// `[telemetry]`: where spans go, and whether they may name identities.
@@ -178,14 +179,33 @@ pub(super) struct RawTls {
 /// The TLS tables of `[server]`.
 pub(super) const TLS_TABLES: [&str; 3] = ["tls", "internal_tls", "grpc_tls"];
 
-/// A listener's TLS: its files, loaded once now so that an error names the
-/// file; `serves` is whether the listener it is for is configured.
+/// `[server.tls]` (and `internal_tls`, `grpc_tls`): PEM files, read by
+/// the listener (`tls.rs`, which also loads them once when the
+/// configuration is read, so that a pair that does not load is an error
+/// naming its line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
+    /// Roots of the client certificates to require (mTLS); none: no client
+    /// certificate asked for.
+    pub client_ca: Option<PathBuf>,
+    /// Its table: `tls`, `internal_tls` or `grpc_tls`.
+    pub table: &'static str,
+    /// The line of `cert` in the configuration file.
+    pub line: usize,
+}
+
+/// A listener's TLS files; `serves` is whether the listener it is for is
+/// configured.
 fn tls(
     raw: Option<&Spanned<RawTls>>,
-    table: &str,
+    table: &'static str,
     serves: bool,
     report: &mut Report<'_>,
-) -> Option<crate::tls::TlsFiles> {
+) -> Option<TlsFiles> {
     let raw = raw?;
     let place = format!("[server.{table}]");
     let (Some(cert), Some(key)) = (&raw.get_ref().cert, &raw.get_ref().key) else {
@@ -198,22 +218,13 @@ fn tls(
         report.error(&raw.span(), &place, message);
         return None;
     }
-    let files = crate::tls::TlsFiles {
+    Some(TlsFiles {
         cert: cert.get_ref().into(),
         key: key.get_ref().into(),
         client_ca: raw.get_ref().client_ca.as_ref().map(|c| c.get_ref().into()),
-    };
-    let alpn = match table {
-        "grpc_tls" => crate::tls::Alpn::Grpc,
-        _ => crate::tls::Alpn::Http,
-    };
-    match crate::tls::Tls::new(&files, alpn) {
-        Ok(_) => Some(files),
-        Err(e) => {
-            report.error(&cert.span(), &place, e);
-            None
-        }
-    }
+        table,
+        line: report.line(&cert.span()),
+    })
 }
 
 /// `[telemetry]` as written.
