@@ -592,6 +592,17 @@ impl Policy {
         self.parameters().aligned_window()
     }
 
+    /// What one request costs under this policy: `cost`, except that a
+    /// concurrency policy holds `slots` (one slot when `None`) whatever the
+    /// request's cost — a request is one thing in flight.
+    #[inline]
+    pub fn request_cost(&self, cost: u64, slots: Option<u64>) -> u64 {
+        match self {
+            Self::Concurrency(_) => slots.unwrap_or(1),
+            _ => cost,
+        }
+    }
+
     /// The largest cost one request may have, and the parameter bounding
     /// it (dispatched statically: every check validates its cost).
     #[inline]

@@ -13,7 +13,7 @@ use axum::http::{HeaderValue, Uri};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderName, Method, Version, header};
 use ipnet::IpNet;
-use weir_core::{Nanos, Policy};
+use weir_core::Nanos;
 use weir_tower::{LeaseBody, Limited, Part, append_fields};
 
 use crate::answer::ApiError;
@@ -264,12 +264,7 @@ async fn decide_and_forward(
         .map(|&policy| Check {
             policy,
             key: &key,
-            // A concurrency policy holds one slot per request, unless the
-            // route says otherwise.
-            cost: match shared.table.get(policy).policy {
-                Policy::Concurrency(_) => route.concurrency_cost.unwrap_or(cost),
-                _ => cost,
-            },
+            cost: (shared.table.get(policy).policy).request_cost(cost, route.concurrency_cost),
         })
         .collect();
     let decided = shared

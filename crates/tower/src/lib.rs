@@ -296,11 +296,7 @@ impl<S: Store + Clone + 'static> Shared<S> {
                     name: &l.name,
                     policy: &l.policy,
                     key,
-                    // A concurrency policy holds one slot per request.
-                    cost: match l.policy {
-                        Policy::Concurrency(_) => 1,
-                        _ => cost,
-                    },
+                    cost: l.policy.request_cost(cost, None),
                 })
             })
             .collect();
