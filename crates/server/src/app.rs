@@ -15,7 +15,7 @@ use axum::routing::{MethodRouter, get, post};
 use crate::answer::{ApiError, BodyTimedOut, MAX_HEADER_BYTES};
 use crate::routing::RouteLabel;
 use crate::state::AppState;
-use crate::{api, envoy, envoy_json, gateway, metrics, tls, ui};
+use crate::{api, envoy, envoy_json, forward_auth, gateway, metrics, tls, ui};
 
 /// Which endpoints a listener serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +78,10 @@ pub fn app(state: Arc<AppState>, face: Face) -> Router {
         }
     }
     if face != Face::Internal {
+        let auth = axum::routing::any(forward_auth::auth);
+        router = router
+            .route(forward_auth::PATH, auth.clone())
+            .route(&format!("{}/{{*original}}", forward_auth::PATH), auth);
         if state.current().config.server.envoy_json {
             router = router.route(ENVOY_JSON, axum::routing::post(envoy_json::json));
         }
@@ -157,7 +161,7 @@ impl App {
             return None;
         }
         let api = match self.face {
-            Face::Public => HEALTH.contains(&path),
+            Face::Public => HEALTH.contains(&path) || forward_auth::answers(path),
             Face::All | Face::Internal => {
                 path.starts_with("/v1/") || self.api_paths.contains(&path)
             }

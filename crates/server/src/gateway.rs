@@ -110,6 +110,18 @@ pub(crate) async fn forward(
             return (response, None);
         }
     };
+    if route.upstream.is_none() {
+        let error = ApiError::NotFound(format!(
+            "{} has no upstream: it answers forward-auth ({}) only",
+            route.text,
+            crate::forward_auth::PATH
+        ));
+        let response = error.into_response();
+        if let Some(access) = &logged {
+            access.log(Some(route), &response);
+        }
+        return (response, Some(route.label.clone()));
+    }
     let traced = Traced::start("weir.gateway");
     if traced.is_recording() {
         traced.set("http.route", route.text.clone());
@@ -448,7 +460,9 @@ async fn send(
         (_, Some(query)) => PathAndQuery::try_from([&path, "?", query].concat()),
     };
     // Origin-form: the connection is to the route's upstream already.
-    let (Some(authority), Ok(target)) = (route.upstream.authority(), target) else {
+    let uri = route.upstream.as_ref();
+    let (Some(uri), Some(authority), Ok(target)) = (uri, uri.and_then(Uri::authority), target)
+    else {
         tracing::warn!(route = %route.text, "cannot build the upstream URI");
         return ApiError::Upstream(route.text.clone()).into_response();
     };
@@ -480,14 +494,14 @@ async fn send(
     // As in `forward`.
     let answered = match (charge, &route.usage, traced.is_recording()) {
         (Some(charge), Some(usage), _) => {
-            let metered = metered(route, authority, request, charge, usage.clone());
+            let metered = metered(route, uri, authority, request, charge, usage.clone());
             traced.boxed(metered).await
         }
-        (_, _, false) => call_upstream(route, authority, request)
+        (_, _, false) => call_upstream(route, uri, authority, request)
             .await
             .map(client_response),
         (_, _, true) => traced
-            .boxed(call_upstream(route, authority, request))
+            .boxed(call_upstream(route, uri, authority, request))
             .await
             .map(client_response),
     };
@@ -636,12 +650,13 @@ fn client_response(
 /// [`Metered`] reads the rest of an answer the client left mid-stream).
 async fn metered(
     route: &Route,
+    uri: &Uri,
     authority: &Authority,
     request: Request,
     charge: Charge,
     usage: Usage,
 ) -> Answered {
-    let (uri, authority, timeout) = (route.upstream.clone(), authority.clone(), route.timeout);
+    let (uri, authority, timeout) = (uri.clone(), authority.clone(), route.timeout);
     let ca = route.upstream_ca.clone();
     let call = tokio::spawn(async move {
         let upstream = upstream::Upstream {
@@ -670,13 +685,14 @@ async fn metered(
 /// fn that awaits it, so that the call's future is not held twice).
 fn call_upstream<'a>(
     route: &'a Route,
+    uri: &'a Uri,
     authority: &'a Authority,
     request: Request,
 ) -> tokio::time::Timeout<
     impl Future<Output = Result<http::Response<upstream::Answer>, upstream::Failure>> + 'a,
 > {
     let upstream = upstream::Upstream {
-        uri: &route.upstream,
+        uri,
         authority,
         ca: route.upstream_ca.as_deref(),
     };

@@ -23,6 +23,7 @@ pub mod config;
 mod engine;
 pub mod envoy;
 mod envoy_json;
+mod forward_auth;
 mod gateway;
 mod grpc;
 pub mod guarded;

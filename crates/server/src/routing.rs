@@ -68,6 +68,11 @@ pub(crate) fn request_host(request: &Request) -> Option<String> {
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .or_else(|| request.uri().authority().map(|a| a.as_str()))?;
+    Some(host_name(named))
+}
+
+/// A `Host` value's name, lower case, without its port.
+pub(crate) fn host_name(named: &str) -> String {
     let host = match named.rsplit_once(':') {
         // An IPv6 literal keeps its colons: its port follows `]`.
         Some((host, port))
@@ -78,7 +83,7 @@ pub(crate) fn request_host(request: &Request) -> Option<String> {
         }
         _ => named,
     };
-    Some(host.to_ascii_lowercase())
+    host.to_ascii_lowercase()
 }
 
 /// What a canonical path may hold unencoded when forwarded (each `/` in it
@@ -152,18 +157,26 @@ pub(crate) fn encode(path: &str) -> Cow<'_, str> {
 
 /// The client's address: the peer, or — when the peer is a trusted proxy —
 /// the right-most address of `X-Forwarded-For` that is not a trusted proxy
-/// (the addresses left of it are the client's own claims).
+/// (the addresses left of it are the client's own claims), or, without
+/// `X-Forwarded-For`, its `X-Real-IP`.
 pub(crate) fn client_ip(headers: &HeaderMap, peer: IpAddr, trusted: &[IpNet]) -> IpAddr {
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(ip));
     if !is_trusted(&peer) {
         return peer;
     }
-    let chain: Vec<&str> = headers
+    let mut chain: Vec<&str> = headers
         .get_all("x-forwarded-for")
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .collect();
+    // A proxy that names the client in `X-Real-IP` only (nginx's
+    // `proxy_set_header X-Real-IP $remote_addr`): one hop.
+    if chain.is_empty()
+        && let Some(real) = headers.get("x-real-ip").and_then(|v| v.to_str().ok())
+    {
+        chain.push(real);
+    }
     let mut client = peer;
     for entry in chain.iter().rev() {
         // Not an address where a trusted proxy wrote: keep the last hop.

@@ -5,6 +5,7 @@
 
 mod api;
 mod envoy;
+mod forward_auth;
 mod fuzz;
 mod gateway;
 mod guarded;

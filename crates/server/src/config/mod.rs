@@ -275,11 +275,12 @@ pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let routes = routes::parse(&raw.routes, &resolve, &known, &mut report);
     let leased = |name: &str| {
         (policies.iter())
             .any(|p| p.name == name && matches!(p.policy, weir_core::Policy::Concurrency(_)))
     };
+    let leased_id = |id: TableId| names.keys().nth(id.0).is_some_and(|n| leased(n));
+    let routes = routes::parse(&raw.routes, &resolve, &known, &leased_id, &mut report);
     let (descriptors, descriptor_tree) =
         descriptors::parse(&raw.descriptors, &resolve, &known, &leased, &mut report);
     let overrides = overrides::parse(&raw.overrides, &policies, &resolve, &known, &mut report);

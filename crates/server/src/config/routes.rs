@@ -33,8 +33,9 @@ pub struct Route {
     /// Policies checked all-or-nothing.
     pub policies: Vec<TableId>,
     /// `scheme://authority` of the upstream: `http`, or `https` (TLS,
-    /// the upstream's certificate verified).
-    pub upstream: Uri,
+    /// the upstream's certificate verified); none: the route answers
+    /// forward-auth only (`/v1/auth`: a proxy in front forwards).
+    pub upstream: Option<Uri>,
     /// `upstream_ca`: the roots an `https` upstream's certificate is
     /// verified against, instead of the system's (a PEM file, read when
     /// the first connection is made; checked here).
@@ -188,7 +189,7 @@ pub(super) struct Raw {
     host: Option<Spanned<String>>,
     upstream_ca: Option<Spanned<String>>,
     policies: Spanned<Vec<String>>,
-    upstream: Spanned<String>,
+    upstream: Option<Spanned<String>>,
     max_wait: Option<Spanned<String>>,
     timeout: Option<Spanned<String>>,
     max_body: Option<Spanned<toml::Value>>,
@@ -248,6 +249,7 @@ pub(super) fn parse(
     raw: &[Raw],
     resolve: &dyn Fn(&str) -> Option<TableId>,
     known: &dyn Fn() -> String,
+    leased: &dyn Fn(TableId) -> bool,
     report: &mut Report<'_>,
 ) -> Vec<Route> {
     let mut routes = Vec::new();
@@ -262,7 +264,7 @@ pub(super) fn parse(
         let upstream = upstream(raw, &place, report);
         let https = upstream
             .as_ref()
-            .is_some_and(|u| u.scheme_str() == Some("https"));
+            .is_ok_and(|u| u.as_ref().is_some_and(|u| u.scheme_str() == Some("https")));
         let upstream_ca = upstream_ca(raw, https, &place, report);
         let max_wait = super::duration(
             raw.max_wait.as_ref(),
@@ -303,7 +305,10 @@ pub(super) fn parse(
         }
         let cost = cost(raw, &place, report);
         let concurrency_cost = concurrency_cost(raw, &place, report);
-        if let (Some(identity), Some(upstream)) = (identity, upstream) {
+        if raw.upstream.is_none() {
+            forward_auth_only(raw, &policies, leased, &place, report);
+        }
+        if let (Some(identity), Ok(upstream)) = (identity, upstream) {
             routes.push(Route {
                 text: pattern.to_owned(),
                 label: std::sync::Arc::from(pattern),
@@ -314,8 +319,7 @@ pub(super) fn parse(
                 identity,
                 fallbacks,
                 policies,
-                host: upstream
-                    .authority()
+                host: (upstream.as_ref().and_then(Uri::authority))
                     .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok()),
                 upstream,
                 upstream_ca,
@@ -447,27 +451,58 @@ fn policies(
     policies
 }
 
-/// `upstream`: `http://authority` or `https://authority`.
-fn upstream(raw: &Raw, place: Place<'_>, report: &mut Report<'_>) -> Option<Uri> {
-    match raw.upstream.get_ref().parse::<Uri>() {
+/// `upstream`: `http://authority` or `https://authority`; none: a
+/// forward-auth route (`Ok(None)`).
+fn upstream(raw: &Raw, place: Place<'_>, report: &mut Report<'_>) -> Result<Option<Uri>, ()> {
+    let Some(written) = &raw.upstream else {
+        return Ok(None);
+    };
+    match written.get_ref().parse::<Uri>() {
         Ok(uri)
             if matches!(uri.scheme_str(), Some("http" | "https"))
                 && uri.authority().is_some()
                 && uri.path_and_query().is_none_or(|p| p.as_str() == "/") =>
         {
-            Some(uri)
+            Ok(Some(uri))
         }
         _ => {
             report.error(
-                &raw.upstream.span(),
+                &written.span(),
                 &place("upstream"),
                 format!(
                     "`{}` is not an upstream such as \"http://127.0.0.1:9000\" or \"https://api.internal\" (a scheme and an authority, no path)",
-                    raw.upstream.get_ref()
+                    written.get_ref()
                 ),
             );
-            None
+            Err(())
         }
+    }
+}
+
+/// A route without an upstream answers forward-auth only, where nothing
+/// follows the answer: no concurrency policy (nothing would release its
+/// lease) and no `usage` (weir never sees the upstream's answer; report
+/// it with `POST /v1/report`).
+fn forward_auth_only(
+    raw: &Raw,
+    policies: &[TableId],
+    leased: &dyn Fn(TableId) -> bool,
+    place: Place<'_>,
+    report: &mut Report<'_>,
+) {
+    if policies.iter().any(|&p| leased(p)) {
+        report.error(
+            &raw.policies.span(),
+            &place("policies"),
+            "a concurrency policy needs an upstream: forward-auth (a route without `upstream`) has no end of the request to release its lease at",
+        );
+    }
+    if let Some(usage) = &raw.usage {
+        report.error(
+            &usage.span(),
+            &place("usage"),
+            "needs an upstream: forward-auth never sees the answer (report usage with POST /v1/report)",
+        );
     }
 }
 

@@ -1,0 +1,168 @@
+//! Forward-auth (`/v1/auth`): a proxy in front asks weir about the original
+//! request, described by the headers nginx, Traefik and Caddy send, or by
+//! the path Envoy's HTTP ext_authz appends; weir matches its own routes,
+//! identifies the client behind trusted proxies only, and decides as the
+//! gateway would. Over real sockets.
+
+use crate::{send, start};
+
+const CONFIG: &str = r#"
+[server]
+trusted_proxies = ["127.0.0.1/32"]
+
+[policies.login]
+algorithm = "token-bucket"
+capacity = 3
+rate = "3/10m"
+
+[policies.tenant]
+algorithm = "token-bucket"
+capacity = 2
+rate = "1/h"
+
+[[routes]]
+match = "POST /login"
+identity = "peer"
+policies = ["login"]
+
+[[routes]]
+match = "GET /t/{tenant}/items"
+identity = "path:tenant"
+policies = ["tenant"]
+"#;
+
+/// The same key however the proxy describes the request: nginx's headers,
+/// Traefik's and Caddy's, and Envoy's path; the client is the address the
+/// trusted proxy names; refused with the gateway's `429`.
+#[tokio::test]
+async fn every_proxy_describes_the_same_request() {
+    let (addr, _) = start(CONFIG).await;
+    let auth = format!("http://{addr}/v1/auth");
+    let client = ("x-forwarded-for", "203.0.113.7");
+    let nginx = [
+        ("x-original-uri", "/login?next=%2F"),
+        ("x-original-method", "POST"),
+        client,
+    ];
+    let traefik = [
+        ("x-forwarded-uri", "/login"),
+        ("x-forwarded-method", "POST"),
+        client,
+    ];
+    let first = send("GET", &auth, &nginx, "").await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(first.header("ratelimit"), "\"login\";r=2;t=200");
+    assert_eq!(send("GET", &auth, &traefik, "").await.status, 200);
+    // Envoy's HTTP ext_authz: the original method and path, after the prefix.
+    let envoy = send("POST", &format!("{auth}/login"), &[client], "").await;
+    assert_eq!(envoy.status, 200);
+    let limited = send("GET", &auth, &nginx, "").await;
+    assert_eq!(limited.status, 429);
+    assert_eq!(limited.header("retry-after"), "200");
+    assert!(limited.header("ratelimit").starts_with("\"login\";r=0;t="));
+    assert!(
+        limited.body.contains("\"policy\":\"login\""),
+        "{}",
+        limited.body
+    );
+    // Another client has its own count.
+    let other = [
+        ("x-original-uri", "/login"),
+        ("x-original-method", "POST"),
+        ("x-forwarded-for", "203.0.113.8"),
+    ];
+    assert_eq!(send("GET", &auth, &other, "").await.status, 200);
+    // Path parameters identify as on the gateway.
+    let tenant = |t: &str| format!("/t/{t}/items");
+    for expected in [200, 200, 429] {
+        let a = [("x-forwarded-uri", tenant("a"))];
+        let a = [(a[0].0, a[0].1.as_str())];
+        assert_eq!(send("GET", &auth, &a, "").await.status, expected);
+    }
+    let b = send("GET", &format!("{auth}{}", tenant("b")), &[], "").await;
+    assert_eq!(b.status, 200);
+}
+
+/// A client that is not a trusted proxy names no other client: its
+/// `X-Forwarded-For` and `X-Real-IP` are ignored, and it is counted as
+/// itself.
+#[tokio::test]
+async fn forwarding_headers_count_only_from_trusted_proxies() {
+    let config = CONFIG.replace("127.0.0.1/32", "10.0.0.0/8");
+    let (addr, _) = start(&config).await;
+    let auth = format!("http://{addr}/v1/auth/login");
+    for (i, expected) in [200, 200, 200, 429].into_iter().enumerate() {
+        let spoofed = format!("198.51.100.{i}");
+        let headers = [
+            ("x-forwarded-for", spoofed.as_str()),
+            ("x-real-ip", spoofed.as_str()),
+        ];
+        assert_eq!(
+            send("POST", &auth, &headers, "").await.status,
+            expected,
+            "request {i}"
+        );
+    }
+    // From a trusted proxy, X-Real-IP alone names the client.
+    let (addr, _) = start(CONFIG).await;
+    let auth = format!("http://{addr}/v1/auth/login");
+    for (i, expected) in [200, 200, 200, 429, 200].into_iter().enumerate() {
+        let real = if i < 4 { "192.0.2.1" } else { "192.0.2.2" };
+        let reply = send("POST", &auth, &[("x-real-ip", real)], "").await;
+        assert_eq!(reply.status, expected, "request {i}");
+    }
+}
+
+/// What is not a decision: a request no route matches is not limited (no
+/// fields); two headers naming different requests, or a path that is not
+/// canonical, are refused (`422`, `400`) before anything is charged; a route
+/// without an upstream is not the gateway's (`404`).
+#[tokio::test]
+async fn what_forward_auth_does_not_decide() {
+    let (addr, _) = start(CONFIG).await;
+    let auth = format!("http://{addr}/v1/auth");
+    let free = send("GET", &auth, &[("x-original-uri", "/elsewhere")], "").await;
+    assert_eq!((free.status, free.header("ratelimit")), (200, ""));
+    let conflicting = [
+        ("x-original-uri", "/elsewhere"),
+        ("x-forwarded-uri", "/login"),
+        ("x-forwarded-method", "POST"),
+    ];
+    let refused = send("GET", &auth, &conflicting, "").await;
+    assert_eq!(refused.status, 422, "{}", refused.body);
+    assert!(refused.body.contains("x-original-uri"), "{}", refused.body);
+    let dotted = send("GET", &auth, &[("x-original-uri", "/t/a/../b/items")], "").await;
+    assert_eq!(dotted.status, 400, "{}", dotted.body);
+    let gateway = send("POST", &format!("http://{addr}/login"), &[], "").await;
+    assert_eq!(gateway.status, 404, "{}", gateway.body);
+    assert!(gateway.body.contains("/v1/auth"), "{}", gateway.body);
+    // None of them charged the login count.
+    for expected in [200, 200, 200, 429] {
+        assert_eq!(
+            send("POST", &format!("{auth}/login"), &[], "").await.status,
+            expected
+        );
+    }
+}
+
+/// A route without an upstream cannot hold a concurrency policy (nothing
+/// would release its lease) or meter usage (weir never sees the answer).
+#[test]
+fn a_forward_auth_route_has_no_lease_and_no_usage() {
+    let leased = "[policies.c]\nalgorithm = \"concurrency\"\nlimit = 2\nlease = \"30s\"\n\n[[routes]]\nmatch = \"GET /x\"\nidentity = \"peer\"\npolicies = [\"c\"]\n";
+    let error = weir_server::config::parse(leased, &Default::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("line 9: [[routes]] #1 policies: a concurrency policy needs an upstream"),
+        "{error}"
+    );
+    let metered = "[policies.t]\nalgorithm = \"token-bucket\"\ncapacity = 100\nrate = \"10/s\"\n\n[[routes]]\nmatch = \"POST /x\"\nidentity = \"peer\"\npolicies = [\"t\"]\nusage = \"header:x-tokens\"\n";
+    let error = weir_server::config::parse(metered, &Default::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("[[routes]] #1 usage: needs an upstream"),
+        "{error}"
+    );
+}
