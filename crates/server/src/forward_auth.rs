@@ -19,11 +19,10 @@ use weir_tower::{Limited, Part, append_fields};
 
 use crate::answer::ApiError;
 use crate::backend::{Check, InlineVec};
-use crate::config::OnStoreError;
+use crate::config::{OnStoreError, Route};
 use crate::engine::Ask;
-use crate::routing::{
-    Identified, Matched, RouteLabel, canonical, host_name, identify, request_host, route,
-};
+use crate::metrics::Meters;
+use crate::routing::{Identified, Matched, RouteLabel, canonical, host_name, identify, route};
 use crate::state::{AppState, Shared};
 
 /// The endpoint, and the prefix under which Envoy's HTTP `ext_authz`
@@ -56,9 +55,41 @@ pub(crate) async fn auth(State(state): State<Arc<AppState>>, request: Request) -
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0);
-    match answer(&shared, request, peer).await {
-        Ok(response) => response,
-        Err(e) => e.into_response(),
+    let (response, label) = match original(&request) {
+        Ok(original) => decide(&shared, original, request, peer).await,
+        Err(e) => (e.into_response(), None),
+    };
+    Meters::auth("forward_auth", label.as_deref(), response.status());
+    let mut response = response;
+    if let Some(label) = label {
+        response.extensions_mut().insert(RouteLabel(label));
+    }
+    response
+}
+
+/// The request a proxy asks about: its method, its path (canonical,
+/// without the query) and its host.
+pub(crate) struct Original {
+    pub(crate) method: Method,
+    pub(crate) path: String,
+    pub(crate) host: Option<String>,
+}
+
+impl Original {
+    /// From a method, a target (a path, with a query or not) and a `Host`
+    /// value, as sent.
+    pub(crate) fn new(method: Method, target: &str, host: Option<&str>) -> Result<Self, ApiError> {
+        let path = target.split(['?', '#']).next().unwrap_or_default();
+        if !path.starts_with('/') {
+            return Err(ApiError::InvalidRequest(format!(
+                "the original request's path `{path}` does not start with /"
+            )));
+        }
+        Ok(Self {
+            method,
+            path: canonical(path)?.into_owned(),
+            host: host.map(|h| host_name(h.split(',').next().unwrap_or_default().trim())),
+        })
     }
 }
 
@@ -91,9 +122,9 @@ fn one_of<'h>(headers: &'h HeaderMap, names: &[HeaderName]) -> Result<Option<&'h
     Ok(found.map(|(_, text)| text))
 }
 
-/// The original request as the proxy describes it: its method, its path
-/// (without the query) and its host.
-fn original(request: &Request) -> Result<(Method, String, Option<String>), ApiError> {
+/// The original request as the proxy's headers (or, for Envoy's HTTP
+/// ext_authz, the path after [`PATH`]) describe it.
+fn original(request: &Request) -> Result<Original, ApiError> {
     let headers = request.headers();
     let method = match one_of(headers, &METHODS)? {
         Some(m) => Method::from_bytes(m.as_bytes())
@@ -102,47 +133,53 @@ fn original(request: &Request) -> Result<(Method, String, Option<String>), ApiEr
     };
     let target = match one_of(headers, &TARGETS)? {
         Some(target) => target,
-        // Envoy's HTTP ext_authz: the original path after the prefix.
         None => match request.uri().path().strip_prefix(PATH) {
             Some("") | None => "/",
             Some(path) => path,
         },
     };
-    let path = target.split(['?', '#']).next().unwrap_or_default();
-    if !path.starts_with('/') {
-        return Err(ApiError::InvalidRequest(format!(
-            "the original request's path `{path}` does not start with /"
-        )));
-    }
-    let host = match headers.get(X_FORWARDED_HOST) {
-        Some(h) => h
-            .to_str()
-            .ok()
-            .map(|h| host_name(h.split(',').next().unwrap_or_default().trim())),
-        None => request_host(request),
-    };
-    let path = canonical(path)?.into_owned();
-    Ok((method, path, host))
+    let host =
+        match headers.get(X_FORWARDED_HOST) {
+            Some(h) => Some(h.to_str().map_err(|_| {
+                ApiError::InvalidRequest(format!("`{X_FORWARDED_HOST}` is not text"))
+            })?),
+            None => (headers
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok()))
+            .or_else(|| request.uri().authority().map(|a| a.as_str())),
+        };
+    Original::new(method, target, host)
 }
 
-/// Decides the original request: `200` and its `RateLimit` fields, or the
-/// gateway's `429`; a request no route matches is not limited (`200`
-/// without fields).
-async fn answer(
+/// Decides `original`, asked in `request` (whose headers identify the
+/// caller) from `peer`: `200` and its `RateLimit` fields, or the gateway's
+/// `429`; a request no route matches is not limited (`200` without
+/// fields). With the label of the route it matched.
+pub(crate) async fn decide(
     shared: &Arc<Shared>,
+    original: Original,
+    request: Request,
+    peer: Option<SocketAddr>,
+) -> (Response, Option<Arc<str>>) {
+    let Original { method, path, host } = original;
+    let Ok(Matched { route, params }) = route(shared, &method, host.as_deref(), &path) else {
+        return (StatusCode::OK.into_response(), None);
+    };
+    let label = Some(route.label.clone());
+    match decide_route(shared, route, &params, request, peer).await {
+        Ok(response) => (response, label),
+        Err(e) => (e.into_response(), label),
+    }
+}
+
+/// [`decide`] once the route is found.
+async fn decide_route(
+    shared: &Arc<Shared>,
+    route: &Route,
+    params: &[(&str, &str)],
     request: Request,
     peer: Option<SocketAddr>,
 ) -> Result<Response, ApiError> {
-    let (method, path, host) = original(&request)?;
-    let Ok(Matched { route, params }) = route(shared, &method, host.as_deref(), &path) else {
-        return Ok(StatusCode::OK.into_response());
-    };
-    let labelled = |mut response: Response| {
-        response
-            .extensions_mut()
-            .insert(RouteLabel(route.label.clone()));
-        response
-    };
     if let Some(&leased) = (route.policies.iter())
         .find(|&&id| matches!(shared.table.get(id).policy, Policy::Concurrency(_)))
     {
@@ -158,7 +195,7 @@ async fn answer(
         cost,
         client,
         ..
-    } = identify(shared, route, &params, &request, peer)?;
+    } = identify(shared, route, params, &request, peer)?;
     drop(request);
     let checks: InlineVec<Check<'_>> = (ids.iter())
         .map(|&policy| Check {
@@ -186,7 +223,7 @@ async fn answer(
             style,
         };
         let body = Body::from(refusing.shown.refused.clone());
-        return Ok(labelled(refused.response_with(body)));
+        return Ok(refused.response_with(body));
     }
     let delay = verdict.delay();
     if delay > 0 {
@@ -199,5 +236,5 @@ async fn answer(
     }
     let mut response = StatusCode::OK.into_response();
     append_fields(style, &parts, response.headers_mut());
-    Ok(labelled(response))
+    Ok(response)
 }

@@ -1,5 +1,6 @@
-//! The gRPC listener: the Envoy rate limit service and the standard gRPC
-//! health service over HTTP/2 (prior knowledge, as Envoy and gRPC clients
+//! The gRPC listener: the Envoy rate limit service, Envoy's external
+//! authorization (`ext_authz`) and the standard gRPC health service over
+//! HTTP/2 (prior knowledge, as Envoy and gRPC clients
 //! speak it), their tonic-generated services served by hyper directly.
 //!
 //! tonic's transport server wraps every call in its own layers — a router
@@ -16,6 +17,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use envoy_types::pb::envoy::service::auth::v3::authorization_server::AuthorizationServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
@@ -24,6 +26,7 @@ use tokio::net::TcpListener;
 use tower_service::Service;
 
 use crate::envoy::RateLimiter;
+use crate::ext_authz::Authorizer;
 use crate::serve::{Accepted, Activity, InFlight, Open, Protocol, listen};
 use crate::state::AppState;
 use crate::tls::{Alpn, Tls};
@@ -31,12 +34,14 @@ use crate::tls::{Alpn, Tls};
 type Answer = Pin<Box<dyn Future<Output = Result<Response<tonic::body::Body>, Infallible>> + Send>>;
 
 const RLS: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
+const AUTHZ: &str = "/envoy.service.auth.v3.Authorization/";
 const HEALTH: &str = "/grpc.health.v1.Health/";
 
-/// Both services, cloned for each call (their state is behind `Arc`s).
+/// The services, cloned for each call (their state is behind `Arc`s).
 #[derive(Clone)]
 struct Grpc<H> {
     rls: RateLimitServiceServer<RateLimiter>,
+    authz: AuthorizationServer<Authorizer>,
     health: H,
 }
 
@@ -55,9 +60,11 @@ where
     fn call(&self, request: Request<Incoming>) -> Answer {
         let deadline = grpc_timeout(request.headers());
         let path = request.uri().path();
-        // Both services are always ready (tonic's generated servers say so).
+        // The services are always ready (tonic's generated servers say so).
         let answer: Answer = if path.starts_with(RLS) {
             self.rls.clone().call(request)
+        } else if path.starts_with(AUTHZ) {
+            self.authz.clone().call(request)
         } else if path.starts_with(HEALTH) {
             Box::pin(self.health.clone().call(request))
         } else {
@@ -188,9 +195,13 @@ pub(crate) async fn serve_grpc(
     health
         .set_serving::<RateLimitServiceServer<RateLimiter>>()
         .await;
+    health
+        .set_serving::<AuthorizationServer<Authorizer>>()
+        .await;
     let limits = state.current().config.server.limits;
     let service = Grpc {
-        rls: RateLimiter::service(state),
+        rls: RateLimiter::service(state.clone()),
+        authz: Authorizer::service(state),
         health: health_service,
     };
     let protocol = match tls {

@@ -23,6 +23,7 @@ pub mod config;
 mod engine;
 pub mod envoy;
 mod envoy_json;
+mod ext_authz;
 mod forward_auth;
 mod gateway;
 mod grpc;

@@ -166,3 +166,143 @@ fn a_forward_auth_route_has_no_lease_and_no_usage() {
         "{error}"
     );
 }
+
+mod grpc {
+    use envoy_types::pb::envoy::config::core::v3::address::Address;
+    use envoy_types::pb::envoy::config::core::v3::socket_address::PortSpecifier;
+    use envoy_types::pb::envoy::config::core::v3::{self as core, SocketAddress};
+    use envoy_types::pb::envoy::service::auth::v3::attribute_context::{
+        HttpRequest, Peer, Request,
+    };
+    use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
+    use envoy_types::pb::envoy::service::auth::v3::check_response::HttpResponse;
+    use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest};
+    use weir_server::{AppState, Shared, config};
+
+    async fn client(text: &str) -> AuthorizationClient<tonic::transport::Channel> {
+        let config = config::parse(text, &Default::default()).unwrap();
+        let state = AppState::new(Shared::new(config, None).unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(weir_server::run_grpc(
+            listener,
+            state,
+            std::future::pending(),
+        ));
+        AuthorizationClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap()
+    }
+
+    fn check(source: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> CheckRequest {
+        let peer = Peer {
+            address: Some(core::Address {
+                address: Some(Address::SocketAddress(SocketAddress {
+                    address: source.into(),
+                    port_specifier: Some(PortSpecifier::PortValue(40000)),
+                    ..SocketAddress::default()
+                })),
+            }),
+            ..Peer::default()
+        };
+        let http = HttpRequest {
+            method: method.into(),
+            path: path.into(),
+            host: "app.example".into(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
+            ..HttpRequest::default()
+        };
+        CheckRequest {
+            attributes: Some(AttributeContext {
+                source: Some(peer),
+                request: Some(Request {
+                    http: Some(http),
+                    ..Request::default()
+                }),
+                ..AttributeContext::default()
+            }),
+        }
+    }
+
+    /// The source address is the client, unless it is a trusted proxy
+    /// (then `X-Forwarded-For` names it); admitted: OK with the field to
+    /// add to the answer; refused: PERMISSION_DENIED with the `429`, its
+    /// headers and weir's body; a request no route matches: OK, no field.
+    #[tokio::test]
+    async fn ext_authz_decides_from_the_attributes() {
+        let mut authz = client(super::CONFIG).await;
+        let from = |source| {
+            check(
+                source,
+                "POST",
+                "/login?next=/",
+                &[("x-forwarded-for", "192.0.2.9")],
+            )
+        };
+        for i in 0..3 {
+            let answer = authz
+                .check(from("198.51.100.1"))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(answer.status.unwrap().code, 0, "request {i}");
+            let Some(HttpResponse::OkResponse(ok)) = answer.http_response else {
+                panic!("{i}")
+            };
+            let field = ok
+                .response_headers_to_add
+                .iter()
+                .find(|h| h.header.as_ref().unwrap().key == "ratelimit");
+            let value = &field.unwrap().header.as_ref().unwrap().value;
+            assert!(
+                value.starts_with(&format!("\"login\";r={};", 2 - i)),
+                "{value}"
+            );
+        }
+        let refused = authz
+            .check(from("198.51.100.1"))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            refused.status.unwrap().code,
+            tonic::Code::PermissionDenied as i32
+        );
+        let Some(HttpResponse::DeniedResponse(denied)) = refused.http_response else {
+            panic!()
+        };
+        assert_eq!(denied.status.unwrap().code, 429);
+        assert!(
+            denied.body.contains("\"policy\":\"login\""),
+            "{}",
+            denied.body
+        );
+        let header = |name: &str| {
+            denied
+                .headers
+                .iter()
+                .any(|h| h.header.as_ref().unwrap().key == name)
+        };
+        assert!(header("retry-after") && header("ratelimit") && header("ratelimit-policy"));
+        // From the trusted proxy, the address it names is the client: a
+        // new key.
+        let behind = authz.check(from("127.0.0.1")).await.unwrap().into_inner();
+        assert_eq!(behind.status.unwrap().code, 0);
+        let free = check("198.51.100.1", "GET", "/elsewhere", &[]);
+        let free = authz.check(free).await.unwrap().into_inner();
+        let Some(HttpResponse::OkResponse(ok)) = free.http_response else {
+            panic!()
+        };
+        assert!(ok.response_headers_to_add.is_empty());
+        // Headers past the bound are refused, not decided.
+        let big = "x".repeat(40 * 1024);
+        let error = authz
+            .check(check("198.51.100.1", "POST", "/login", &[("x-big", &big)]))
+            .await
+            .unwrap_err();
+        assert_eq!(error.code(), tonic::Code::InvalidArgument);
+    }
+}
