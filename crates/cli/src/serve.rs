@@ -24,6 +24,10 @@ pub(crate) struct Args {
     /// `[server] internal`.
     #[arg(long, value_name = "ADDR", value_parser = address)]
     internal: Option<std::net::SocketAddr>,
+    /// Answer the Redis protocol (CL.THROTTLE, WEIR.CHECK, …) here,
+    /// instead of the config's `[server] resp`.
+    #[arg(long, value_name = "ADDR", value_parser = address)]
+    resp: Option<std::net::SocketAddr>,
     /// Do not watch the config file; reload it only on SIGHUP or `POST
     /// /v1/admin/reload`.
     #[arg(long)]
@@ -48,6 +52,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         listen: args.listen,
         grpc: args.grpc,
         internal: args.internal,
+        resp: args.resp,
         ..Source::file(args.config.clone())
     };
     serve_source(source, Reload::Watch(!args.no_watch), &[])
@@ -167,6 +172,13 @@ async fn serve(source: Source, reload: Reload, ignored: &[String]) -> anyhow::Re
         };
         tokio::spawn(weir_server::run_internal(listener, state, shutdown))
     });
+    let resp = listeners.resp.map(|listener| {
+        let (state, mut stopped) = (state.clone(), stopped.clone());
+        let shutdown = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        tokio::spawn(weir_server::run_resp(listener, state, shutdown))
+    });
     // Reloads: the file watcher (unless --no-watch) and SIGHUP, one way.
     let _watcher = match reload {
         Reload::Watch(true) => match state.config_file().map(Path::to_path_buf) {
@@ -196,7 +208,8 @@ async fn serve(source: Source, reload: Reload, ignored: &[String]) -> anyhow::Re
     reloader.abort();
     served.map_err(|e| anyhow!("server failed: {e}"))?;
     joined(grpc, "gRPC").await?;
-    joined(internal, "internal").await
+    joined(internal, "internal").await?;
+    joined(resp, "Redis protocol").await
 }
 
 /// The listeners `[server]` (or the flags) asks for, bound before anything
@@ -205,6 +218,7 @@ struct Listeners {
     main: std::net::TcpListener,
     grpc: Option<std::net::TcpListener>,
     internal: Option<tokio::net::TcpListener>,
+    resp: Option<tokio::net::TcpListener>,
 }
 
 impl Listeners {
@@ -214,18 +228,17 @@ impl Listeners {
         };
         let main = bind(server.listen, "")?;
         let grpc = server.grpc.map(|at| bind(at, " (gRPC)")).transpose()?;
-        let internal = match server.internal {
-            Some(at) => {
-                let listener = bind(at, " (internal)")?;
-                listener.set_nonblocking(true)?;
-                Some(tokio::net::TcpListener::from_std(listener)?)
-            }
-            None => None,
+        let tokio = |at: Option<std::net::SocketAddr>, what: &str| -> anyhow::Result<_> {
+            let Some(at) = at else { return Ok(None) };
+            let listener = bind(at, what)?;
+            listener.set_nonblocking(true)?;
+            Ok(Some(tokio::net::TcpListener::from_std(listener)?))
         };
         Ok(Self {
             main,
             grpc,
-            internal,
+            internal: tokio(server.internal, " (internal)")?,
+            resp: tokio(server.resp, " (Redis protocol)")?,
         })
     }
 
@@ -263,6 +276,15 @@ impl Listeners {
                 "weir internal (decision API, admin, metrics)",
                 format!("{}://{at}", scheme(server.internal_tls.is_some())),
             );
+        }
+        if let Some(resp) = &self.resp {
+            let at = resp.local_addr()?;
+            let scheme = if server.resp_tls.is_some() {
+                "rediss"
+            } else {
+                "redis"
+            };
+            announce("weir Redis protocol", format!("{scheme}://{at}"));
         }
         Ok(())
     }

@@ -9,6 +9,7 @@ mod envoy_ratelimit;
 mod faults;
 mod forward_auth;
 mod redis;
+mod resp;
 mod serve;
 mod simulate;
 mod telemetry;

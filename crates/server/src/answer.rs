@@ -127,7 +127,7 @@ impl ApiError {
         self.parts().2
     }
 
-    fn parts(&self) -> (StatusCode, &'static str, String) {
+    pub(crate) fn parts(&self) -> (StatusCode, &'static str, String) {
         use StatusCode as S;
         match self {
             Self::Refused(Undecided::Invalid(e)) => {

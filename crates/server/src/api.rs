@@ -14,7 +14,7 @@ use weir_core::Nanos;
 use weir_tower::{Part, append_fields};
 
 use crate::answer::{ApiError, DecisionBody, ms, read_body, read_lease};
-use crate::backend::{Check, InlineVec, scoped_key};
+use crate::backend::{API_SCOPE, Check, InlineVec, scoped_key};
 use crate::config::{Identity, OnStoreError, TableId};
 use crate::engine::Ask;
 use crate::state::{AppState, Shared};
@@ -40,7 +40,6 @@ const MAX_BODY: usize = 64 * 1024;
 const MAX_CHECKS: usize = 16;
 
 /// The scope of decision API keys: they live apart from gateway identities.
-const API_SCOPE: &str = "api";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

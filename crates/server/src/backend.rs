@@ -365,6 +365,10 @@ impl Backend {
 /// here, once, by [`MAX_IDENTITY`] bytes as the client sent it — whatever
 /// its source. Scopes contain no `:` after their kind, so no two (scope,
 /// identity) pairs share a key.
+/// The scope of keys a caller names itself: the decision API's, and the
+/// Redis protocol's `WEIR.*` commands (one key, whichever face asks).
+pub(crate) const API_SCOPE: &str = "api";
+
 pub(crate) fn scoped_key(scope: &str, identity: &str) -> Result<String, CheckError> {
     weir_core::check::check_key(identity, MAX_IDENTITY)?;
     let mut key = String::with_capacity(scope.len() + 1 + identity.len());

@@ -35,6 +35,8 @@ mod live;
 pub mod metrics;
 mod policy_meters;
 pub mod reload;
+mod resp;
+pub use resp::run_resp;
 mod routing;
 pub mod serve;
 mod shown;

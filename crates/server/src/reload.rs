@@ -29,6 +29,8 @@ pub struct Source {
     pub grpc: Option<std::net::SocketAddr>,
     /// `--internal`.
     pub internal: Option<std::net::SocketAddr>,
+    /// `--resp`.
+    pub resp: Option<std::net::SocketAddr>,
     /// Instead of a file: a configuration made when it is read (its name
     /// and text), as `weir envoy-ratelimit` makes one from another's files.
     pub generated: Option<Generator>,
@@ -82,6 +84,7 @@ impl Source {
         server.listen = self.listen.unwrap_or(server.listen);
         server.grpc = self.grpc.or(server.grpc);
         server.internal = self.internal.or(server.internal);
+        server.resp = self.resp.or(server.resp);
         Ok((config, fingerprint(&text)))
     }
 }

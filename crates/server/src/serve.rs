@@ -569,7 +569,7 @@ async fn serve_counted(
     let protocol = match tls {
         // Over TLS a refusal in clear would not be read: closed instead.
         Some(tls) => Protocol::Tls(tls),
-        None => Protocol::Http1 { refusal },
+        None => Protocol::Plain { refusal },
     };
     listen(listener, limits, open, shutdown, protocol, http).await
 }
@@ -616,9 +616,10 @@ pub(crate) struct Accepted {
 /// What a listener speaks, as far as its accept loop must know.
 #[derive(Debug, Clone)]
 pub(crate) enum Protocol {
-    /// HTTP/1.1: every request's head is timed; a connection over a cap is
-    /// answered `refusal` before it is closed.
-    Http1 { refusal: &'static [u8] },
+    /// HTTP/1.1 or the Redis protocol, in plain text: every request's head
+    /// (a command) is timed; a connection over a cap is answered `refusal`
+    /// before it is closed.
+    Plain { refusal: &'static [u8] },
     /// HTTP/2 (gRPC): the preface and first call are timed as a head, then
     /// only idleness; a connection over a cap is closed.
     Http2,
@@ -653,7 +654,7 @@ where
         let Some(slot) = admit(&open, limits.client(peer.ip()), &limits) else {
             metrics::counter!(crate::metrics::CONNECTIONS_REFUSED).increment(1);
             // Over a cap: the refusal if the socket takes it at once, then close.
-            if let Protocol::Http1 { refusal } = protocol {
+            if let Protocol::Plain { refusal } = protocol {
                 let _ = stream.try_write(refusal);
             }
             continue;
@@ -663,7 +664,7 @@ where
         tokio::spawn(async move {
             let _slot = slot;
             let (stream, h2) = match protocol {
-                Protocol::Http1 { .. } => (Either::Left(stream), false),
+                Protocol::Plain { .. } => (Either::Left(stream), false),
                 Protocol::Http2 => (Either::Left(stream), true),
                 Protocol::Tls(tls) | Protocol::Http2Tls(tls) => {
                     // A stalled handshake is a stalled head; a plaintext

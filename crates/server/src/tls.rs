@@ -25,7 +25,12 @@ pub use crate::config::TlsFiles;
 /// is read: a pair that does not load is an error naming its table and
 /// line, before anything is served.
 pub fn check(server: &ServerConfig) -> Result<(), ConfigErrors> {
-    let tables = [&server.tls, &server.internal_tls, &server.grpc_tls];
+    let tables = [
+        &server.tls,
+        &server.internal_tls,
+        &server.grpc_tls,
+        &server.resp_tls,
+    ];
     let errors: Vec<ConfigError> = (tables.into_iter().flatten())
         .filter_map(|files| {
             let alpn = match files.table {

@@ -12,6 +12,7 @@ mod guarded;
 mod hardening;
 mod http2;
 mod leases;
+mod resp;
 mod rollout;
 mod structure;
 mod tls;

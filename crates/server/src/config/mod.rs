@@ -23,7 +23,7 @@ pub use jwt::{Jwt, Refused as TokenRefused};
 pub use overrides::{Override, Quota};
 pub use policies::{OnStateLoss, OnStoreError, PolicyConfig, TableId};
 pub use routes::{Cost, Identity, Route, Segment, Usage};
-pub use server::{ConnectionLimits, ServerConfig, Telemetry, TlsFiles};
+pub use server::{ConnectionLimits, RespAuth, ServerConfig, Telemetry, TlsFiles};
 pub use store::{StoreConfig, StoreUrl};
 
 /// The example served when `weir serve` is given no config, and printed by
@@ -159,6 +159,9 @@ pub struct Env {
     /// `WEIR_REDIS_PASSWORD`, which stands in for an absent
     /// `[store] password_file`.
     pub redis_password: Option<String>,
+    /// `WEIR_RESP_PASSWORD`, which stands in for an absent `[server]
+    /// resp_password_file`.
+    pub resp_password: Option<String>,
 }
 
 impl Env {
@@ -168,6 +171,7 @@ impl Env {
         Self {
             admin_token: var("WEIR_ADMIN_TOKEN"),
             redis_password: var("WEIR_REDIS_PASSWORD"),
+            resp_password: var("WEIR_RESP_PASSWORD"),
         }
     }
 }
@@ -178,6 +182,7 @@ impl std::fmt::Debug for Env {
         f.debug_struct("Env")
             .field("admin_token", &set(&self.admin_token))
             .field("redis_password", &set(&self.redis_password))
+            .field("resp_password", &set(&self.resp_password))
             .finish()
     }
 }
@@ -257,7 +262,7 @@ pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
     keys::check(&table, &mut report);
     let raw =
         typed(text, &mut report).ok_or_else(|| ConfigErrors(std::mem::take(&mut report.errors)))?;
-    let mut server = server::parse(raw.server, env.admin_token.clone(), &mut report);
+    let mut server = server::parse(raw.server, env, &mut report);
     server.telemetry = raw
         .telemetry
         .and_then(|t| server::telemetry(t, &mut report));

@@ -22,6 +22,12 @@ pub struct ServerConfig {
     pub internal: Option<SocketAddr>,
     /// The Envoy rate limit service; none: off.
     pub grpc: Option<SocketAddr>,
+    /// The Redis protocol (`CL.THROTTLE`, `WEIR.CHECK`, …); none: off.
+    pub resp: Option<SocketAddr>,
+    /// `resp_user` (`default` unless set) and the password the Redis
+    /// protocol's clients `AUTH` with (`resp_password_file`, or
+    /// `WEIR_RESP_PASSWORD`); none: no `AUTH` needed.
+    pub resp_auth: Option<RespAuth>,
     /// `envoy_json = true`: the main listener answers `POST /json`, the
     /// Envoy service's call as JSON (as envoyproxy/ratelimit's HTTP port
     /// does). Read at start.
@@ -66,6 +72,24 @@ pub struct ServerConfig {
     pub internal_tls: Option<TlsFiles>,
     /// `[server.grpc_tls]`: TLS on `grpc`.
     pub grpc_tls: Option<TlsFiles>,
+    /// `[server.resp_tls]`: TLS on `resp`.
+    pub resp_tls: Option<TlsFiles>,
+}
+
+/// Who may use the Redis protocol listener: one user and its password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RespAuth {
+    pub user: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for RespAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RespAuth")
+            .field("user", &self.user)
+            .field("password", &"(set)")
+            .finish()
+    }
 }
 
 /// `[telemetry]`: where spans go, and whether they may name identities.
@@ -144,6 +168,9 @@ pub(super) struct Raw {
     internal: Option<Spanned<String>>,
     admin_token: Option<Spanned<String>>,
     grpc: Option<Spanned<String>>,
+    resp: Option<Spanned<String>>,
+    resp_user: Option<Spanned<String>>,
+    resp_password_file: Option<Spanned<String>>,
     envoy_json: Option<bool>,
     envoy_header_names: Option<Spanned<Vec<String>>>,
     header_timeout: Option<Spanned<String>>,
@@ -166,6 +193,7 @@ pub(super) struct Raw {
     tls: Option<Spanned<RawTls>>,
     internal_tls: Option<Spanned<RawTls>>,
     grpc_tls: Option<Spanned<RawTls>>,
+    resp_tls: Option<Spanned<RawTls>>,
 }
 
 /// `[server.tls]` (and `internal_tls`, `grpc_tls`) as written.
@@ -177,7 +205,7 @@ pub(super) struct RawTls {
 }
 
 /// The TLS tables of `[server]`.
-pub(super) const TLS_TABLES: [&str; 3] = ["tls", "internal_tls", "grpc_tls"];
+pub(super) const TLS_TABLES: [&str; 4] = ["tls", "internal_tls", "grpc_tls", "resp_tls"];
 
 /// `[server.tls]` (and `internal_tls`, `grpc_tls`): PEM files, read by
 /// the listener (`tls.rs`, which also loads them once when the
@@ -280,7 +308,8 @@ fn address(
         .ok()
 }
 
-pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>) -> ServerConfig {
+pub(super) fn parse(raw: Raw, env: &super::Env, report: &mut Report<'_>) -> ServerConfig {
+    let token_env = env.admin_token.clone();
     let listen = raw
         .listen
         .as_ref()
@@ -320,11 +349,20 @@ pub(super) fn parse(raw: Raw, token_env: Option<String>, report: &mut Report<'_>
         report,
     );
     let grpc_tls = tls_of(&raw.grpc_tls, "grpc_tls", grpc.is_some(), report);
+    let resp = raw
+        .resp
+        .as_ref()
+        .and_then(|r| address(r, "[server] resp", "127.0.0.1:6380", report));
+    let resp_tls = tls_of(&raw.resp_tls, "resp_tls", resp.is_some(), report);
+    let resp_auth = resp_auth(&raw, env.resp_password.clone(), report);
     let tls = tls_of(&raw.tls, "tls", true, report);
     ServerConfig {
         tls,
         internal_tls,
         grpc_tls,
+        resp,
+        resp_tls,
+        resp_auth,
         json_logs,
         log_level,
         access_log: raw.access_log.is_some_and(|a| *a.get_ref()),
@@ -492,6 +530,35 @@ fn admin_token(
             }
             token_env
         }
+    }
+}
+
+/// `resp_user` and the password from `resp_password_file` (its first
+/// line) or `WEIR_RESP_PASSWORD`.
+fn resp_auth(raw: &Raw, env: Option<String>, report: &mut Report<'_>) -> Option<RespAuth> {
+    let password = match &raw.resp_password_file {
+        Some(path) => match std::fs::read_to_string(path.get_ref()) {
+            Ok(text) => Some(text.lines().next().unwrap_or_default().to_owned()),
+            Err(e) => {
+                let message = format!("cannot read `{}`: {e}", path.get_ref());
+                report.error(&path.span(), "[server] resp_password_file", message);
+                None
+            }
+        },
+        None => env,
+    };
+    let user = raw.resp_user.as_ref();
+    match (password, user) {
+        (Some(password), user) if !password.is_empty() => Some(RespAuth {
+            user: user.map_or_else(|| "default".to_owned(), |u| u.get_ref().clone()),
+            password,
+        }),
+        (_, Some(user)) => {
+            let message = "needs a password: resp_password_file, or WEIR_RESP_PASSWORD";
+            report.error(&user.span(), "[server] resp_user", message);
+            None
+        }
+        _ => None,
     }
 }
 
