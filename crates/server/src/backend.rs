@@ -352,7 +352,7 @@ impl Backend {
     }
 
     /// Waits (at most `within`) for a shared store to be reachable.
-    pub(crate) async fn wait_up(&self, within: Duration) -> bool {
+    pub async fn wait_up(&self, within: Duration) -> bool {
         match self.remote() {
             Some(remote) => remote.wait_up(within).await,
             None => true,
@@ -360,15 +360,15 @@ impl Backend {
     }
 }
 
+/// The scope of keys a caller names itself: the decision API's, and the
+/// Redis protocol's `WEIR.*` commands (one key, whichever face asks).
+pub(crate) const API_SCOPE: &str = "api";
+
 /// The stored key of a client's `identity` under `scope` (`api`,
 /// `header:x-seller-id`, `path:seller`, `peer`): the identity is bounded
 /// here, once, by [`MAX_IDENTITY`] bytes as the client sent it — whatever
 /// its source. Scopes contain no `:` after their kind, so no two (scope,
 /// identity) pairs share a key.
-/// The scope of keys a caller names itself: the decision API's, and the
-/// Redis protocol's `WEIR.*` commands (one key, whichever face asks).
-pub(crate) const API_SCOPE: &str = "api";
-
 pub(crate) fn scoped_key(scope: &str, identity: &str) -> Result<String, CheckError> {
     weir_core::check::check_key(identity, MAX_IDENTITY)?;
     let mut key = String::with_capacity(scope.len() + 1 + identity.len());

@@ -129,7 +129,7 @@ async fn check(state: &AppState, request: CheckRequest) -> Result<CheckResponse,
         Err(e) => (axum::response::IntoResponse::into_response(e), None),
     };
     let status = response.status();
-    Meters::auth("ext_authz", label.as_deref(), status);
+    Meters::answered("ext_authz", label.as_deref(), Meters::outcome(status));
     if status.is_server_error() {
         // Not a refusal: Envoy's failure_mode_allow decides.
         return Err(Status::unavailable(format!(

@@ -59,7 +59,11 @@ pub(crate) async fn auth(State(state): State<Arc<AppState>>, request: Request) -
         Ok(original) => decide(&shared, original, request, peer).await,
         Err(e) => (e.into_response(), None),
     };
-    Meters::auth("forward_auth", label.as_deref(), response.status());
+    Meters::answered(
+        "forward_auth",
+        label.as_deref(),
+        Meters::outcome(response.status()),
+    );
     let mut response = response;
     if let Some(label) = label {
         response.extensions_mut().insert(RouteLabel(label));

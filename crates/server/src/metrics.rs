@@ -91,8 +91,8 @@ catalog! {
         "gRPC calls answered, by code.";
     GRPC_DURATION = "weir_grpc_duration_seconds", Histogram [],
         "Time to answer one gRPC call.";
-    AUTH_ANSWERS = "weir_auth_answers_total", Counter ["face", "route", "outcome"],
-        "Questions of proxies in front answered, by face (forward_auth: /v1/auth; ext_authz: Envoy's gRPC ext_authz), route (unmatched: none) and outcome: admitted, limited, invalid (4xx), error (5xx).";
+    FACE_ANSWERS = "weir_face_answers_total", Counter ["face", "route", "outcome"],
+        "Answers of the faces a proxy or a client asks (forward_auth: /v1/auth; ext_authz: Envoy's gRPC ext_authz; resp: the Redis protocol), by route (the gateway route matched, unmatched; for resp the command) and outcome: admitted, limited, invalid (a request weir refused to decide), error (weir could not decide).";
     CONNECTIONS_OPEN = "weir_connections_open", Gauge [],
         "Connections open now, on every listener.";
     CONNECTIONS_REFUSED = "weir_connections_refused_total", Counter [],
@@ -255,18 +255,22 @@ impl Meters {
             .record(started.elapsed().as_secs_f64());
     }
 
-    /// One answer to a proxy's question (forward-auth, ext_authz), by the
-    /// HTTP status it carries.
-    pub(crate) fn auth(face: &'static str, route: Option<&str>, status: http::StatusCode) {
-        let outcome = match status.as_u16() {
+    /// One answer of a face a proxy or a client asks (forward-auth,
+    /// ext_authz, the Redis protocol).
+    pub(crate) fn answered(face: &'static str, route: Option<&str>, outcome: &'static str) {
+        let route = route.unwrap_or("unmatched").to_owned();
+        metrics::counter!(FACE_ANSWERS, "face" => face, "route" => route, "outcome" => outcome)
+            .increment(1);
+    }
+
+    /// The outcome of an HTTP answer, by its status.
+    pub(crate) fn outcome(status: http::StatusCode) -> &'static str {
+        match status.as_u16() {
             429 => "limited",
             200..=299 => "admitted",
             400..=499 => "invalid",
             _ => "error",
-        };
-        let route = route.unwrap_or("unmatched").to_owned();
-        metrics::counter!(AUTH_ANSWERS, "face" => face, "route" => route, "outcome" => outcome)
-            .increment(1);
+        }
     }
 
     /// One HTTP answer. Handles are looked up once per (route, status),

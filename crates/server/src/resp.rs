@@ -38,6 +38,7 @@ use crate::answer::{ApiError, lease_token, read_lease};
 use crate::backend::{API_SCOPE, Check, scoped_key};
 use crate::config::{OnStoreError, RespAuth, TableId};
 use crate::engine::Ask;
+use crate::metrics::Meters;
 use crate::serve::{Accepted, InFlight, Open, Protocol, listen};
 use crate::state::{AppState, Shared};
 use crate::tls::{Alpn, Tls};
@@ -267,6 +268,29 @@ fn refused(out: &mut Vec<u8>, e: ApiError) {
     error(out, code, &message);
 }
 
+/// A decision command's answer, counted in `weir_face_answers_total`:
+/// admitted (released, for `WEIR.RELEASE`), limited, or not decided.
+fn counted(command: &'static str, decided: Option<bool>) {
+    let outcome = match decided {
+        Some(true) => "admitted",
+        Some(false) => "limited",
+        None => "invalid",
+    };
+    Meters::answered("resp", Some(command), outcome);
+}
+
+/// [`error`], for a decision command: no decision.
+fn failed(out: &mut Vec<u8>, code: &str, message: &str) -> Option<bool> {
+    error(out, code, message);
+    None
+}
+
+/// [`refused`], for a decision command: no decision.
+fn undecided(out: &mut Vec<u8>, e: ApiError) -> Option<bool> {
+    refused(out, e);
+    None
+}
+
 impl Session {
     /// Answers one command into `out`; true when the connection ends.
     async fn answer(&mut self, state: &AppState, args: &[&[u8]], out: &mut Vec<u8>) -> bool {
@@ -286,10 +310,17 @@ impl Session {
             (b"PING", 1) => bulk(out, rest[0]),
             (b"CLIENT", 1..) | (b"SELECT", 1) => simple(out, "OK"),
             (b"COMMAND", _) => array(out, 0),
-            (b"CL.THROTTLE", 4 | 5) => throttle(state, &shared, self.peer, rest, out).await,
-            (b"WEIR.CHECK", 2 | 3) => check(&shared, self.peer, rest, out).await,
-            (b"WEIR.REPORT", 3) => report(&shared, self.peer, rest, out).await,
-            (b"WEIR.RELEASE", 3) => release(&shared, rest, out).await,
+            (b"CL.THROTTLE", 4 | 5) => {
+                let decided = throttle(state, &shared, self.peer, rest, out).await;
+                counted("cl.throttle", decided);
+            }
+            (b"WEIR.CHECK", 2 | 3) => {
+                counted("weir.check", check(&shared, self.peer, rest, out).await);
+            }
+            (b"WEIR.REPORT", 3) => {
+                counted("weir.report", report(&shared, self.peer, rest, out).await);
+            }
+            (b"WEIR.RELEASE", 3) => counted("weir.release", release(&shared, rest, out).await),
             (
                 b"AUTH" | b"PING" | b"SELECT" | b"CL.THROTTLE" | b"WEIR.CHECK" | b"WEIR.REPORT"
                 | b"WEIR.RELEASE",
@@ -458,65 +489,43 @@ async fn throttle(
     peer: SocketAddr,
     rest: &[&[u8]],
     out: &mut Vec<u8>,
-) {
-    let Some(key) = text(out, rest[0], "the key") else {
-        return;
-    };
-    let Some(burst) = number(out, rest[1], "max_burst", 0) else {
-        return;
-    };
-    let Some(count) = number(out, rest[2], "count", 1) else {
-        return;
-    };
-    let Some(period) = number(out, rest[3], "period", 1) else {
-        return;
-    };
+) -> Option<bool> {
+    let key = text(out, rest[0], "the key")?;
+    let burst = number(out, rest[1], "max_burst", 0)?;
+    let count = number(out, rest[2], "count", 1)?;
+    let period = number(out, rest[3], "period", 1)?;
     let quantity = match rest.get(4) {
-        Some(q) => match number(out, q, "quantity", 0) {
-            Some(q) => q,
-            None => return,
-        },
+        Some(q) => number(out, q, "quantity", 0)?,
         None => 1,
     };
     let policy = (period.checked_mul(NANOS_PER_SEC))
         .and_then(|period| Rate::new(count, period))
         .and_then(|rate| Policy::gcra(burst.saturating_add(1), rate).ok());
     let Some(policy) = policy else {
-        error(
-            out,
-            "ERR",
-            "max_burst + 1 tokens at count per period seconds is not a rate weir can keep",
-        );
-        return;
+        let message =
+            "max_burst + 1 tokens at count per period seconds is not a rate weir can keep";
+        return failed(out, "ERR", message);
     };
     let stored_as = format!("cl.throttle@{burst}-{count}-per-{period}s");
     let ad_hoc = |shared: &Shared| shared.table.ad_hoc(&stored_as, "cl.throttle", policy, None);
-    let (shared, id) = match ad_hoc(shared) {
-        Some(id) => (shared.clone(), id),
+    // Every slot taken by a limit named within the last minute: room is
+    // made once (the limits unused for a minute given up), and it is asked
+    // again.
+    let found = match ad_hoc(shared) {
+        Some(id) => Some((shared.clone(), id)),
         None if state.make_room(shared) => {
             let shared = state.current();
-            match ad_hoc(&shared) {
-                Some(id) => (shared, id),
-                None => {
-                    return error(
-                        out,
-                        "ERR",
-                        "too many distinct CL.THROTTLE limits named within the last minute",
-                    );
-                }
-            }
+            ad_hoc(&shared).map(|id| (shared, id))
         }
-        None => {
-            return error(
-                out,
-                "ERR",
-                "too many distinct CL.THROTTLE limits named within the last minute",
-            );
-        }
+        None => None,
+    };
+    let Some((shared, id)) = found else {
+        let message = "too many distinct CL.THROTTLE limits named within the last minute";
+        return failed(out, "ERR", message);
     };
     let key = match scoped_key("cell", key) {
         Ok(key) => key,
-        Err(e) => return refused(out, e.into()),
+        Err(e) => return undecided(out, e.into()),
     };
     let checks = [Check {
         policy: id,
@@ -533,11 +542,9 @@ async fn throttle(
         .await;
     let verdict = match verdict {
         Ok(verdict) => verdict,
-        Err(e) => return refused(out, e.into()),
+        Err(e) => return undecided(out, e.into()),
     };
-    let Some(d) = verdict.decisions().next() else {
-        return;
-    };
+    let d = verdict.decisions().next()?;
     let allowed = verdict.all.allowed;
     array(out, 5);
     integer(out, i64::from(!allowed));
@@ -555,10 +562,12 @@ async fn throttle(
         },
     );
     integer(out, ceil(d.reset, NANOS_PER_SEC));
+    Some(allowed)
 }
 
-/// `[admitted, remaining, retry_after_ms, reset_ms]` (and the lease).
-fn decision(out: &mut Vec<u8>, allowed: bool, d: &Decision, degraded: bool) {
+/// `[admitted, remaining, retry_after_ms, reset_ms]` (and the lease);
+/// whether admitted.
+fn decision(out: &mut Vec<u8>, allowed: bool, d: &Decision, degraded: bool) -> bool {
     const MS: Nanos = 1_000_000;
     array(out, 4 + usize::from(d.lease.is_some()));
     integer(out, i64::from(allowed));
@@ -570,6 +579,7 @@ fn decision(out: &mut Vec<u8>, allowed: bool, d: &Decision, degraded: bool) {
     if let Some(lease) = d.lease {
         bulk(out, lease_token(lease, degraded).as_bytes());
     }
+    allowed
 }
 
 /// The (policy, key) of `WEIR.*` commands: the policy as overridden for the
@@ -588,15 +598,15 @@ fn named(out: &mut Vec<u8>, shared: &Shared, rest: &[&[u8]]) -> Option<(TableId,
 }
 
 /// `WEIR.CHECK policy key [cost]`.
-async fn check(shared: &Shared, peer: SocketAddr, rest: &[&[u8]], out: &mut Vec<u8>) {
-    let Some((id, key)) = named(out, shared, rest) else {
-        return;
-    };
+async fn check(
+    shared: &Shared,
+    peer: SocketAddr,
+    rest: &[&[u8]],
+    out: &mut Vec<u8>,
+) -> Option<bool> {
+    let (id, key) = named(out, shared, rest)?;
     let cost = match rest.get(2) {
-        Some(c) => match number(out, c, "cost", 0) {
-            Some(c) => c,
-            None => return,
-        },
+        Some(c) => number(out, c, "cost", 0)?,
         None => 1,
     };
     let checks = [Check {
@@ -612,44 +622,38 @@ async fn check(shared: &Shared, peer: SocketAddr, rest: &[&[u8]], out: &mut Vec<
     };
     match shared.decide(ask).await {
         Ok(verdict) => {
-            if let Some(d) = verdict.decisions().next() {
-                decision(out, verdict.all.allowed, &d, verdict.degraded);
-            }
+            let d = verdict.decisions().next()?;
+            Some(decision(out, verdict.all.allowed, &d, verdict.degraded))
         }
-        Err(e) => refused(out, e.into()),
+        Err(e) => undecided(out, e.into()),
     }
 }
 
 /// `WEIR.REPORT policy key cost`: charged, never refused.
-async fn report(shared: &Shared, peer: SocketAddr, rest: &[&[u8]], out: &mut Vec<u8>) {
-    let Some((id, key)) = named(out, shared, rest) else {
-        return;
-    };
-    let Some(cost) = number(out, rest[2], "cost", 0) else {
-        return;
-    };
+async fn report(
+    shared: &Shared,
+    peer: SocketAddr,
+    rest: &[&[u8]],
+    out: &mut Vec<u8>,
+) -> Option<bool> {
+    let (id, key) = named(out, shared, rest)?;
+    let cost = number(out, rest[2], "cost", 0)?;
     let checks = [Check {
         policy: id,
         key: &key,
         cost,
     }];
     match shared.report(&checks, Some(peer.ip())).await {
-        Ok(decided) => {
-            if let Some(d) = decided.first() {
-                decision(out, true, d, false);
-            }
-        }
-        Err(e) => refused(out, e.into()),
+        Ok(decided) => Some(decision(out, true, decided.first()?, false)),
+        Err(e) => undecided(out, e.into()),
     }
 }
 
 /// `WEIR.RELEASE policy key lease`: admitted (1) when the lease was live.
-async fn release(shared: &Shared, rest: &[&[u8]], out: &mut Vec<u8>) {
-    let Some((id, key)) = named(out, shared, rest) else {
-        return;
-    };
+async fn release(shared: &Shared, rest: &[&[u8]], out: &mut Vec<u8>) -> Option<bool> {
+    let (id, key) = named(out, shared, rest)?;
     let Some((lease, local)) = std::str::from_utf8(rest[2]).ok().and_then(read_lease) else {
-        return error(
+        return failed(
             out,
             "ERR",
             "the lease is not one WEIR.CHECK answered (16 hex digits)",
@@ -659,8 +663,8 @@ async fn release(shared: &Shared, rest: &[&[u8]], out: &mut Vec<u8>) {
         .on_lease(id, &key, LeaseOp::Release(lease), local)
         .await
     {
-        Ok(d) => decision(out, d.allowed, &d, local),
-        Err(e) => refused(out, e.into()),
+        Ok(d) => Some(decision(out, d.allowed, &d, local)),
+        Err(e) => undecided(out, e.into()),
     }
 }
 

@@ -28,6 +28,14 @@ async fn start(text: &str) -> (SocketAddr, SocketAddr) {
     let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let resp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addrs = (http.local_addr().unwrap(), resp.local_addr().unwrap());
+    // On Redis: connected before the first command (until then each
+    // policy's on_store_error decides).
+    let shared = state.current();
+    let up = shared
+        .backend
+        .wait_up(std::time::Duration::from_secs(5))
+        .await;
+    assert!(up, "the store did not come up");
     tokio::spawn(weir_server::run(
         http,
         state.clone(),
@@ -236,4 +244,28 @@ async fn bad_input_is_refused_and_pipelines_are_answered_in_order() {
         .collect::<String>()
         + "+OK\r\n";
     assert_eq!(answers, expected);
+}
+
+/// On Redis, two weirs answer one balance: what one admits, the other
+/// counts — for `CL.THROTTLE` and the configuration's policies alike.
+#[tokio::test]
+async fn two_weirs_on_one_redis_share_every_key() {
+    let redis = weir_testkit::RedisServer::start(&[]);
+    let text = format!("[store]\nurl = \"{}\"\n{CONFIG}", redis.url());
+    let (_, first) = start(&text).await;
+    let (_, second) = start(&text).await;
+    let (mut a, mut b) = (client(first).await, client(second).await);
+    let args = ["shared", "2", "1", "3600"];
+    assert_eq!(throttle(&mut a, &args).await, [0, 3, 2, -1, 3600]);
+    assert_eq!(throttle(&mut b, &args).await, [0, 3, 1, -1, 7200]);
+    assert_eq!(throttle(&mut a, &args).await, [0, 3, 0, -1, 10800]);
+    assert_eq!(throttle(&mut b, &args).await, [1, 3, 0, 3600, 10800]);
+    let check = redis::cmd("WEIR.CHECK").arg(&["api", "me"]).clone();
+    let mut remaining = Vec::new();
+    for i in 0..4 {
+        let conn = if i % 2 == 0 { &mut a } else { &mut b };
+        let answer: Vec<i64> = check.query_async(conn).await.unwrap();
+        remaining.push((answer[0], answer[1]));
+    }
+    assert_eq!(remaining, [(1, 2), (1, 1), (1, 0), (0, 0)]);
 }
