@@ -5,8 +5,8 @@
 # (user + system, from /proc; on Redis, Redis's included), which unlike the
 # rates does not depend on what the load generator beside them takes.
 #
-#   bench/compare.sh [library] [redis] [gateway] [tls] [rls] [hyper] [pingora]
-#                              (default: all but hyper and pingora)
+#   bench/compare.sh [library] [redis] [gateway] [tls] [rls] [auth] [resp]
+#                    [hyper] [pingora]   (default: all but hyper and pingora)
 #
 # Needs: a Rust toolchain; redis-server and redis-benchmark (redis-tools) for
 # `redis` and `rls`; nginx and wrk for `gateway`, `hyper` (the bare hyper
@@ -28,12 +28,13 @@ OUT=${OUT:-target/compare}
 SECONDS_EACH=${SECONDS_EACH:-8}
 mkdir -p "$OUT"
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(library redis gateway tls rls)
+[ ${#sections[@]} -eq 0 ] && sections=(library redis gateway tls rls auth resp)
 want() { [[ " ${sections[*]} " == *" $1 "* ]]; }
 
 . bench/need.sh
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 pids=()
+declare -A gateway_pid=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
@@ -255,6 +256,83 @@ if want gateway || want pingora || want hyper; then
       esac
       row "$what" "$peer" "$pr" "$wr" "$p50 / $p99" "$w50 / $w99" "wrk -t1 -c32 --latency -s $script" "$pcpu" "$wcpu"
     done
+  done
+fi
+
+# --- nginx asking weir (auth_request, forward-auth) against nginx
+# limit_req alone: what putting weir behind the proxy a team already runs
+# costs, both paths; the CPU column sums nginx's and weir's.
+if want auth; then
+  need nginx nginx-light
+  need wrk wrk
+  mkdir -p /tmp/weir-bench
+  if ! want gateway; then
+    nginx -c "$PWD/docs/bench/upstream.conf" -g 'daemon off;' &
+    pids+=($!)
+    nginx -c "$PWD/docs/bench/nginx.conf" -g 'daemon off;' &
+    pids+=($!)
+    gateway_pid[nginx]=$!
+  elif [ -z "${gateway_pid[nginx]:-}" ]; then
+    nginx -c "$PWD/docs/bench/nginx.conf" -g 'daemon off;' &
+    pids+=($!)
+    gateway_pid[nginx]=$!
+  fi
+  target/release/weir serve --config docs/bench/weir-auth.toml --no-watch >"$OUT/weir-auth.log" 2>&1 &
+  pids+=($!)
+  weir_auth=$!
+  nginx -c "$PWD/docs/bench/nginx-auth.conf" -g 'daemon off;' &
+  pids+=($!)
+  nginx_auth=$!
+  sleep 1
+  for path in admitted refused; do
+    script=docs/bench/gateway.lua
+    [ $path = refused ] && script=docs/bench/gateway-flood.lua
+    : >"$OUT/auth-nginx-$path.txt"
+    : >"$OUT/auth-weir-$path.txt"
+    for _ in $(seq "$REPEAT"); do
+      # shellcheck disable=SC2046
+      wrk_run $script http://127.0.0.1:19001/ $(with_children "${gateway_pid[nginx]}") >>"$OUT/auth-nginx-$path.txt"
+      # shellcheck disable=SC2046
+      wrk_run $script http://127.0.0.1:19021/ $(with_children "$nginx_auth") "$weir_auth" >>"$OUT/auth-weir-$path.txt"
+    done
+    read -r pr p50 p99 pcpu <<<"$(median <"$OUT/auth-nginx-$path.txt")"
+    read -r wr w50 w99 wcpu <<<"$(median <"$OUT/auth-weir-$path.txt")"
+    row "nginx + auth_request to weir, $path path" "nginx limit_req + proxy_pass" "$pr" "$wr" "$p50 / $p99" "$w50 / $w99" "wrk -t1 -c32 --latency -s $script" "$pcpu" "$wcpu"
+  done
+fi
+
+# --- weir's Redis protocol (CL.THROTTLE, in process) against one GCRA
+# decision on a plain Redis (EVALSHA of docs/bench/gcra.lua), the same
+# client (redis-benchmark), one request at a time per connection and
+# pipelined 16 deep; the CPU column: weir's, and Redis's.
+if want resp; then
+  need redis-server redis-server
+  need redis-benchmark redis-tools
+  redis-server --port 19032 --save '' --appendonly no >"$OUT/redis-resp.log" 2>&1 &
+  pids+=($!)
+  redis_resp=$!
+  target/release/weir serve --listen 127.0.0.1:19033 --resp 127.0.0.1:19031 --no-watch >"$OUT/weir-resp.log" 2>&1 &
+  pids+=($!)
+  weir_resp=$!
+  sleep 1
+  sha=$(redis-cli -p 19032 SCRIPT LOAD "$(cat docs/bench/gcra.lua)")
+  for depth in 1 16; do
+    : >"$OUT/resp-redis-$depth.txt"
+    : >"$OUT/resp-weir-$depth.txt"
+    for _ in $(seq "$REPEAT"); do
+      for side in redis weir; do
+        case $side in
+          redis) port=19032 pid=$redis_resp command=(EVALSHA "$sha" 1 "key:__rand_int__" 15 30 60 1) ;;
+          weir) port=19031 pid=$weir_resp command=(CL.THROTTLE "key:__rand_int__" 15 30 60 1) ;;
+        esac
+        before=$(ticks "$pid")
+        redis-benchmark -p $port -c 32 -n $((depth * 50000)) -r 100000 -P $depth --csv "${command[@]}" 2>/dev/null | tail -1 >"$OUT/resp.csv"
+        echo "$(python3 -c "import csv; r = next(csv.reader(open('$OUT/resp.csv'))); print(round(float(r[1])), r[4] + 'ms', r[6] + 'ms')") $(per_request $(($(ticks "$pid") - before)) $((depth * 50000)))" >>"$OUT/resp-$side-$depth.txt"
+      done
+    done
+    read -r pr p50 p99 pcpu <<<"$(median <"$OUT/resp-redis-$depth.txt")"
+    read -r wr w50 w99 wcpu <<<"$(median <"$OUT/resp-weir-$depth.txt")"
+    row "Redis protocol, CL.THROTTLE, pipeline $depth" "Redis EVALSHA of one GCRA decision" "$pr" "$wr" "$p50 / $p99" "$w50 / $w99" "redis-benchmark -c 32 -P $depth -r 100000" "$pcpu" "$wcpu"
   done
 fi
 

@@ -118,6 +118,10 @@ pub struct Check<'a> {
     /// is refused, storing nothing ([`Checked::new_key_refused`]) — for a
     /// client that has created its share of new keys.
     pub no_new_key: bool,
+    /// Whether the caller counts the keys the request creates
+    /// ([`Checked::created`]); when no check asks, a store may answer 0
+    /// (the in-process store then looks no key up first).
+    pub count_created: bool,
     /// On a concurrency policy: the lease an admission takes (chosen by
     /// [`Check::from`], random), or the lease a release or renewal acts on
     /// (then the request's only check).
@@ -133,6 +137,7 @@ impl<'a> From<crate::Check<'a>> for Check<'a> {
             shadow: false,
             report: false,
             no_new_key: false,
+            count_created: true,
             lease: LeaseOp::Take(match check.policy {
                 Policy::Concurrency(_) => crate::algo::new_lease_id(),
                 _ => 0,

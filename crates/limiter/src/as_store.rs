@@ -112,7 +112,10 @@ impl<C: Clock> Limiter<C> {
                 ..decided(decisions, false)
             });
         }
-        let new = resolved.iter().filter(|c| is_new(c)).count();
+        let new = match checks.iter().any(|c| c.count_created) {
+            true => resolved.iter().filter(|c| is_new(c)).count(),
+            false => 0,
+        };
         let reports = checks.iter().filter(|c| c.report).count();
         if reports == checks.len() {
             let decisions = self.report_all(&resolved)?;

@@ -105,6 +105,7 @@ impl Shared {
                 let asked: InlineVec<store::Check<'_>> = (counted.iter())
                     .map(|c| store::Check {
                         no_new_key: new_keys != NewKeys::Allowed,
+                        count_created: self.new_keys.is_some(),
                         on_error: table.get(c.policy).on_store_error.or(default),
                         ..store_check(table, c)
                     })
@@ -202,6 +203,7 @@ impl Shared {
             .map(|c| store::Check {
                 report: true,
                 no_new_key: new_keys != NewKeys::Allowed,
+                count_created: self.new_keys.is_some(),
                 on_error: Some(OnStoreError::Deny),
                 ..store_check(table, c)
             })
