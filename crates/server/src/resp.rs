@@ -315,10 +315,12 @@ impl Session {
                 counted("cl.throttle", decided);
             }
             (b"WEIR.CHECK", 2 | 3) => {
-                counted("weir.check", check(&shared, self.peer, rest, out).await);
+                let decided = charge(&shared, self.peer, rest, out, false).await;
+                counted("weir.check", decided);
             }
             (b"WEIR.REPORT", 3) => {
-                counted("weir.report", report(&shared, self.peer, rest, out).await);
+                let decided = charge(&shared, self.peer, rest, out, true).await;
+                counted("weir.report", decided);
             }
             (b"WEIR.RELEASE", 3) => counted("weir.release", release(&shared, rest, out).await),
             (
@@ -597,12 +599,14 @@ fn named(out: &mut Vec<u8>, shared: &Shared, rest: &[&[u8]]) -> Option<(TableId,
     }
 }
 
-/// `WEIR.CHECK policy key [cost]`.
-async fn check(
+/// `WEIR.CHECK policy key [cost]`, or (`report`) `WEIR.REPORT policy key
+/// cost`: charged, never refused.
+async fn charge(
     shared: &Shared,
     peer: SocketAddr,
     rest: &[&[u8]],
     out: &mut Vec<u8>,
+    report: bool,
 ) -> Option<bool> {
     let (id, key) = named(out, shared, rest)?;
     let cost = match rest.get(2) {
@@ -614,9 +618,16 @@ async fn check(
         key: &key,
         cost,
     }];
+    let client = Some(peer.ip());
+    if report {
+        return match shared.report(&checks, client).await {
+            Ok(decided) => Some(decision(out, true, decided.first()?, false)),
+            Err(e) => undecided(out, e.into()),
+        };
+    }
     let ask = Ask {
         checks: &checks,
-        client: Some(peer.ip()),
+        client,
         max_delay: Nanos::MAX,
         on_store_error: Some(OnStoreError::Local),
     };
@@ -625,26 +636,6 @@ async fn check(
             let d = verdict.decisions().next()?;
             Some(decision(out, verdict.all.allowed, &d, verdict.degraded))
         }
-        Err(e) => undecided(out, e.into()),
-    }
-}
-
-/// `WEIR.REPORT policy key cost`: charged, never refused.
-async fn report(
-    shared: &Shared,
-    peer: SocketAddr,
-    rest: &[&[u8]],
-    out: &mut Vec<u8>,
-) -> Option<bool> {
-    let (id, key) = named(out, shared, rest)?;
-    let cost = number(out, rest[2], "cost", 0)?;
-    let checks = [Check {
-        policy: id,
-        key: &key,
-        cost,
-    }];
-    match shared.report(&checks, Some(peer.ip())).await {
-        Ok(decided) => Some(decision(out, true, decided.first()?, false)),
         Err(e) => undecided(out, e.into()),
     }
 }

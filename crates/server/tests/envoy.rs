@@ -420,16 +420,17 @@ async fn the_grpc_health_service_reports_serving() {
 
 #[tokio::test]
 async fn a_method_weir_does_not_serve_is_unimplemented_and_the_service_stays_up() {
-    use envoy_types::pb::envoy::service::auth::v3::CheckRequest;
-    use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
+    use envoy_types::pb::envoy::service::accesslog::v3::StreamAccessLogsMessage;
+    use envoy_types::pb::envoy::service::accesslog::v3::access_log_service_client::AccessLogServiceClient;
     let (mut client, addr, _) = start(CONFIG).await;
     let channel = Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
         .await
         .unwrap();
-    let status = AuthorizationClient::new(channel)
-        .check(CheckRequest::default())
+    let logs = futures_util::stream::iter([StreamAccessLogsMessage::default()]);
+    let status = AccessLogServiceClient::new(channel)
+        .stream_access_logs(logs)
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unimplemented);
