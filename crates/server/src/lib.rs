@@ -16,7 +16,6 @@
 
 mod answer;
 mod api;
-mod app;
 pub mod backend;
 pub mod breaker;
 pub mod config;
@@ -28,6 +27,7 @@ mod forward_auth;
 mod gateway;
 mod grpc;
 pub mod guarded;
+mod http_app;
 mod lease_book;
 mod leases;
 pub use grpc::run_grpc;
@@ -53,7 +53,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use answer::MAX_HEADER_BYTES;
-pub use app::{App, Face, app};
+pub use http_app::{App, Face, app};
 pub use state::{AppState, Shared};
 
 /// Serves `state` on `listener` until `shutdown` completes, then finishes the

@@ -26,8 +26,8 @@ use tower_service::Service;
 use axum::extract::ConnectInfo;
 use axum::response::IntoResponse;
 
-use crate::app::{App, bounded_and_counted};
 use crate::config::ConnectionLimits;
+use crate::http_app::{App, bounded_and_counted};
 use crate::tls::Tls;
 
 /// The largest request head hyper buffers (headers over
