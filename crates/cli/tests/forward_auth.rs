@@ -28,7 +28,11 @@ impl Drop for Proxy {
 /// the program is not installed.
 fn proxy(test: &str, program: &str, args: &[&str], install: &str) -> Option<Proxy> {
     let found = Command::new(program)
-        .arg(if program == "nginx" { "-v" } else { "version" })
+        .arg(match program {
+            "nginx" => "-v",
+            "caddy" => "version",
+            _ => "--version",
+        })
         .output();
     if !found.is_ok_and(|o| o.status.success()) {
         weir_testkit::missing(test, &format!("no `{program}` on PATH ({install})"));
@@ -120,7 +124,13 @@ fn example(test: &str, program: &str, install: &str, doc: &str, args: &[&str], w
     let text = ports(doc, &weir.addr, app, ingress)
         .replace("port_value: 8081", &format!("port_value: {grpc}"))
         .replace("/tmp/weir-nginx", &format!("{}/nginx", scratch.display()));
-    let file = temp(&format!("{test}.conf"), &text);
+    // Named as the doc is (Envoy reads a file's format from its extension).
+    let name = if text.contains("static_resources:") {
+        "envoy.yaml"
+    } else {
+        "conf"
+    };
+    let file = temp(&format!("{test}.{name}"), &text);
     let base = ingress.to_string();
     let args: Vec<&str> = (args.iter())
         .map(|&a| match a {
