@@ -257,10 +257,19 @@ impl Meters {
 
     /// One answer of a face a proxy or a client asks (forward-auth,
     /// ext_authz, the Redis protocol).
+    /// Handles are looked up as [`Meters::http`]'s (one per route and
+    /// (face, outcome) pair), not registered anew per answer.
     pub(crate) fn answered(face: &'static str, route: Option<&str>, outcome: &'static str) {
-        let route = route.unwrap_or("unmatched").to_owned();
-        metrics::counter!(FACE_ANSWERS, "face" => face, "route" => route, "outcome" => outcome)
-            .increment(1);
+        static HANDLES: Handles<Counter> = OnceLock::new();
+        const FACES: [&str; 3] = ["forward_auth", "ext_authz", "resp"];
+        const OUTCOMES: [&str; 4] = ["admitted", "limited", "invalid", "error"];
+        let index = |names: &[&str], name| names.iter().position(|n| *n == name).unwrap_or(0);
+        let pair = index(&FACES, face) * OUTCOMES.len() + index(&OUTCOMES, outcome);
+        let route = route.unwrap_or("unmatched");
+        let make = || metrics::counter!(FACE_ANSWERS, "face" => face, "route" => route.to_owned(), "outcome" => outcome);
+        cached(&HANDLES, route, pair as u16, make, |answers| {
+            answers.increment(1)
+        });
     }
 
     /// The outcome of an HTTP answer, by its status.

@@ -81,6 +81,18 @@ async fn every_proxy_describes_the_same_request() {
     }
     let b = send("GET", &format!("{auth}{}", tenant("b")), &[], "").await;
     assert_eq!(b.status, 200);
+    // Counted per face, route and outcome.
+    let metrics = send("GET", &format!("http://{addr}/metrics"), &[], "").await;
+    for series in [
+        r#"weir_face_answers_total{face="forward_auth",route="POST /login",outcome="limited"}"#,
+        r#"weir_face_answers_total{face="forward_auth",route="GET /t/{tenant}/items",outcome="admitted"}"#,
+    ] {
+        assert!(
+            metrics.body.contains(series),
+            "{series} in {}",
+            metrics.body
+        );
+    }
 }
 
 /// A client that is not a trusted proxy names no other client: its
