@@ -10,9 +10,9 @@ use clap::ValueEnum;
 use clap::builder::PossibleValuesParser;
 
 use crate::policy_flags::PolicyFlags;
-use weir_core::Policy;
 use weir_core::units::parse_duration;
-use weir_redis::LeaseOp;
+use weir_core::{Penalty, Policy};
+use weir_redis::{Check, LeaseOp, Mode, StoreError};
 use weir_sim::compare::{compare, default_burst_window, write_table};
 use weir_sim::scenario::{SCENARIOS, Scenario};
 use weir_sim::{Arrival, Format, TraceError, TraceReader, plot::render};
@@ -27,7 +27,19 @@ enum OutputFormat {
 pub(crate) struct Args {
     #[command(flatten)]
     policy: PolicyFlags,
-    /// The trace: CSV with a `time` column (seconds) and optional `cost`, `key`, `op` (check, report; release and renew with a concurrency policy) and `lease` (a name for the lease a check takes, or the one a release or renewal acts on) columns; `-` reads stdin.
+    /// A penalty (docs/SPEC.md's bans): a refused check or probe bans the key this long (15m).
+    #[arg(long, value_name = "DURATION")]
+    ban: Option<String>,
+    /// With --ban: each ban within --ban-memory of the last is this many times longer (default 1).
+    #[arg(long, value_name = "F", requires = "ban")]
+    ban_factor: Option<String>,
+    /// With --ban: the longest ban (default: --ban).
+    #[arg(long, value_name = "DURATION", requires = "ban")]
+    ban_max: Option<String>,
+    /// With --ban: how long a ban's level is remembered, from its start (default: --ban-max).
+    #[arg(long, value_name = "DURATION", requires = "ban")]
+    ban_memory: Option<String>,
+    /// The trace: CSV with a `time` column (seconds) and optional `cost`, `key`, `op` (check, probe, report; release and renew with a concurrency policy) and `lease` (a name for the lease a check takes, or the one a release or renewal acts on) columns; `-` reads stdin.
     #[arg(long, value_name = "FILE", required_unless_present = "scenario")]
     trace: Option<PathBuf>,
     /// Use a built-in trace instead of --trace.
@@ -60,6 +72,29 @@ pub(crate) struct Args {
 }
 
 impl Args {
+    /// The penalty given by --ban and its flags; errors name the flag.
+    fn penalty(&self) -> anyhow::Result<Option<Penalty>> {
+        let Some(ban) = &self.ban else {
+            return Ok(None);
+        };
+        let given = [
+            ("ban", Some(ban)),
+            ("factor", self.ban_factor.as_ref()),
+            ("max", self.ban_max.as_ref()),
+            ("memory", self.ban_memory.as_ref()),
+        ];
+        let params = given
+            .iter()
+            .filter_map(|(name, value)| Some((*name, value.as_deref()?.as_str())));
+        Penalty::from_params(params).map(Some).map_err(|e| {
+            let flag = match e.field.as_str() {
+                "ban" => "--ban".to_owned(),
+                field => format!("--ban-{field}"),
+            };
+            anyhow!("{flag}: {}", e.kind)
+        })
+    }
+
     fn arrivals(&self) -> anyhow::Result<Box<dyn Iterator<Item = Result<Arrival, TraceError>>>> {
         if let Some(name) = &self.scenario {
             let scenario =
@@ -93,10 +128,17 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             OutputFormat::Csv => Format::Csv,
             OutputFormat::Json => Format::Json,
         };
+        let penalty = args.penalty()?;
         if args.store != "memory" {
-            return simulate_on_redis(&args.store, policy, args.arrivals()?, out, format);
+            return simulate_on_redis(&args.store, policy, penalty, args.arrivals()?, out, format);
         }
-        return Ok(weir_sim::simulate(policy, args.arrivals()?, out, format)?);
+        return Ok(weir_sim::simulate(
+            policy,
+            penalty,
+            args.arrivals()?,
+            out,
+            format,
+        )?);
     }
     let scenario = args.scenario.as_deref().and_then(Scenario::find);
     let mut policies = Vec::new();
@@ -165,6 +207,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
 fn simulate_on_redis(
     url: &str,
     policy: Policy,
+    penalty: Option<Penalty>,
     arrivals: Box<dyn Iterator<Item = Result<Arrival, TraceError>>>,
     out: impl Write,
     format: Format,
@@ -186,23 +229,41 @@ fn simulate_on_redis(
         let arrival = arrival?;
         let at = Some(arrival.time);
         let on_lease = |op| store.on_lease(&name, &policy, &arrival.key, op, at);
+        let decide = |report, probe| {
+            let check = Check {
+                report,
+                probe,
+                penalty,
+                ..Check::from(weir_core::Check {
+                    name: &name,
+                    policy: &policy,
+                    key: &arrival.key,
+                    cost: arrival.cost,
+                })
+            };
+            let checked = runtime.block_on(store.decide(&[check], at, Mode::CHARGE))?;
+            checked
+                .all
+                .decisions
+                .first()
+                .copied()
+                .ok_or(StoreError::Reply)
+        };
         let decided = match arrival.op {
-            Some(weir_sim::Op::Report) => {
-                runtime.block_on(store.report(&name, &policy, &arrival.key, arrival.cost, at))
-            }
+            Some(weir_sim::Op::Report) => decide(true, false),
             Some(weir_sim::Op::Release) => {
                 runtime.block_on(on_lease(LeaseOp::Release(leases.of(&arrival))))
             }
             Some(weir_sim::Op::Renew) => {
                 runtime.block_on(on_lease(LeaseOp::Renew(leases.of(&arrival))))
             }
-            Some(weir_sim::Op::Check) | None => {
+            op @ (Some(weir_sim::Op::Check | weir_sim::Op::Probe) | None) => {
                 if arrival.cost > 0 {
                     policy
                         .validate_cost(arrival.cost)
                         .map_err(|e| anyhow!("line {}: {e}", arrival.line))?;
                 }
-                runtime.block_on(store.check(&name, &policy, &arrival.key, arrival.cost, at))
+                decide(false, op == Some(weir_sim::Op::Probe))
             }
         };
         let decision = decided.map_err(|e| anyhow!("line {}: {e}", arrival.line))?;

@@ -29,6 +29,9 @@ pub struct Decision {
     /// holder releases or renews it by this identity); `None` everywhere
     /// else, and for a check of cost 0.
     pub lease: Option<LeaseId>,
+    /// The wait until the key's ban ends (docs/SPEC.md, "Penalties"): 0
+    /// when it is not banned, or its policy has no penalty.
+    pub banned: Nanos,
 }
 
 impl Decision {
@@ -41,6 +44,7 @@ impl Decision {
             reset,
             delay: 0,
             lease: None,
+            banned: 0,
         }
     }
 
@@ -53,6 +57,7 @@ impl Decision {
             reset,
             delay: 0,
             lease: None,
+            banned: 0,
         }
     }
 }

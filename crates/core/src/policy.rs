@@ -699,6 +699,7 @@ impl Policy {
             reset,
             delay: 0,
             lease: None,
+            banned: 0,
         })
     }
 
@@ -754,6 +755,21 @@ impl Policy {
                 *state = self.new_state();
                 return self.acquire(state, now, cost, lease);
             }
+        })
+    }
+
+    /// Answers as a check of `cost` would (docs/SPEC.md's probe) — allowed,
+    /// `retry_after`, and `remaining` and `reset` as if charged — with no
+    /// delay, and changes nothing but the key's latest time: it charges
+    /// nothing, takes no lease and no queue slot.
+    pub fn probe(&self, state: &mut State, now: Nanos, cost: u64) -> Result<Decision, CostError> {
+        let t = now.max(state.seen());
+        let decision = self.peek(state, t, cost)?;
+        self.check(state, t, 0)?;
+        Ok(Decision {
+            delay: 0,
+            lease: None,
+            ..decision
         })
     }
 

@@ -114,6 +114,14 @@ pub struct Check<'a> {
     /// into debt; answered allowed with the wait of a check of cost 1. A
     /// request's checks are all reports or none.
     pub report: bool,
+    /// A probe (docs/SPEC.md): answered as the check would be, charging
+    /// nothing but the key's latest time (and a ban, when refused). A
+    /// request's checks are all probes or none.
+    pub probe: bool,
+    /// The policy's penalty (docs/SPEC.md, "Penalties"), for a store that
+    /// is told it with every check (Redis); a store that keeps its own
+    /// policies decides by its own policy's penalty.
+    pub penalty: Option<crate::Penalty>,
     /// The key must not be created: when it does not exist, the request
     /// is refused, storing nothing ([`Checked::new_key_refused`]) — for a
     /// client that has created its share of new keys.
@@ -136,6 +144,8 @@ impl<'a> From<crate::Check<'a>> for Check<'a> {
             on_error: None,
             shadow: false,
             report: false,
+            probe: false,
+            penalty: None,
             no_new_key: false,
             count_created: true,
             lease: LeaseOp::Take(match check.policy {

@@ -72,6 +72,7 @@ impl<C: Clock> Limiter<C> {
                     key: c.check.key,
                     cost: c.check.cost,
                     shadow: c.shadow,
+                    probe: c.probe,
                 })
             })
             .collect::<Result<smallvec::SmallVec<[Check<'_>; 4]>, Error>>()?;

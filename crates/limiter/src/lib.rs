@@ -54,7 +54,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use thiserror::Error;
 pub use weir_core::algo::LeaseId;
 pub use weir_core::{
-    AllDecision, CheckError, Clock, CostError, Decision, FakeClock, Nanos, Policy, SystemClock,
+    AllDecision, CheckError, Clock, CostError, Decision, FakeClock, Nanos, Penalty, Policy,
+    SystemClock,
 };
 
 use store::{Budget, Full, Op, Store};
@@ -129,6 +130,10 @@ pub struct Check<'a> {
     /// the request: a shadow check that would refuse charges nothing and
     /// keeps its refusal in its decision.
     pub shadow: bool,
+    /// A probe (docs/SPEC.md): answered as this check would be, charging
+    /// nothing but the key's latest time (and a ban, when refused under a
+    /// penalty). A request's checks are all probes or none.
+    pub probe: bool,
 }
 
 impl<'a> Check<'a> {
@@ -139,12 +144,21 @@ impl<'a> Check<'a> {
             key,
             cost: 1,
             shadow: false,
+            probe: false,
         }
     }
 
     /// This check with another cost.
     pub fn cost(self, cost: u64) -> Self {
         Self { cost, ..self }
+    }
+
+    /// This check as a probe (see [`Check::probe`]).
+    pub fn probe(self) -> Self {
+        Self {
+            probe: true,
+            ..self
+        }
     }
 
     /// This check in shadow mode (see [`Check::shadow`]).
@@ -170,6 +184,8 @@ struct Named {
 #[derive(Debug)]
 pub struct Builder<C = SystemClock> {
     policies: Vec<(String, Policy)>,
+    /// Per policy (by name), its penalty.
+    penalties: HashMap<String, Penalty>,
     max_keys: usize,
     /// Per policy (by name), a key budget of its own.
     policy_max_keys: HashMap<String, usize>,
@@ -185,6 +201,7 @@ impl Builder<SystemClock> {
         let cores = std::thread::available_parallelism().map_or(4, usize::from);
         Self {
             policies: Vec::new(),
+            penalties: HashMap::new(),
             max_keys: DEFAULT_MAX_KEYS,
             policy_max_keys: HashMap::new(),
             max_leases: DEFAULT_MAX_LEASES,
@@ -200,6 +217,13 @@ impl<C: Clock> Builder<C> {
     /// Adds a named policy. The first one added is the one [`Limiter::check`] uses.
     pub fn policy(mut self, name: impl Into<String>, policy: Policy) -> Self {
         self.policies.push((name.into(), policy));
+        self
+    }
+
+    /// Gives the named policy a penalty (docs/SPEC.md, "Penalties"): a
+    /// check or probe it refuses bans the key, longer each time.
+    pub fn penalty(mut self, policy: impl Into<String>, penalty: Penalty) -> Self {
+        self.penalties.insert(policy.into(), penalty);
         self
     }
 
@@ -245,6 +269,7 @@ impl<C: Clock> Builder<C> {
     pub fn clock<D: Clock>(self, clock: D) -> Builder<D> {
         Builder {
             policies: self.policies,
+            penalties: self.penalties,
             max_keys: self.max_keys,
             policy_max_keys: self.policy_max_keys,
             max_leases: self.max_leases,
@@ -310,10 +335,11 @@ impl<C: Clock> Builder<C> {
             .policies
             .into_iter()
             .map(|(name, policy)| {
+                let penalty = self.penalties.get(&name).copied();
                 let store = match kept.iter().find(|(n, _)| *n == name) {
-                    Some((_, s)) if *s.policy() == policy => s.clone(),
-                    Some((_, s)) => Arc::new(Store::carried(policy, self.shards, s)),
-                    None => Arc::new(Store::new(policy, self.shards)),
+                    Some((_, s)) if *s.policy() == policy && s.penalty() == penalty => s.clone(),
+                    Some((_, s)) => Arc::new(Store::carried(policy, penalty, self.shards, s)),
+                    None => Arc::new(Store::new(policy, penalty, self.shards)),
                 };
                 let mut max = named(&name).unwrap_or(share);
                 if let Policy::Concurrency(c) = &policy {
@@ -399,6 +425,12 @@ impl<C: Clock> Limiter<C> {
         self.get(index).map(|named| *named.store.policy())
     }
 
+    /// The penalty of the policy called `name`, if it has one.
+    pub fn penalty(&self, name: &str) -> Option<Penalty> {
+        let &index = self.index.get(name)?;
+        self.get(index)?.store.penalty()
+    }
+
     /// Checks `key` against the first policy added, at the clock's time.
     #[inline]
     pub fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
@@ -414,7 +446,8 @@ impl<C: Clock> Limiter<C> {
     #[inline(always)]
     pub fn check_one(&self, check: Check<'_>) -> Result<Decision, Error> {
         let named = self.validate(check)?;
-        self.charge(named, check, Op::Check)
+        let op = if check.probe { Op::Probe } else { Op::Check };
+        self.charge(named, check, op)
     }
 
     /// Charges usage known only after the fact (docs/SPEC.md, a *report*): always
@@ -680,7 +713,7 @@ impl<C: Clock> Limiter<C> {
                 "at most {AD_HOC} ad-hoc policies; `{name}` is one more"
             ))
         })?;
-        let store = store.unwrap_or_else(|| Arc::new(Store::new(policy, self.shards)));
+        let store = store.unwrap_or_else(|| Arc::new(Store::new(policy, None, self.shards)));
         let budget = Budget::new(usize::MAX, Some(self.ad_hoc_budget.clone()));
         // Kept keys count against the budget from the start.
         budget.add(store.len());
@@ -841,6 +874,12 @@ impl<C: Clock> Limiter<C> {
                 (named.store.decide_locked(guard, key, cost, now)).map_err(|e| cost_error(named, e))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // A probe waits for no shaper and takes no lease.
+        for (decision, check) in decisions.iter_mut().zip(checks) {
+            if check.probe {
+                (decision.delay, decision.lease) = (0, None);
+            }
+        }
         let refuses = |d: &Decision| !d.allowed || d.delay > max_delay;
         let enforced_refuse = decisions
             .iter()
@@ -848,9 +887,15 @@ impl<C: Clock> Limiter<C> {
             .any(|(d, c)| !c.shadow && refuses(d));
         if enforced_refuse {
             // Nothing is charged: the policies that would have allowed report
-            // their standing as it is.
-            for (decision, &(p, s, key, _)) in decisions.iter_mut().zip(&targets) {
-                if decision.allowed {
+            // their standing as it is; a policy with a penalty that refused
+            // bans its key (docs/SPEC.md, "Penalties").
+            for (decision, &(p, s, key, cost)) in decisions.iter_mut().zip(&targets) {
+                let store = &self.at(p).store;
+                if !decision.allowed && decision.banned == 0 && store.penalty().is_some() {
+                    let guard = &guards[guard_of(p, s)];
+                    *decision = (store.check_locked(guard, key, cost, now))
+                        .map_err(|e| cost_error(self.at(p), e))?;
+                } else if decision.allowed {
                     let store = &self.at(p).store;
                     (decision.remaining, decision.reset) =
                         store.status_locked(&guards[guard_of(p, s)], key, now);
@@ -861,9 +906,13 @@ impl<C: Clock> Limiter<C> {
                 decisions,
             });
         }
-        // A shadow check that would refuse charges nothing (cost 0 below).
+        // A shadow check that would refuse charges nothing, and a probe
+        // nothing ever (cost 0 below: the key's latest time moves).
         for ((target, decision), check) in targets.iter_mut().zip(&decisions).zip(checks) {
             if check.shadow && refuses(decision) {
+                target.3 = 0;
+            }
+            if check.probe {
                 target.3 = 0;
             }
         }

@@ -52,6 +52,7 @@ use weir_core::algo::{
     FixedWindow, FixedWindowState, LeakyBucket, LevelState, SlidingCounter, SlidingCounterState,
     TokenBucket,
 };
+use weir_core::penalty::{self, Ban, Penalty};
 use weir_core::{CostError, Decision, Nanos, Policy, State};
 
 /// A shard sweeps itself when it reaches this many keys, then at twice the
@@ -132,6 +133,8 @@ impl Budget {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
     Check,
+    /// docs/SPEC.md's probe: answered as a check, charging nothing.
+    Probe,
     Report,
     Release(LeaseId),
     Renew(LeaseId),
@@ -156,6 +159,7 @@ fn decide_state(
 ) -> Result<Decision, CostError> {
     match op {
         Op::Check => policy.acquire(state, now, cost, new_lease(policy)),
+        Op::Probe => policy.probe(state, now, cost),
         Op::Report => policy.report(state, now, cost),
         Op::Release(lease) => policy.release(state, now, lease),
         Op::Renew(lease) => policy.renew(state, now, lease),
@@ -417,6 +421,8 @@ impl Pack for CounterPacking {
 #[derive(Debug)]
 pub(crate) struct Rules {
     policy: Policy,
+    /// The policy's penalty: its keys are then [`Penalized`].
+    penalty: Option<Penalty>,
     /// How a key's state fits one word, on the word path.
     word: Option<Packing>,
     /// How a sliding counter's state fits 128 bits, on the wide path.
@@ -533,6 +539,16 @@ impl<A: AtomicInt> Slot for PackedSlot<A> {
         };
         match op {
             Op::Check => Ok(packing.check(self, now, cost)),
+            Op::Probe => {
+                let decision = self.peek(rules, cost, now)?;
+                // Moves the key's latest time, charging nothing.
+                packing.check(self, now, 0);
+                Ok(Decision {
+                    delay: 0,
+                    lease: None,
+                    ..decision
+                })
+            }
             Op::Report => Ok(commit!(self, now, |word, t| {
                 let mut state = packing.unpack(word, t);
                 let decision = rules.policy.report(&mut state, t, cost)?;
@@ -601,6 +617,71 @@ impl Slot for Mutex<State> {
 
     fn holding(_: &Rules, state: &State) -> Self {
         Self::new(state.clone())
+    }
+}
+
+/// A key's state under a policy with a penalty, and its ban.
+#[derive(Debug)]
+pub(crate) struct Penalized {
+    state: State,
+    ban: Ban,
+}
+
+impl Slot for Mutex<Penalized> {
+    fn new(rules: &Rules) -> Self {
+        Self::new(Penalized {
+            state: rules.policy.new_state(),
+            ban: Ban::default(),
+        })
+    }
+
+    fn decide(&self, rules: &Rules, cost: u64, now: Nanos, op: Op) -> Result<Decision, CostError> {
+        let mut key = self.lock();
+        let Penalized { state, ban } = &mut *key;
+        let op = match op {
+            Op::Check => penalty::Op::Check(new_lease(&rules.policy)),
+            Op::Probe => penalty::Op::Probe,
+            Op::Report => penalty::Op::Report,
+            Op::Release(_) | Op::Renew(_) => {
+                return decide_state(&rules.policy, state, cost, now, op);
+            }
+        };
+        match rules.penalty {
+            Some(p) => p.decide(&rules.policy, state, ban, now, cost, op),
+            None => decide_state(&rules.policy, state, cost, now, Op::Check),
+        }
+    }
+
+    fn peek(&self, rules: &Rules, cost: u64, now: Nanos) -> Result<Decision, CostError> {
+        let key = self.lock();
+        match rules.penalty {
+            Some(p) => p.peek(&rules.policy, &key.state, &key.ban, now, cost),
+            None => rules.policy.peek(&key.state, now, cost),
+        }
+    }
+
+    fn is_idle(&self, rules: &Rules, now: Nanos) -> bool {
+        let key = self.lock();
+        key.state.seen() <= now
+            && rules.policy.is_idle(&key.state, now)
+            && rules
+                .penalty
+                .is_none_or(|p| p.forgotten_at(&key.ban) <= now)
+    }
+
+    fn status(&self, rules: &Rules, now: Nanos) -> (u64, Nanos) {
+        rules.policy.status(&self.lock().state, now)
+    }
+
+    fn stored(&self, _: &Rules) -> State {
+        self.lock().state.clone()
+    }
+
+    fn holding(_: &Rules, state: &State) -> Self {
+        Self::new(Penalized {
+            state: state.clone(),
+            ban: Ban::default(),
+        })
     }
 }
 
@@ -829,6 +910,7 @@ macro_rules! each_kind {
             $kind::PackedSlot($s) => $body,
             $kind::CounterPacking($s) => $body,
             $kind::Locked($s) => $body,
+            $kind::Penalized($s) => $body,
         }
     };
 }
@@ -838,6 +920,7 @@ enum Table {
     PackedSlot(Shards<PackedSlot>),
     CounterPacking(Shards<PackedSlot<AtomicU128>>),
     Locked(Shards<Mutex<State>>),
+    Penalized(Shards<Mutex<Penalized>>),
 }
 
 /// A write-locked shard, for checks over several policies.
@@ -846,6 +929,7 @@ pub(crate) enum Guard<'a> {
     PackedSlot(ShardedLockWriteGuard<'a, ShardMap<PackedSlot>>),
     CounterPacking(ShardedLockWriteGuard<'a, ShardMap<PackedSlot<AtomicU128>>>),
     Locked(ShardedLockWriteGuard<'a, ShardMap<Mutex<State>>>),
+    Penalized(ShardedLockWriteGuard<'a, ShardMap<Mutex<Penalized>>>),
 }
 
 #[derive(Debug)]
@@ -856,17 +940,22 @@ pub(crate) struct Store {
 }
 
 impl Store {
-    pub(crate) fn new(policy: Policy, shards: usize) -> Self {
-        let (word, wide) = (Packing::of(&policy), CounterPacking::of(&policy));
+    pub(crate) fn new(policy: Policy, penalty: Option<Penalty>, shards: usize) -> Self {
+        let (word, wide) = match penalty {
+            Some(_) => (None, None),
+            None => (Packing::of(&policy), CounterPacking::of(&policy)),
+        };
         let count = shards.max(1).next_power_of_two();
-        let table = match (word, wide) {
-            (Some(_), _) => Table::PackedSlot(Shards::new(count)),
-            (_, Some(_)) => Table::CounterPacking(Shards::new(count)),
-            (None, None) => Table::Locked(Shards::new(count)),
+        let table = match (word, wide, penalty) {
+            (_, _, Some(_)) => Table::Penalized(Shards::new(count)),
+            (Some(_), _, _) => Table::PackedSlot(Shards::new(count)),
+            (_, Some(_), _) => Table::CounterPacking(Shards::new(count)),
+            (None, None, None) => Table::Locked(Shards::new(count)),
         };
         Self {
             rules: Rules {
                 policy,
+                penalty,
                 word,
                 wide,
                 pick: Pick::default(),
@@ -880,12 +969,21 @@ impl Store {
         &self.rules.policy
     }
 
+    pub(crate) fn penalty(&self) -> Option<Penalty> {
+        self.rules.penalty
+    }
+
     /// A store of `policy` holding the keys of `old` (the same policy name
     /// with other parameters) whose state carries over ([`Policy::carry`]);
     /// the others start over. Checks `old` decides while this copies may be
     /// missed: a reload copies once, then every check goes to the new store.
-    pub(crate) fn carried(policy: Policy, shards: usize, old: &Store) -> Self {
-        let store = Self::new(policy, shards);
+    pub(crate) fn carried(
+        policy: Policy,
+        penalty: Option<Penalty>,
+        shards: usize,
+        old: &Store,
+    ) -> Self {
+        let store = Self::new(policy, penalty, shards);
         each_kind!(&old.table, Table, from => from.each(&old.rules, |key, state| {
             if let Some(state) = store.rules.policy.carry(&old.rules.policy, &state) {
                 let key = store.hashed(key);
@@ -937,6 +1035,7 @@ impl Store {
             Table::PackedSlot(shards) => Guard::PackedSlot(write(&shards.shards[index])),
             Table::CounterPacking(shards) => Guard::CounterPacking(write(&shards.shards[index])),
             Table::Locked(shards) => Guard::Locked(write(&shards.shards[index])),
+            Table::Penalized(shards) => Guard::Penalized(write(&shards.shards[index])),
         }
     }
 

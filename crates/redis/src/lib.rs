@@ -738,6 +738,19 @@ fn spec(c: &Check<'_>) -> String {
     if c.no_new_key {
         spec.push_str(" n");
     }
+    if c.probe {
+        spec.push_str(" p");
+    }
+    if let Some(p) = c.penalty {
+        let _ = write!(
+            spec,
+            " b={},{},{},{}",
+            p.ban(),
+            p.factor(),
+            p.max(),
+            p.memory()
+        );
+    }
     let _ = write!(spec, " c={}", c.check.cost);
     // Last: the script parses a policy once per call, whatever the lease.
     if let Policy::Concurrency(_) = c.check.policy {
@@ -762,9 +775,9 @@ fn refused(decision: Decision) -> Checked {
 }
 
 /// The script's reply per check: allowed, remaining, retry_after, reset,
-/// delay, late, created, and a refusal's wait for cost 1 (after the
+/// delay, late, created, a refusal's wait for cost 1, and the ban's wait (after the
 /// request's all_allowed and state_lost).
-pub(crate) const PER_CHECK: usize = 8;
+pub(crate) const PER_CHECK: usize = 9;
 
 fn parse(reply: &[i64], count: usize) -> Result<Reply, StoreError> {
     if reply.len() != 2 + PER_CHECK * count {
@@ -785,6 +798,7 @@ fn parse(reply: &[i64], count: usize) -> Result<Reply, StoreError> {
             reset: n(d[3])?,
             delay: n(d[4])?,
             lease: None,
+            banned: n(d[8])?,
         });
         late.push(n(d[5])?);
         unit_waits.push(n(d[7])?);

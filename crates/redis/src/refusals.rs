@@ -70,6 +70,10 @@ struct Refusal {
     unit_until: Nanos,
     /// When the key is fully available again.
     idle_at: Nanos,
+    /// When the key's ban ends (0: not banned). A banned key's refusals are
+    /// answered here until then, never after: once a ban is over, a refusal
+    /// starts the next one, which only the store may decide.
+    banned_until: Nanos,
 }
 
 /// What Redis answered to a check of one cost, for the cache to keep.
@@ -123,7 +127,9 @@ impl Refusals {
             return None;
         }
         let at = now.max(refusal.seen);
-        if at >= refusal.until.min(refusal.unit_until) {
+        if at >= refusal.until.min(refusal.unit_until)
+            || (refusal.banned_until > 0 && at >= refusal.banned_until)
+        {
             return None;
         }
         refusal.seen = at;
@@ -134,6 +140,7 @@ impl Refusals {
             reset: refusal.idle_at.saturating_sub(at),
             delay: 0,
             lease: None,
+            banned: refusal.banned_until.saturating_sub(at),
         })
     }
 
@@ -177,6 +184,10 @@ impl Refusals {
                 _ => sent.saturating_add(refused.unit_wait),
             },
             idle_at: sent.saturating_add(decision.reset),
+            banned_until: match decision.banned {
+                0 => 0,
+                wait => sent.saturating_add(wait),
+            },
         };
         let mut entries = self.entries();
         if entries.len() >= MAX_ENTRIES && !entries.contains_key(key) {
@@ -195,8 +206,12 @@ impl Refusals {
             {
                 held.seen = held.seen.max(refusal.seen);
                 if refusal.until > held.until {
-                    (held.until, held.unit_until, held.idle_at) =
-                        (refusal.until, refusal.unit_until, refusal.idle_at);
+                    (held.until, held.unit_until, held.idle_at, held.banned_until) = (
+                        refusal.until,
+                        refusal.unit_until,
+                        refusal.idle_at,
+                        refusal.banned_until,
+                    );
                 }
             }
             _ => {

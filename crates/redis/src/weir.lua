@@ -20,7 +20,10 @@
 --          of R, the largest, leaves a fresh key; allowed, with the wait of a
 --          check of cost 1), and " n" when the key must not be created (a
 --          client out of new keys: a missing key refuses the request,
---          storing nothing):
+--          storing nothing), " p" for a probe (answered as a check of its
+--          cost, with no delay, charging nothing but the key's latest
+--          time), " b=B,F,X,M" for a penalty (docs/SPEC.md's bans: ban B ns,
+--          factor F, max X ns, memory M ns):
 --          "tb C n p"  token bucket / GCRA: capacity C, rate reduced to n/p ns
 --          "lb Q n p"  leaky bucket: queue Q, rate n/p
 --          "fw L W"    fixed window      "sc L W" sliding counter
@@ -29,9 +32,10 @@
 --                      " i=ID" the lease a check takes, " x=ID" a release and
 --                      " w=ID" a renewal of lease ID (cost ignored)
 -- Returns, request after request, {all_allowed, state_lost, then per check:
--- allowed, remaining, retry_after, reset, delay, late, created, wait1}
+-- allowed, remaining, retry_after, reset, delay, late, created, wait1, banned}
 -- (`wait1`: for a check of cost above 1 that was refused, the wait until
--- one of cost 1 fits, else 0; durations
+-- one of cost 1 fits, else 0; `banned`: the wait until the key's ban ends,
+-- else 0; durations
 -- in ns; `late`: how far the key's latest time moved the check's time
 -- forward, the origin of its durations being the given time plus `late`;
 -- `created`: 1 when this call stored a key that did not exist, 2 when a
@@ -66,6 +70,9 @@
 --   cc: then the cost held, and per lease, in order of expiry,
 --       "|id cost expires_s expires_ns" (ids are decimal text: 64-bit, never
 --       arithmetic)
+-- A key under a penalty that was banned within its memory starts with
+-- "!until_s until_ns level at_s at_ns;" (its ban: when it ends, how many
+-- in a row, when the last began) before the tag.
 -- (A log or lease list written before its header held the totals, without
 -- them, is read whole once and written back with them; a state written
 -- before tags, digits first, is read as it is.)
@@ -388,6 +395,8 @@ end
 -- A wait as replied: a wide one as decimal text.
 local function reply(d) if type(d) == 'table' then return wide().text(d) end; return d end
 local function positive(d) return type(d) == 'table' or d > 0 end
+-- The larger of a wait below 2^53 and a duration (a wide one is larger).
+local function at_least(w, d) if type(d) == 'table' then return d end; return math.max(w, d) end
 
 -- Whether a wait is longer than the longest delay allowed (`max_delay`, and
 -- as text, `mode`).
@@ -414,8 +423,8 @@ local function parse(arg)
     -- the policy is parsed once per call.
     local base, lease = string.match(arg, '^(.*) ([ixw]=%d+)$')
     if base then
-      local k, a, b, c, cost, empty, shadow, report, no_new, _, tag = parse(base)
-      return k, a, b, c, cost, empty, shadow, report, no_new, lease, tag
+      local k, a, b, c, cost, empty, shadow, report, no_new, _, tag, probe, penalty = parse(base)
+      return k, a, b, c, cost, empty, shadow, report, no_new, lease, tag, probe, penalty
     end
     local spec = {}
     for w in string.gmatch(arg, '%S+') do spec[#spec + 1] = w end
@@ -431,12 +440,16 @@ local function parse(arg)
       if spec[k] == 'e' then p[6] = true
       elseif spec[k] == 's' then p[7] = true
       elseif spec[k] == 'n' then p[9] = true
+      elseif spec[k] == 'p' then p[11] = true
+      elseif string.sub(spec[k], 1, 2) == 'b=' then
+        local B, F, X, M = string.match(spec[k], '^b=(%d+),(%d+),(%d+),(%d+)$')
+        p[12] = { tonumber(B), tonumber(F), tonumber(X), tonumber(M) }
       elseif string.sub(spec[k], 1, 2) == 'r=' then p[8] = tonumber(string.sub(spec[k], 3))
       elseif string.sub(spec[k], 1, 2) == 'c=' then p[5] = tonumber(string.sub(spec[k], 3)) end
     end
     parsed[arg] = p
   end
-  return p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], nil, p[10]
+  return p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], nil, p[10], p[11], p[12]
 end
 
 -- A check's three numbers as wide integers, for the checks decided wide.
@@ -467,10 +480,15 @@ local function is_wide(kind, a, b, c, s3, s5, s6, cost, report)
   return not (b < LIM)
 end
 
-local function store(key, tag, text, reset, redis_time)
+local function store(key, tag, text, reset, redis_time, ban)
   -- A log's or a lease list's text comes with its tag (long: not copied
   -- again to add it).
   if string.byte(text, 1) ~= string.byte(tag, 1) then text = tag .. text end
+  if ban then
+    -- Kept while the ban or its memory lasts, whatever the state's reset.
+    text = ban[1] .. text
+    if type(reset) ~= 'table' and ban[2] > reset then reset = ban[2] end
+  end
   if redis_time and reset == 0 then
     redis.call('DEL', key)
   elseif redis_time then
@@ -877,12 +895,14 @@ local function concurrency(L, D, cost, lease, blob, ts, tn, total)
 end
 
 -- The checks of the request being decided, fifteen slots each from
--- `checks[15 * (i - 1)]`, reused by the next request: allowed, remaining,
+-- `checks[18 * (i - 1)]`, reused by the next request: allowed, remaining,
 -- retry, reset, whether the delay is over the longest allowed; the state
 -- text if charged and the refreshed one (false: none); the standing with no
 -- request (remaining, reset); shadow; late; the key was missing and must
 -- not be created (2), or missing (1), or there (0); the delay; a refusal's
--- wait for a check of cost 1; the tag its state is written with. One table
+-- wait for a check of cost 1; the tag its state is written with; the key's
+-- ban prefix and how long it is remembered (false: none); the ban's wait;
+-- whether the ban began now. One table
 -- for the call: tables are most of a check's cost.
 local checks = {}
 
@@ -1028,15 +1048,18 @@ local function commit(k, n, all, blocked, lost, redis_time, out, no)
   out[no + 1], out[no + 2] = math.max(all, 0), lost
   no = no + 2
   for i = 1, n do
-    local c = 15 * (i - 1)
+    local c = 19 * (i - 1)
     local allowed, remaining, reset, delay = checks[c + 1], checks[c + 2], checks[c + 4], checks[c + 13]
     local refused = allowed == 0 or checks[c + 5]
     local stored = false
+    local ban = checks[c + 16] and { checks[c + 16], checks[c + 17] }
     if all == 1 and checks[c + 6] and not (checks[c + 10] and refused) then
-      store(KEYS[k + i], checks[c + 15], checks[c + 6], reset, redis_time)
+      store(KEYS[k + i], checks[c + 15], checks[c + 6], reset, redis_time, ban)
       stored = true
-    elseif all == 0 and n == 1 and allowed == 0 and not blocked then
-      store(KEYS[k + i], checks[c + 15], text(checks[c + 7]), reset, redis_time) -- a rejection refreshes accounting
+    elseif all == 0 and (n == 1 or checks[c + 19]) and allowed == 0 and not blocked then
+      -- A rejection refreshes accounting (and a ban begun is kept, whatever
+      -- else the request held).
+      store(KEYS[k + i], checks[c + 15], text(checks[c + 7]), reset, redis_time, ban)
       stored = true
     end
     if all == 0 and allowed == 1 then remaining, reset = checks[c + 8], checks[c + 9] end
@@ -1045,8 +1068,8 @@ local function commit(k, n, all, blocked, lost, redis_time, out, no)
     elseif stored and checks[c + 12] == 1 and positive(reset) then created = 1 end
     out[no + 1], out[no + 2], out[no + 3] = allowed, remaining, reply(checks[c + 3])
     out[no + 4], out[no + 5], out[no + 6] = reply(reset), reply(delay), checks[c + 11]
-    out[no + 7], out[no + 8] = created, reply(checks[c + 14])
-    no = no + 8
+    out[no + 7], out[no + 8], out[no + 9] = created, reply(checks[c + 14]), checks[c + 18]
+    no = no + 9
   end
   return no
 end
@@ -1083,9 +1106,16 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
 
   for i = 1, n do
     local arg = ARGV[a + i]
-    local kind, a, b, c, cost, empty, shadow, report, no_new, lease, tag = parse(arg)
+    local kind, a, b, c, cost, empty, shadow, report, no_new, lease, tag, probe, penalty = parse(arg)
     local standing = cost == 0 or n > 1
     local raw = redis.call('GET', KEYS[k + i])
+    local ban -- until_s, until_ns, level, at_s, at_ns
+    if raw and string.byte(raw, 1) == 33 then -- '!'
+      local e = string.find(raw, ';', 2, true)
+      local x1, x2, x3, x4, x5 = string.match(string.sub(raw, 2, e - 1), '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+      ban = { tonumber(x1), tonumber(x2), tonumber(x3), tonumber(x4), tonumber(x5) }
+      raw = string.sub(raw, e + 1)
+    end
     local skip = 0
     if raw then raw, skip = untag(raw, tag, arg) end
     local missing = 0
@@ -1103,6 +1133,53 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
       if allowed == 1 then remaining, retry, reset, delay = left0, 0, idle0, 0 end
       new = text(fresh)
     end
+    if probe and not report then
+      -- Answered as the check, charging nothing but the key's latest time.
+      local f = select(7, algorithm(arg, kind, a, b, c, 0, false, true, raw, s1, s2, s3, s4, s5, s6, blob, ts, tn, nil, s7))
+      delay, new, fresh = 0, text(f), f
+    end
+    local ban_text, ban_ttl, banned, began = false, 0, 0, false
+    if ban and not penalty then
+      -- Told no penalty (a lease's release or renewal, or a policy whose
+      -- penalty was removed): the ban is kept as it is, for as long as it was.
+      local keep = redis.call('PTTL', KEYS[k + i])
+      if keep > 0 then
+        ban_text, ban_ttl = string.format('!%d %d %d %d %d;', ban[1], ban[2], ban[3], ban[4], ban[5]), keep * 1000000
+      end
+    elseif penalty then
+      local us, un, lv, bs, bn
+      if ban then us, un, lv, bs, bn = ban[1], ban[2], ban[3], ban[4], ban[5] end
+      local wait = 0
+      if us and (us > ts or (us == ts and un > tn)) then wait = diff(us, un, ts, tn) end
+      if wait == 0 and allowed == 0 and not report and not peek and not on_lease then
+        -- Refused by the policy: the next ban, longer within the memory.
+        local B, F, X, M = penalty[1], penalty[2], penalty[3], penalty[4]
+        if bs and diff(ts, tn, bs, bn) < M then lv = lv + 1 else lv = 1 end
+        local len = B
+        if F > 1 then
+          for _ = 2, math.min(lv, 64) do len = len * F; if len >= X then break end end
+        end
+        len = math.min(len, X)
+        us, un = add(ts, tn, len)
+        bs, bn, wait, began = ts, tn, len, true
+      end
+      if wait > 0 and not report and not on_lease then
+        -- Banned: refused, nothing charged; the waits at least the ban's.
+        local own = (allowed == 1) and 0 or retry
+        local _, _, _, _, _, _, f, _, zero = algorithm(arg, kind, a, b, c, 0, false, true, raw, s1, s2, s3, s4, s5, s6, blob, ts, tn, nil, s7)
+        allowed, remaining, delay, new, fresh = 0, 0, 0, false, f
+        retry, reset = at_least(wait, own), at_least(wait, zero)
+      elseif wait > 0 then
+        retry, reset = at_least(wait, retry), at_least(wait, reset)
+      end
+      banned = wait
+      if bs then
+        local fs, fn = later(us, un, add(bs, bn, penalty[4]))
+        if fs > ts or (fs == ts and fn > tn) then
+          ban_text, ban_ttl = string.format('!%d %d %d %d %d;', us, un, lv, bs, bn), diff(fs, fn, ts, tn)
+        end
+      end
+    end
     -- Refused at a cost above 1: also the wait until a check of cost 1
     -- fits, until which the key's remaining stays 0 (the refusal cache's
     -- promise for this cost holds until then).
@@ -1111,8 +1188,9 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
       local a1, _, r1 = algorithm(arg, kind, a, b, c, 1, false, false, raw, s1, s2, s3, s4, s5, s6, blob, ts, tn, nil, s7)
       if a1 == 0 then wait1 = r1 end
     end
-    local c = 15 * (i - 1)
+    local c = 19 * (i - 1)
     checks[c + 14] = wait1
+    checks[c + 16], checks[c + 17], checks[c + 18], checks[c + 19] = ban_text, ban_ttl, banned, began
     checks[c + 1], checks[c + 2], checks[c + 3], checks[c + 4] = allowed, remaining, retry, reset
     checks[c + 5], checks[c + 6], checks[c + 7] = over(delay, max_delay, mode), new or false, fresh or false
     checks[c + 8], checks[c + 9], checks[c + 10] = left0, idle0, shadow
@@ -1122,7 +1200,7 @@ local function decide(k, a, n, mode, time_s, time_ns, out, no)
 
   local all, blocked = 1, false
   for i = 1, n do
-    local c = 15 * (i - 1)
+    local c = 19 * (i - 1)
     if not checks[c + 10] and (checks[c + 1] == 0 or checks[c + 5]) then all = 0 end
     if checks[c + 12] == 2 then all, blocked = 0, true end
   end

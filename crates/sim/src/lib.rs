@@ -47,11 +47,12 @@ pub enum SimError {
 /// or any after it.
 pub fn simulate(
     policy: Policy,
+    penalty: Option<weir_core::Penalty>,
     arrivals: impl IntoIterator<Item = Result<Arrival, TraceError>>,
     out: impl Write,
     format: Format,
 ) -> Result<(), SimError> {
-    let mut sim = Simulator::new(policy);
+    let mut sim = Simulator::with_penalty(policy, penalty);
     let mut rows = RowWriter::new(out, format);
     let result = arrivals.into_iter().try_for_each(|arrival| {
         let arrival = arrival?;

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::io::{self, Write};
 
 use weir_core::algo::LeaseId;
+use weir_core::penalty::{self, Ban, Penalty};
 use weir_core::units::Seconds;
 use weir_core::{CostError, Decision, Nanos, Policy, State};
 
@@ -16,7 +17,8 @@ use crate::trace::{Arrival, Op};
 #[derive(Debug)]
 pub struct Simulator {
     policy: Policy,
-    keys: HashMap<String, State>,
+    penalty: Option<Penalty>,
+    keys: HashMap<String, (State, Ban)>,
     leases: LeaseNames,
     /// The identity the next lease takes.
     next: LeaseId,
@@ -59,8 +61,15 @@ pub struct Outcome {
 impl Simulator {
     /// A simulator where every key is new.
     pub fn new(policy: Policy) -> Self {
+        Self::with_penalty(policy, None)
+    }
+
+    /// A simulator of `policy` under `penalty` (docs/SPEC.md's bans), where
+    /// every key is new.
+    pub fn with_penalty(policy: Policy, penalty: Option<Penalty>) -> Self {
         Self {
             policy,
+            penalty,
             keys: HashMap::new(),
             leases: LeaseNames::default(),
             next: 1,
@@ -74,20 +83,32 @@ impl Simulator {
 
     /// Decides one arrival (a check, or a report) against its key's state.
     pub fn step(&mut self, arrival: &Arrival) -> Result<Outcome, CostError> {
-        let state = match self.keys.get_mut(&arrival.key) {
-            Some(state) => state,
+        let (state, ban) = match self.keys.get_mut(&arrival.key) {
+            Some(key) => key,
             None => self
                 .keys
                 .entry(arrival.key.clone())
-                .or_insert_with(|| self.policy.new_state()),
+                .or_insert_with(|| (self.policy.new_state(), Ban::default())),
         };
         let at = arrival.time.max(state.seen());
         let (now, cost) = (arrival.time, arrival.cost);
-        let decision = match arrival.op {
-            Some(Op::Report) => self.policy.report(state, now, cost)?,
-            Some(Op::Release) => self.policy.release(state, now, self.leases.of(arrival))?,
-            Some(Op::Renew) => self.policy.renew(state, now, self.leases.of(arrival))?,
-            Some(Op::Check) | None => {
+        let decision = match (arrival.op, self.penalty) {
+            (Some(Op::Release), _) => self.policy.release(state, now, self.leases.of(arrival))?,
+            (Some(Op::Renew), _) => self.policy.renew(state, now, self.leases.of(arrival))?,
+            (op, Some(p)) => {
+                let op = match op {
+                    Some(Op::Report) => penalty::Op::Report,
+                    Some(Op::Probe) => penalty::Op::Probe,
+                    _ => penalty::Op::Check(self.next),
+                };
+                let decision = p.decide(&self.policy, state, ban, now, cost, op)?;
+                self.next += 1;
+                self.leases.took(arrival, &decision);
+                decision
+            }
+            (Some(Op::Report), None) => self.policy.report(state, now, cost)?,
+            (Some(Op::Probe), None) => self.policy.probe(state, now, cost)?,
+            (Some(Op::Check) | None, None) => {
                 let decision = self.policy.acquire(state, now, cost, self.next)?;
                 self.next += 1;
                 self.leases.took(arrival, &decision);

@@ -43,6 +43,8 @@ pub enum Op {
     Check,
     /// Usage charged after the fact, always.
     Report,
+    /// Answered as a check, charging nothing (docs/SPEC.md's probe).
+    Probe,
     /// Frees a concurrency policy's lease (its cost is ignored).
     Release,
     /// Extends a concurrency policy's lease (its cost is ignored).
@@ -55,6 +57,7 @@ impl Op {
         match self {
             Self::Check => "check",
             Self::Report => "report",
+            Self::Probe => "probe",
             Self::Release => "release",
             Self::Renew => "renew",
         }
@@ -229,11 +232,12 @@ fn parse_row(
         (None, _) => None,
         (Some(_), None | Some("check")) => Some(Op::Check),
         (Some(_), Some("report")) => Some(Op::Report),
+        (Some(_), Some("probe")) => Some(Op::Probe),
         (Some(_), Some("release")) => Some(Op::Release),
         (Some(_), Some("renew")) => Some(Op::Renew),
         (Some(_), Some(other)) => {
             return Err(error(format!(
-                "`op` \"{other}\": expected \"check\", \"report\", \"release\" or \"renew\""
+                "`op` \"{other}\": expected \"check\", \"probe\", \"report\", \"release\" or \"renew\""
             )));
         }
     };
