@@ -27,7 +27,7 @@ fn text(bytes: &[u8]) -> String {
 }
 
 /// The table of testdata/vectors/README.md.
-const VECTORS: [(&str, &str, &str); 14] = [
+const VECTORS: [(&str, &str, &str); 15] = [
     (
         "token-bucket.expected.csv",
         "token-bucket.csv",
@@ -98,6 +98,11 @@ const VECTORS: [(&str, &str, &str); 14] = [
         "concurrency.csv",
         "--algorithm concurrency --limit 3 --lease 30s",
     ),
+    (
+        "token-bucket-penalty.expected.csv",
+        "penalty.csv",
+        "--algorithm token-bucket --capacity 1 --rate 1/s --ban 2s --ban-factor 3 --ban-max 10s --ban-memory 30s",
+    ),
 ];
 
 #[test]
@@ -127,6 +132,75 @@ fn every_shared_vector_matches_on_redis() {
 fn every_shared_vector_matches_on_a_cluster() {
     let cluster = weir_testkit::Cluster::start();
     every_vector_on(&cluster.url());
+}
+
+/// A trace of checks, probes and reports (with leases, releases among
+/// them, for a concurrency policy), from a fixed seed: at most a few
+/// seconds apart, on two keys, costs 0 to 2.
+fn mixed_trace(seed: u64, leases: bool) -> String {
+    let mut x = seed;
+    let mut next = |n: u64| {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (x >> 33) % n
+    };
+    let mut out = String::from("time,cost,op,key,lease\n");
+    let (mut tenths, mut taken) = (0u64, 0u64);
+    for _ in 0..300 {
+        tenths += [0, 0, 1, 3, 7, 13, 29, 70][next(8) as usize];
+        let key = ["a", "b"][next(2) as usize];
+        let time = format!("{}.{}", tenths / 10, tenths % 10);
+        let row = match (leases, next(7)) {
+            (true, 0) => format!("{time},1,release,{key},l{}", next(taken.max(1))),
+            (true, n) => {
+                taken += 1;
+                let op = if n < 4 { "check" } else { "probe" };
+                format!("{time},1,{op},{key},l{taken}")
+            }
+            (false, n) => {
+                let op = ["check", "check", "check", "probe", "probe", "report", "check"][n as usize];
+                format!("{time},{},{op},{key},", [0, 1, 1, 2][next(4) as usize])
+            }
+        };
+        out.push_str(&row);
+        out.push('\n');
+    }
+    out
+}
+
+/// Probes and penalties on every algorithm: the Redis script decides every
+/// row of long mixed traces as the core does, bans growing and forgotten.
+#[test]
+fn probes_and_penalties_agree_in_process_and_on_redis() {
+    let redis = weir_testkit::RedisServer::start(&[]);
+    let url = redis.url();
+    let penalties = ["", "--ban 1s --ban-factor 2 --ban-max 9s --ban-memory 30s", "--ban 3s"];
+    for policy in [
+        "--algorithm token-bucket --capacity 3 --rate 1/s",
+        "--algorithm gcra --burst 3 --rate 2/3s",
+        "--algorithm fixed-window --limit 3 --window 5s",
+        "--algorithm sliding-log --limit 3 --window 5s",
+        "--algorithm sliding-counter --limit 3 --window 5s",
+        "--algorithm leaky-bucket --rate 1/s --queue 3",
+        "--algorithm concurrency --limit 2 --lease 5s",
+    ] {
+        let trace = mixed_trace(7, policy.contains("concurrency"));
+        for penalty in penalties {
+            let flags = format!("simulate {policy} {penalty} --trace -");
+            let args: Vec<&str> = flags.split_whitespace().collect();
+            let here = weir(&args, &trace);
+            assert!(here.status.success(), "{flags}: {}", text(&here.stderr));
+            let mut on_redis = args.clone();
+            on_redis.extend(["--store", url.as_str()]);
+            let there = weir(&on_redis, &trace);
+            assert!(there.status.success(), "{flags}: {}", text(&there.stderr));
+            let here = text(&here.stdout);
+            assert_eq!(here, text(&there.stdout), "{flags}");
+            if !penalty.is_empty() {
+                let refused = |l: &&str| l.contains(",probe,") && l.contains(",false,");
+                assert!(here.lines().any(|l| refused(&l)), "{flags}: a probe refused");
+            }
+        }
+    }
 }
 
 fn every_vector_on(url: &str) {
