@@ -140,7 +140,9 @@ fn every_shared_vector_matches_on_a_cluster() {
 fn mixed_trace(seed: u64, leases: bool) -> String {
     let mut x = seed;
     let mut next = |n: u64| {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (x >> 33) % n
     };
     let mut out = String::from("time,cost,op,key,lease\n");
@@ -157,7 +159,9 @@ fn mixed_trace(seed: u64, leases: bool) -> String {
                 format!("{time},1,{op},{key},l{taken}")
             }
             (false, n) => {
-                let op = ["check", "check", "check", "probe", "probe", "report", "check"][n as usize];
+                let op = [
+                    "check", "check", "check", "probe", "probe", "report", "check",
+                ][n as usize];
                 format!("{time},{},{op},{key},", [0, 1, 1, 2][next(4) as usize])
             }
         };
@@ -173,7 +177,11 @@ fn mixed_trace(seed: u64, leases: bool) -> String {
 fn probes_and_penalties_agree_in_process_and_on_redis() {
     let redis = weir_testkit::RedisServer::start(&[]);
     let url = redis.url();
-    let penalties = ["", "--ban 1s --ban-factor 2 --ban-max 9s --ban-memory 30s", "--ban 3s"];
+    let penalties = [
+        "",
+        "--ban 1s --ban-factor 2 --ban-max 9s --ban-memory 30s",
+        "--ban 3s",
+    ];
     for policy in [
         "--algorithm token-bucket --capacity 3 --rate 1/s",
         "--algorithm gcra --burst 3 --rate 2/3s",
@@ -197,7 +205,10 @@ fn probes_and_penalties_agree_in_process_and_on_redis() {
             assert_eq!(here, text(&there.stdout), "{flags}");
             if !penalty.is_empty() {
                 let refused = |l: &&str| l.contains(",probe,") && l.contains(",false,");
-                assert!(here.lines().any(|l| refused(&l)), "{flags}: a probe refused");
+                assert!(
+                    here.lines().any(|l| refused(&l)),
+                    "{flags}: a probe refused"
+                );
             }
         }
     }

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
+use weir_core::penalty::{self, Ban, Penalty};
 use weir_core::{Nanos, State};
 use weir_limiter::{Check, CheckError, Clock, Decision, Error, FakeClock, Limiter, Policy};
 
@@ -29,6 +30,8 @@ enum Step {
     Check(u64),
     /// A report of this many times the policy's largest cost: into debt.
     Report(u64),
+    /// A probe of this cost.
+    Probe(u64),
 }
 
 /// (gap in time units, key, step); `back` makes some gaps negative; a
@@ -37,6 +40,7 @@ fn trace(back: bool, debt: u64) -> impl Strategy<Value = Vec<(i64, u8, Step)>> {
     let gap = if back { -300i64..700 } else { 0i64..700 };
     let step = prop_oneof![
         12 => (0u64..=3).prop_map(Step::Check),
+        3 => (0u64..=3).prop_map(Step::Probe),
         1 => (1u64..=debt).prop_map(Step::Report),
     ];
     prop::collection::vec(
@@ -56,8 +60,9 @@ fn compare(
 
 /// The core's states of a replay, and its time.
 struct Model {
-    states: HashMap<String, State>,
+    states: HashMap<String, (State, Ban)>,
     now: Nanos,
+    penalty: Option<Penalty>,
 }
 
 impl Default for Model {
@@ -65,6 +70,7 @@ impl Default for Model {
         Self {
             states: HashMap::new(),
             now: 10_000_000_000,
+            penalty: None,
         }
     }
 }
@@ -80,6 +86,18 @@ fn compare_in(
     replay(&mut Model::default(), policy, trace, limiter, unit)
 }
 
+/// A penalty of `ban` ms (up to four times as long), `factor` and `memory` ms.
+fn penalty_of(ban: u64, factor: u64, memory: u64) -> Penalty {
+    let ms = 1_000_000;
+    Penalty::new(
+        ban * ms,
+        Some(factor),
+        Some(4 * ban * ms),
+        Some(memory * ms),
+    )
+    .unwrap()
+}
+
 /// Replays `trace` from where `model` stands.
 fn replay(
     model: &mut Model,
@@ -93,20 +111,41 @@ fn replay(
         model.now = model.now.saturating_add_signed(gap * unit + i64::from(key));
         let now = model.now;
         let key = format!("k{key}");
-        let state = model
+        let (state, ban) = model
             .states
             .entry(key.clone())
-            .or_insert_with(|| policy.new_state());
+            .or_insert_with(|| (policy.new_state(), Ban::default()));
         limiter.clock().set(now);
+        let core = |state: &mut State, ban: &mut Ban, cost, op| match (model.penalty, op) {
+            (Some(p), op) => p.decide(&policy, state, ban, now, cost, op),
+            (None, penalty::Op::Report) => policy.report(state, now, cost),
+            (None, penalty::Op::Probe) => policy.probe(state, now, cost),
+            (None, penalty::Op::Check(_)) => policy.check(state, now, cost),
+        };
         let (expected, actual) = match step {
             Step::Check(cost) => {
                 let cost = cost.min(policy.max_cost().0);
-                (policy.check(state, now, cost), limiter.check(&key, cost))
+                let check = Check::new(name, &key).cost(cost);
+                (
+                    core(state, ban, cost, penalty::Op::Check(0)),
+                    limiter.check_one(check),
+                )
+            }
+            Step::Probe(cost) => {
+                let cost = cost.min(policy.max_cost().0);
+                let check = Check::new(name, &key).cost(cost).probe();
+                (
+                    core(state, ban, cost, penalty::Op::Probe),
+                    limiter.check_one(check),
+                )
             }
             Step::Report(times) => {
                 let cost = (policy.max_cost().0.saturating_mul(times)).min(policy.max_report());
                 let check = Check::new(name, &key).cost(cost);
-                (policy.report(state, now, cost), limiter.report(check))
+                (
+                    core(state, ban, cost, penalty::Op::Report),
+                    limiter.report(check),
+                )
             }
         };
         prop_assert_eq!(
@@ -123,6 +162,33 @@ fn replay(
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// Under a penalty, probes and checks ban keys, longer each time, as
+    /// the core says, with time going back at times.
+    #[test]
+    fn penalties_ban_as_the_core(
+        policy in policies(),
+        trace in trace(true, 3),
+        (ban, factor, memory) in (1u64..2_000, 1u64..4, 1u64..5_000),
+    ) {
+        let penalty = penalty_of(ban, factor, memory);
+        let limiter = Limiter::builder().policy("p", policy).penalty("p", penalty).clock(FakeClock::at(0)).build().unwrap();
+        let mut model = Model { penalty: Some(penalty), ..Model::default() };
+        replay(&mut model, policy, &trace, &limiter, 1_000_000)?;
+    }
+
+    /// Sweeps (one shard, a tight budget) forget no ban before its memory.
+    #[test]
+    fn penalties_outlive_sweeps(
+        policy in policies(),
+        trace in trace(false, 3),
+        (ban, factor, memory) in (1u64..2_000, 1u64..4, 1u64..5_000),
+    ) {
+        let penalty = penalty_of(ban, factor, memory);
+        let limiter = Limiter::builder().policy("p", policy).penalty("p", penalty).shards(1).max_keys(40).clock(FakeClock::at(0)).build().unwrap();
+        let mut model = Model { penalty: Some(penalty), ..Model::default() };
+        replay(&mut model, policy, &trace, &limiter, 1_000_000)?;
+    }
 
     /// Forward time, one shard and a tight budget: sweeps run constantly and
     /// must never change a decision.
@@ -199,7 +265,7 @@ proptest! {
         let new = build(after).keep_state_of(&old).build().unwrap();
         model.states = std::mem::take(&mut model.states)
             .into_iter()
-            .filter_map(|(key, state)| Some((key, after.carry(&before, &state)?)))
+            .filter_map(|(key, (state, ban))| Some((key, (after.carry(&before, &state)?, ban))))
             .collect();
         replay(&mut model, after, &then, &new, 1_000_000)?;
     }
@@ -776,4 +842,50 @@ fn a_lease_is_taken_only_when_every_policy_admits() {
         limiter.release(rate, "a", 1),
         Err(Error::Invalid(CheckError::Cost { .. }))
     ));
+}
+
+/// docs/SPEC.md, several policies: a banned policy refuses the request like
+/// any refusing policy, and nothing is charged; a policy that refuses within
+/// a request of several is banned as alone.
+#[test]
+fn a_ban_refuses_a_request_of_several_policies() {
+    let s = 1_000_000_000;
+    let limiter = Limiter::builder()
+        .policy(
+            "login",
+            Policy::parse("fixed-window limit=1 window=10s").unwrap(),
+        )
+        .policy(
+            "site",
+            Policy::parse("token-bucket capacity=100 rate=1/s").unwrap(),
+        )
+        .penalty("login", Penalty::new(60 * s, None, None, None).unwrap())
+        .clock(FakeClock::at(0))
+        .build()
+        .unwrap();
+    let (login, site) = (
+        limiter.policy("login").unwrap(),
+        limiter.policy("site").unwrap(),
+    );
+    let both = [Check::new(login, "ann"), Check::new(site, "all")];
+    assert!(limiter.check_all(&both).unwrap().allowed);
+    let refused = limiter.check_all(&both).unwrap();
+    assert!(!refused.allowed);
+    assert_eq!(refused.decisions[0].banned, 60 * s);
+    assert_eq!(refused.decisions[1].remaining, 99, "nothing charged");
+    // Past the window, still banned: refused, and still nothing charged.
+    limiter.clock().set(20 * s);
+    let banned = limiter.check_all(&both).unwrap();
+    assert!(!banned.allowed);
+    assert_eq!(banned.decisions[0].retry_after, 40 * s);
+    // A probe of both answers the same without charging.
+    limiter.clock().set(61 * s);
+    let probes = [both[0].probe(), both[1].probe()];
+    let probed = limiter.check_all(&probes).unwrap();
+    assert!(probed.allowed);
+    assert_eq!(probed.decisions[0].remaining, 0, "as if charged");
+    assert!(
+        limiter.check_all(&both).unwrap().allowed,
+        "the probe charged nothing"
+    );
 }
