@@ -32,6 +32,8 @@ pub struct Decision {
     /// The wait until the key's ban ends (docs/SPEC.md, "Penalties"): 0
     /// when it is not banned, or its policy has no penalty.
     pub banned: Nanos,
+    /// This decision began the ban (a refusal under a penalty).
+    pub new_ban: bool,
 }
 
 impl Decision {
@@ -45,6 +47,7 @@ impl Decision {
             delay: 0,
             lease: None,
             banned: 0,
+            new_ban: false,
         }
     }
 
@@ -58,6 +61,7 @@ impl Decision {
             delay: 0,
             lease: None,
             banned: 0,
+            new_ban: false,
         }
     }
 }

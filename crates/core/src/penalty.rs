@@ -236,7 +236,10 @@ impl Penalty {
         ban.until = t.saturating_add(self.length(ban.level));
         ban.banned_at = Some(t);
         let standing = policy.peek(state, t, 0)?;
-        Ok(refused(decision, standing.reset, ban.wait(t)))
+        Ok(Decision {
+            new_ban: true,
+            ..refused(decision, standing.reset, ban.wait(t))
+        })
     }
 
     /// The answer [`Penalty::decide`] would give to a check or probe,
@@ -270,6 +273,7 @@ fn refused(own: Decision, own_reset: Nanos, wait: Nanos) -> Decision {
         delay: 0,
         lease: None,
         banned: wait,
+        new_ban: false,
     }
 }
 

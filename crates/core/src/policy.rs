@@ -700,6 +700,7 @@ impl Policy {
             delay: 0,
             lease: None,
             banned: 0,
+            new_ban: false,
         })
     }
 

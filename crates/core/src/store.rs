@@ -276,6 +276,11 @@ pub trait Store: Send + Sync {
     /// allowance; whether it was stored.
     fn reset(&self, name: &str, key: &str) -> impl Future<Output = Result<bool, Error>> + Send;
 
+    /// Lifts the ban of `key` under the policy `name` (docs/SPEC.md's
+    /// penalties): its ban and the memory of its level are forgotten, its
+    /// allowance left as it is; whether it had a ban to lift.
+    fn lift_ban(&self, name: &str, key: &str) -> impl Future<Output = Result<bool, Error>> + Send;
+
     /// The parameters of the policy this store keeps under `name`, for a
     /// store that keeps its own policies (the in-process limiter); `None`
     /// for one that is told them with every check (Redis).
@@ -315,6 +320,10 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
 
     fn reset(&self, name: &str, key: &str) -> impl Future<Output = Result<bool, Error>> + Send {
         (**self).reset(name, key)
+    }
+
+    fn lift_ban(&self, name: &str, key: &str) -> impl Future<Output = Result<bool, Error>> + Send {
+        (**self).lift_ban(name, key)
     }
 
     fn parameters(&self, name: &str) -> Option<Policy> {

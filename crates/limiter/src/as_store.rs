@@ -50,6 +50,18 @@ impl<C: Clock + Send + Sync> store::Store for Limiter<C> {
         std::future::ready(reset)
     }
 
+    fn lift_ban(
+        &self,
+        name: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<bool, store::Error>> + Send {
+        let lifted = match self.policy(name) {
+            Ok(id) => Limiter::lift_ban(self, id, key).map_err(store::Error::from),
+            Err(_) => Ok(false),
+        };
+        std::future::ready(lifted)
+    }
+
     fn parameters(&self, name: &str) -> Option<weir_core::Policy> {
         Limiter::parameters(self, name)
     }

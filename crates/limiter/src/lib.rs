@@ -425,6 +425,12 @@ impl<C: Clock> Limiter<C> {
         self.get(index).map(|named| *named.store.policy())
     }
 
+    /// Lifts the ban of `key` under `policy` (its allowance left as it is);
+    /// whether it had one.
+    pub fn lift_ban(&self, policy: PolicyId, key: &str) -> Result<bool, Error> {
+        Ok(self.named(policy)?.store.lift_ban(key))
+    }
+
     /// The penalty of the policy called `name`, if it has one.
     pub fn penalty(&self, name: &str) -> Option<Penalty> {
         let &index = self.index.get(name)?;

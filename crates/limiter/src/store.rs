@@ -1119,6 +1119,19 @@ impl Store {
     }
 
     /// Forgets `key` (it starts fresh); whether it was stored.
+    /// Forgets the ban of `key`; whether it had one.
+    pub(crate) fn lift_ban(&self, key: &str) -> bool {
+        let Table::Penalized(shards) = &self.table else {
+            return false;
+        };
+        let key = self.hashed(key);
+        let shard = read(&shards.shards[self.shard_of(key)]);
+        shard.get(key).is_some_and(|slot| {
+            let mut slot = slot.lock();
+            std::mem::take(&mut slot.ban).banned_at.is_some()
+        })
+    }
+
     pub(crate) fn remove(&self, key: &str, budget: &Budget) -> bool {
         let key = self.hashed(key);
         let index = self.shard_of(key);

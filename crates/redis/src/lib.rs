@@ -366,6 +366,28 @@ impl RedisStore {
         Ok(deleted > 0)
     }
 
+    /// Lifts the ban of `identity` under the policy `name` (its allowance
+    /// left as it is); whether it had one. Every instance's refusal cache
+    /// forgets the key.
+    pub async fn lift_ban(&self, name: &str, identity: &str) -> Result<bool, StoreError> {
+        const LIFT: &str = "local v = redis.call('GET', KEYS[1]) \
+            if not v or string.byte(v, 1) ~= 33 then return 0 end \
+            local e = string.find(v, ';', 2, true) \
+            redis.call('SET', KEYS[1], string.sub(v, e + 1), 'KEEPTTL') \
+            return 1";
+        let key = key(name, identity);
+        if let Some(refusals) = &self.refusals {
+            refusals.forget(&key);
+        }
+        let lifted: i64 = self
+            .query(redis::cmd("EVAL").arg(LIFT).arg(1).arg(&key))
+            .await?;
+        let _: i64 = self
+            .query(redis::cmd("PUBLISH").arg(refusals::CHANNEL).arg(&key))
+            .await?;
+        Ok(lifted == 1)
+    }
+
     /// Tells a brand-new store from one that lost its state, once, when a
     /// process first connects: a store with no marker **and no key at all**
     /// is new, and gets a marker dated at the epoch (its keys lost nothing;
@@ -775,9 +797,9 @@ fn refused(decision: Decision) -> Checked {
 }
 
 /// The script's reply per check: allowed, remaining, retry_after, reset,
-/// delay, late, created, a refusal's wait for cost 1, and the ban's wait (after the
+/// delay, late, created, a refusal's wait for cost 1, the ban's wait, and whether it began (after the
 /// request's all_allowed and state_lost).
-pub(crate) const PER_CHECK: usize = 9;
+pub(crate) const PER_CHECK: usize = 10;
 
 fn parse(reply: &[i64], count: usize) -> Result<Reply, StoreError> {
     if reply.len() != 2 + PER_CHECK * count {
@@ -799,6 +821,7 @@ fn parse(reply: &[i64], count: usize) -> Result<Reply, StoreError> {
             delay: n(d[4])?,
             lease: None,
             banned: n(d[8])?,
+            new_ban: d[9] == 1,
         });
         late.push(n(d[5])?);
         unit_waits.push(n(d[7])?);
@@ -862,6 +885,10 @@ impl weir_core::store::Store for RedisStore {
 
     async fn reset(&self, name: &str, key: &str) -> Result<bool, weir_core::store::Error> {
         Ok(RedisStore::reset(self, name, key).await?)
+    }
+
+    async fn lift_ban(&self, name: &str, key: &str) -> Result<bool, weir_core::store::Error> {
+        Ok(RedisStore::lift_ban(self, name, key).await?)
     }
 }
 

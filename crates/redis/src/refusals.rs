@@ -141,6 +141,7 @@ impl Refusals {
             delay: 0,
             lease: None,
             banned: refusal.banned_until.saturating_sub(at),
+            new_ban: false,
         })
     }
 

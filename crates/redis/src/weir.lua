@@ -32,9 +32,10 @@
 --                      " i=ID" the lease a check takes, " x=ID" a release and
 --                      " w=ID" a renewal of lease ID (cost ignored)
 -- Returns, request after request, {all_allowed, state_lost, then per check:
--- allowed, remaining, retry_after, reset, delay, late, created, wait1, banned}
+-- allowed, remaining, retry_after, reset, delay, late, created, wait1, banned,
+-- new_ban}
 -- (`wait1`: for a check of cost above 1 that was refused, the wait until
--- one of cost 1 fits, else 0; `banned`: the wait until the key's ban ends,
+-- one of cost 1 fits, else 0; `banned`: the wait until the key's ban ends (`new_ban`: 1 when this call began it),
 -- else 0; durations
 -- in ns; `late`: how far the key's latest time moved the check's time
 -- forward, the origin of its durations being the given time plus `late`;
@@ -1069,7 +1070,8 @@ local function commit(k, n, all, blocked, lost, redis_time, out, no)
     out[no + 1], out[no + 2], out[no + 3] = allowed, remaining, reply(checks[c + 3])
     out[no + 4], out[no + 5], out[no + 6] = reply(reset), reply(delay), checks[c + 11]
     out[no + 7], out[no + 8], out[no + 9] = created, reply(checks[c + 14]), checks[c + 18]
-    no = no + 9
+    out[no + 10] = (checks[c + 19] and all <= 0) and 1 or 0
+    no = no + 10
   end
   return no
 end

@@ -322,6 +322,19 @@ pub(crate) struct DecisionBody<'a> {
     /// `POST /v1/release` when the work ends.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) lease: Option<String>,
+    /// The key is banned (its policy's penalty): refused until `banned_until`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) banned: bool,
+    /// When the ban ends, as an RFC 3339 UTC time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) banned_until: Option<String>,
+}
+
+/// The time `wait` ns from now, as an RFC 3339 UTC time (`None` for 0).
+pub(crate) fn time_after(wait: Nanos) -> Option<String> {
+    let wait = i64::try_from(wait).ok().filter(|&w| w > 0)?;
+    let at = jiff::Timestamp::now().checked_add(jiff::SignedDuration::from_nanos(wait));
+    Some(at.unwrap_or(jiff::Timestamp::MAX).to_string())
 }
 
 /// A lease as clients see it: its identity in hex, marked `m` when the
@@ -356,6 +369,8 @@ impl<'a> DecisionBody<'a> {
             delay_ms: ms(d.delay),
             shadow_limited: false,
             lease: d.lease.map(|id| lease_token(id, degraded)),
+            banned: d.banned > 0,
+            banned_until: time_after(d.banned),
         }
     }
 }

@@ -48,6 +48,9 @@ struct CheckRequest {
     key: Option<String>,
     checks: Option<Vec<OneCheck>>,
     cost: Option<u64>,
+    /// Answer as the check would be, charging nothing (docs/SPEC.md's probe).
+    #[serde(default)]
+    probe: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -79,6 +82,7 @@ struct Read {
     cost: u64,
     /// `checks` was given: the answer lists every decision.
     multi: bool,
+    probe: bool,
 }
 
 /// The request's (policy, client key) pairs, or what is wrong with it.
@@ -90,6 +94,7 @@ fn read(bytes: &[u8]) -> Result<Read, ApiError> {
         )),
     })?;
     let multi = request.checks.is_some();
+    let probe = request.probe;
     let checks = match (request.policy, request.key, request.checks) {
         (Some(policy), Some(key), None) => vec![(policy, key)],
         (None, None, Some(checks)) if (1..=MAX_CHECKS).contains(&checks.len()) => {
@@ -127,6 +132,7 @@ fn read(bytes: &[u8]) -> Result<Read, ApiError> {
             named: checks,
             cost,
             multi,
+            probe,
         }),
     }
 }
@@ -138,6 +144,7 @@ struct Asked {
     keys: Vec<String>,
     cost: u64,
     multi: bool,
+    probe: bool,
 }
 
 impl Asked {
@@ -183,7 +190,12 @@ impl Asked {
 async fn read_request(shared: &Shared, body: Body) -> Result<Asked, ApiError> {
     let deadline = shared.config.server.limits.body_deadline;
     let bytes = read_body(body, MAX_BODY, deadline).await?;
-    let Read { named, cost, multi } = read(&bytes)?;
+    let Read {
+        named,
+        cost,
+        multi,
+        probe,
+    } = read(&bytes)?;
     let mut ids = Vec::with_capacity(named.len());
     let mut keys = Vec::with_capacity(named.len());
     for (policy, key) in &named {
@@ -200,6 +212,7 @@ async fn read_request(shared: &Shared, body: Body) -> Result<Asked, ApiError> {
         keys,
         cost,
         multi,
+        probe,
     })
 }
 
@@ -240,6 +253,7 @@ pub(crate) async fn check(
             client: peer,
             max_delay: Nanos::MAX,
             on_store_error: Some(OnStoreError::Local),
+            probe: asked.probe,
         })
         .await?;
     let degraded = verdict.degraded;
@@ -660,6 +674,46 @@ pub(crate) async fn reset_key(
         reset: true,
         existed,
         effect: "the key starts afresh with its full allowance",
+    })
+    .into_response())
+}
+
+#[derive(Debug, Serialize)]
+struct Lifted<'a> {
+    policy: &'a str,
+    key: &'a str,
+    stored_key: &'a str,
+    /// Whether the key had a ban (in force, or remembered) to lift.
+    lifted: bool,
+    effect: &'static str,
+}
+
+/// `DELETE /v1/bans/{policy}/{key}[?source=…]`: lifts the key's ban and
+/// forgets its level (the next ban is the first again); its allowance is
+/// left as it is. Logged, with the admin's address.
+pub(crate) async fn lift_ban(
+    State(state): State<Arc<AppState>>,
+    Peer(peer): Peer,
+    Path((policy, key)): Path<(String, String)>,
+    Query(KeySource { source }): Query<KeySource>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (shared, id) = authorize(&state, peer, &headers, &policy)?;
+    if shared.table.get(id).penalty.is_none() {
+        return Err(ApiError::InvalidRequest(format!(
+            "policy `{policy}` has no penalty: it bans no one (give it `penalty = {{ ban = \"15m\" }}`)"
+        )));
+    }
+    let (id, stored) = addressed(&shared, id, &key, source.as_deref())?;
+    let lifted = shared.lift_ban(id, &stored).await?;
+    let admin = peer.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
+    tracing::info!(policy, key = stored, lifted, %admin, "admin lifted a ban");
+    Ok(Json(Lifted {
+        policy: &policy,
+        key: &key,
+        stored_key: &stored,
+        lifted,
+        effect: "the key is no longer banned, and its next ban is the first",
     })
     .into_response())
 }

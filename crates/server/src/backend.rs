@@ -261,6 +261,13 @@ impl Store for Backend {
             Self::Redis(guarded) => guarded.reset(name, key).await,
         }
     }
+
+    async fn lift_ban(&self, name: &str, key: &str) -> Result<bool, store::Error> {
+        match self {
+            Self::Memory(limiter) => Store::lift_ban(&**limiter, name, key).await,
+            Self::Redis(guarded) => guarded.lift_ban(name, key).await,
+        }
+    }
 }
 
 /// The in-process limiter of `table`'s policies (each `local`: with a
@@ -277,6 +284,9 @@ fn limiter(
         .max_key_len(MAX_KEY);
     for (_, entry) in table.iter() {
         builder = builder.policy(entry.stored_as.clone(), entry.local);
+        if let Some(penalty) = entry.penalty {
+            builder = builder.penalty(entry.stored_as.clone(), penalty);
+        }
         if let Some(max) = entry.max_keys {
             builder = builder.policy_max_keys(entry.stored_as.clone(), max);
         }

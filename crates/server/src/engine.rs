@@ -34,6 +34,9 @@ pub(crate) struct Ask<'a> {
     /// The rule of a policy without `on_store_error` (`None`: the face
     /// decides, told by [`Undecided::Unavailable`]).
     pub(crate) on_store_error: Option<OnStoreError>,
+    /// Probes (docs/SPEC.md): answered as the checks would be, charging
+    /// nothing (a refusal under a penalty still bans).
+    pub(crate) probe: bool,
 }
 
 impl Shared {
@@ -43,8 +46,7 @@ impl Shared {
     /// booked in their policies.
     pub(crate) async fn decide(&self, ask: Ask<'_>) -> Result<Verdict, Undecided> {
         let new_keys = self.may_create(ask.client);
-        let verdict =
-            (self.verdict(ask.checks, ask.max_delay, ask.on_store_error, new_keys)).await?;
+        let verdict = (self.verdict(ask, new_keys)).await?;
         self.created(ask.client, verdict.created);
         for (check, decision) in ask.checks.iter().zip(verdict.decisions()) {
             if let Some(lease) = decision.lease {
@@ -71,13 +73,8 @@ impl Shared {
     /// `max_delay`. A policy without an `on_store_error` rule follows
     /// `default`; with none, a store failure makes the request
     /// [`Undecided::Unavailable`]. Counts every policy's outcome.
-    async fn verdict(
-        &self,
-        checks: &[Check<'_>],
-        max_delay: Nanos,
-        default: Option<OnStoreError>,
-        new_keys: NewKeys,
-    ) -> Result<Verdict, Undecided> {
+    async fn verdict(&self, ask: Ask<'_>, new_keys: NewKeys) -> Result<Verdict, Undecided> {
+        let (checks, max_delay, default) = (ask.checks, ask.max_delay, ask.on_store_error);
         let (table, meters) = (&self.table, &self.meters);
         let started = Instant::now();
         // Unlimited overrides are admitted without a store call.
@@ -107,6 +104,7 @@ impl Shared {
                         no_new_key: new_keys != NewKeys::Allowed,
                         count_created: self.new_keys.is_some(),
                         on_error: table.get(c.policy).on_store_error.or(default),
+                        probe: ask.probe,
                         ..store_check(table, c)
                     })
                     .collect();
@@ -170,6 +168,9 @@ impl Shared {
                     };
                     let entry = table.get(check.policy);
                     entry.meters.count(outcome);
+                    if d.new_ban {
+                        entry.meters.banned(check.key, d.banned);
+                    }
                     entry
                         .meters
                         .live
@@ -298,6 +299,16 @@ impl Shared {
         })
     }
 
+    /// Lifts the ban of `key` under `policy` (an admin's word); whether it
+    /// had one.
+    pub(crate) async fn lift_ban(&self, policy: TableId, key: &str) -> Result<bool, Undecided> {
+        let stored_as = &self.table.get(policy).stored_as;
+        self.backend.lift_ban(stored_as, key).await.map_err(|e| {
+            tracing::warn!(error = %e, "lifting a ban failed");
+            Undecided::from(e)
+        })
+    }
+
     /// Whether `client` may store new keys (`[server] new_keys_per_ip`):
     /// while its share lasts, it may; the keys it creates are counted after
     /// (by [`Shared::created`]). Without a share left, the store refuses a
@@ -348,6 +359,7 @@ fn store_check<'a>(table: &'a PolicyTable, check: &Check<'a>) -> store::Check<'a
     store::Check {
         on_loss: entry.on_state_loss,
         shadow: entry.shadow,
+        penalty: entry.penalty,
         ..store::Check::from(core_check(table, check))
     }
 }

@@ -519,6 +519,7 @@ pub(crate) async fn answer(
             client: None,
             max_delay: 0,
             on_store_error: None,
+            probe: false,
         })
         .await;
     match decided {

@@ -214,6 +214,7 @@ async fn decide_route(
             client,
             max_delay: Nanos::try_from(route.max_wait.as_nanos()).unwrap_or(Nanos::MAX),
             on_store_error: Some(OnStoreError::Local),
+            probe: false,
         })
         .await?;
     let parts: InlineVec<Part<'_>> = verdict.visible(&shared.table, &ids);

@@ -285,6 +285,7 @@ async fn decide_and_forward(
             client,
             max_delay: Nanos::try_from(route.max_wait.as_nanos()).unwrap_or(Nanos::MAX),
             on_store_error: Some(OnStoreError::Local),
+            probe: false,
         })
         .await;
     let verdict = match decided {

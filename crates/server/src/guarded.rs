@@ -55,6 +55,13 @@ impl Store for Guarded {
         Store::reset(&*self.fallback, name, key).await?;
         Store::reset(&*self.available()?, name, key).await
     }
+
+    /// Lifts the ban in the shared store and in the fallback; whether the
+    /// shared store held one.
+    async fn lift_ban(&self, name: &str, key: &str) -> Result<bool, store::Error> {
+        Store::lift_ban(&*self.fallback, name, key).await?;
+        Store::lift_ban(&*self.available()?, name, key).await
+    }
 }
 
 impl Guarded {

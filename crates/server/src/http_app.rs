@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use axum::routing::{MethodRouter, get, post};
+use axum::routing::{MethodRouter, delete, get, post};
 
 use crate::answer::{ApiError, BodyTimedOut, MAX_HEADER_BYTES};
 use crate::routing::RouteLabel;
@@ -35,7 +35,7 @@ pub enum Face {
 /// does not serve: the decision API, admin, metrics and the dashboard. One
 /// list, from which [`app`] builds the router and [`App::gateway`] tells the
 /// API's paths from the gateway routes'.
-fn api_routes() -> [(&'static str, MethodRouter<Arc<AppState>>); 16] {
+fn api_routes() -> [(&'static str, MethodRouter<Arc<AppState>>); 17] {
     [
         ("/v1/check", post(api::check)),
         ("/v1/report", post(api::report)),
@@ -46,6 +46,7 @@ fn api_routes() -> [(&'static str, MethodRouter<Arc<AppState>>); 16] {
             "/v1/keys/{policy}/{key}",
             get(api::inspect_key).delete(api::reset_key),
         ),
+        ("/v1/bans/{policy}/{key}", delete(api::lift_ban)),
         ("/v1/admin/reload", post(api::reload)),
         ("/readyz", get(api::readyz)),
         ("/metrics", get(api::metrics)),

@@ -57,6 +57,10 @@ impl Store for Booked {
     async fn reset(&self, name: &str, key: &str) -> Result<bool, store::Error> {
         self.shared.backend.reset(name, key).await
     }
+
+    async fn lift_ban(&self, name: &str, key: &str) -> Result<bool, store::Error> {
+        self.shared.backend.lift_ban(name, key).await
+    }
 }
 
 /// The leases `verdict` took for the checks of `ids` on `key`, held and

@@ -96,7 +96,13 @@ pub(crate) struct Live {
     /// Per stripe, a sketch per slice: a refusal locks its own thread's
     /// (no lock is shared on the refusal path); a reading merges them all.
     top: Box<[CachePadded<Mutex<Slices>>]>,
+    /// Keys banned here, and when each ban ends (Unix ms): at most
+    /// [`MAX_BANS`], the ended ones dropped first.
+    bans: Mutex<HashMap<Box<str>, u128>>,
 }
+
+/// The most bans a policy's dashboard marks at once.
+const MAX_BANS: usize = 4 * CAPACITY;
 
 /// A sketch per ten-second slice, the last [`SLICES`] of them.
 type Slices = Vec<(u64, Sketch)>;
@@ -106,6 +112,7 @@ impl Default for Live {
         Self {
             counts: Striped::default(),
             top: (0..STRIPES).map(|_| CachePadded::default()).collect(),
+            bans: Mutex::default(),
         }
     }
 }
@@ -157,6 +164,9 @@ pub(crate) struct Hitter {
     /// Refusals counted (at most `error` more than the truth).
     pub(crate) refused: u64,
     pub(crate) error: u64,
+    /// When its ban ends (Unix ms), if a ban begun here is in force.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) banned_until_ms: Option<u128>,
 }
 
 impl Live {
@@ -193,6 +203,20 @@ impl Live {
             Counted::ShadowLimited,
         ]
         .map(|c| self.total(c))
+    }
+
+    /// A ban of `key` begun here, for `wait` ns.
+    pub(crate) fn banned(&self, key: &str, wait: weir_core::Nanos) {
+        let until = now_ms() + u128::from(wait.div_ceil(1_000_000));
+        let mut bans = self.bans.lock().unwrap_or_else(PoisonError::into_inner);
+        if bans.len() >= MAX_BANS && !bans.contains_key(key) {
+            let now = now_ms();
+            bans.retain(|_, until| *until > now);
+            if bans.len() >= MAX_BANS {
+                return;
+            }
+        }
+        bans.insert(key.into(), until);
     }
 
     fn record(&self, key: &str, slice: u64) {
@@ -265,10 +289,16 @@ impl Live {
                 key: key.to_owned(),
                 refused,
                 error,
+                banned_until_ms: None,
             })
             .collect();
         top.sort_by(|a, b| b.refused.cmp(&a.refused).then_with(|| a.key.cmp(&b.key)));
         top.truncate(n);
+        let bans = self.bans.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = now_ms();
+        for hitter in &mut top {
+            hitter.banned_until_ms = bans.get(hitter.key.as_str()).copied().filter(|&u| u > now);
+        }
         (top, total)
     }
 }

@@ -55,6 +55,8 @@ catalog! {
         "Policy decisions made without the shared store, as on_store_error says.";
     REPORTED_COST = "weir_reported_cost_total", Counter ["policy"],
         "Cost charged after the fact (usage reports, metered answers).";
+    BANS = "weir_bans_total", Counter ["policy"],
+        "Bans begun: a policy with a penalty refused a key, which is shut out until its ban ends (docs/SPEC.md, \"Penalties\").";
     QUEUE_DEPTH = "weir_queue_depth", Gauge ["policy"],
         "Requests the gateway holds in a shaper policy's delay now.";
     CHECK_DURATION = "weir_check_duration_seconds", Histogram ["store"],

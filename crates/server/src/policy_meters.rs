@@ -19,6 +19,8 @@ pub(crate) struct PolicyMeters {
     near_limit: Counter,
     fallbacks: Counter,
     reported: Counter,
+    /// `weir_bans_total`: bans begun (docs/SPEC.md's penalties).
+    bans: Counter,
     /// What the dashboard reads.
     pub(crate) live: crate::live::Live,
     /// A shaper's `weir_queue_depth`: requests held in its delay now.
@@ -44,6 +46,7 @@ impl PolicyMeters {
             near_limit: metrics::counter!(crate::metrics::NEAR_LIMIT, "policy" => name.to_owned()),
             fallbacks: metrics::counter!(crate::metrics::FALLBACK_DECISIONS, "policy" => name.to_owned()),
             reported: metrics::counter!(crate::metrics::REPORTED_COST, "policy" => name.to_owned()),
+            bans: metrics::counter!(crate::metrics::BANS, "policy" => name.to_owned()),
             live: crate::live::Live::default(),
             // Only a shaper holds requests in a queue.
             queue: matches!(policy, Policy::LeakyBucket(_))
@@ -64,6 +67,13 @@ impl PolicyMeters {
     /// Usage reported after the fact.
     pub(crate) fn reported(&self, cost: u64) {
         self.reported.increment(cost);
+    }
+
+    /// A ban begun on `key`, for `wait` ns: counted, and marked on the
+    /// dashboard's top keys until it ends.
+    pub(crate) fn banned(&self, key: &str, wait: weir_core::Nanos) {
+        self.bans.increment(1);
+        self.live.banned(key, wait);
     }
 
     pub(crate) fn fell_back(&self) {

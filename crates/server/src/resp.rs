@@ -540,6 +540,7 @@ async fn throttle(
             client: Some(peer.ip()),
             max_delay: 0,
             on_store_error: Some(OnStoreError::Local),
+            probe: false,
         })
         .await;
     let verdict = match verdict {
@@ -630,6 +631,7 @@ async fn charge(
         client,
         max_delay: Nanos::MAX,
         on_store_error: Some(OnStoreError::Local),
+        probe: false,
     };
     match shared.decide(ask).await {
         Ok(verdict) => {

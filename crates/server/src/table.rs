@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
-use weir_core::Policy;
+use weir_core::{Penalty, Policy};
 
 use crate::config::{
     OnStateLoss, OnStoreError, Override, PolicyConfig, Quota, StoreConfig, StoreUrl, TableId,
@@ -38,6 +38,8 @@ pub struct Entry {
     pub max_keys: Option<usize>,
     /// Decides and keeps state as if enforced, but never refuses.
     pub shadow: bool,
+    /// Its penalty: a refusal bans the key (docs/SPEC.md's bans).
+    pub penalty: Option<Penalty>,
     /// How it shows itself to clients.
     pub(crate) shown: Shown,
     /// What is counted of it.
@@ -66,6 +68,7 @@ impl Entry {
             on_state_loss: config.on_state_loss,
             max_keys: config.max_keys,
             shadow: config.shadow,
+            penalty: config.penalty,
             stored_as,
             unlimited: false,
             name,
@@ -233,6 +236,7 @@ impl PolicyTable {
             on_state_loss: base.map_or(OnStateLoss::Full, |b| b.on_state_loss),
             max_keys: None,
             shadow: base.is_some_and(|b| b.shadow),
+            penalty: base.and_then(|b| b.penalty),
         };
         let _ = cell.set(Entry::new(&config, stored_as.to_owned(), &self.store));
         let id = TableId(self.entries.len() + slot);

@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 use serde::Deserialize;
 use toml::{Spanned, Value};
-use weir_core::Policy;
+use weir_core::{Penalty, Policy};
 
 use super::Report;
 
@@ -36,6 +36,9 @@ pub struct PolicyConfig {
     /// `shadow = true` (or `[server] shadow = true`): decided and charged as
     /// if enforced, but never refusing a request.
     pub shadow: bool,
+    /// `penalty = { ban, factor, max, memory }` (docs/SPEC.md's bans): a
+    /// refusal shuts the key out for `ban`, longer each time.
+    pub penalty: Option<Penalty>,
 }
 
 /// `on_store_error` and `on_state_loss`: the store boundary's rules, named
@@ -71,6 +74,43 @@ fn build(algorithm: &str, params: &[(String, String)]) -> Result<Policy, weir_co
     )
 }
 
+/// `penalty = { ban = "15m", factor = 4, max = "1d", memory = "1d" }`;
+/// errors name the field (`penalty.max`) and say what is valid.
+fn parse_penalty(value: &Spanned<Value>, at: &str, report: &mut Report<'_>) -> Option<Penalty> {
+    let Value::Table(table) = value.get_ref() else {
+        report.error(
+            &value.span(),
+            at,
+            "expected a table such as { ban = \"15m\", factor = 4, max = \"1d\", memory = \"1d\" }",
+        );
+        return None;
+    };
+    let mut params = Vec::new();
+    for (field, v) in table {
+        match v {
+            Value::String(s) => params.push((field.as_str(), s.clone())),
+            Value::Integer(i) => params.push((field.as_str(), i.to_string())),
+            other => {
+                let message = format!(
+                    "expected a string or an integer, found {}",
+                    other.type_str()
+                );
+                report.error(&value.span(), &format!("{at}.{field}"), message);
+                return None;
+            }
+        }
+    }
+    Penalty::from_params(params.iter().map(|(k, v)| (*k, v.as_str())))
+        .map_err(|e| {
+            report.error(
+                &value.span(),
+                &format!("{at}.{}", e.field),
+                e.kind.to_string(),
+            )
+        })
+        .ok()
+}
+
 pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
     let mut policies = Vec::new();
     for (name, table) in &raw.0 {
@@ -91,6 +131,7 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
         let (mut on_store_error, mut on_state_loss) = (None, OnStateLoss::Full);
         let mut max_keys = None;
         let mut shadow = false;
+        let mut penalty = None;
         for (key, value) in table {
             let at = format!("{place} {key}");
             match key.as_str() {
@@ -100,6 +141,7 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
                     Value::Boolean(b) => shadow = *b,
                     _ => report.error(&value.span(), &at, "must be true or false"),
                 },
+                "penalty" => penalty = parse_penalty(value, &at, report),
                 "max_keys" => match value.get_ref() {
                     Value::Integer(n) if *n > 0 => max_keys = usize::try_from(*n).ok(),
                     _ => report.error(&value.span(), &at, "must be a number of keys, at least 1"),
@@ -144,6 +186,7 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
                         on_state_loss,
                         max_keys,
                         shadow,
+                        penalty,
                     });
                     break;
                 }

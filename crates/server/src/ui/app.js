@@ -244,7 +244,13 @@ async function pollTop() {
         inspect.addEventListener("click", () => { $("inspect-policy").value = name; $("inspect-key").value = h.key; inspectKey(); });
         const actions = el("td");
         actions.append(inspect);
-        tr.append(el("td", h.key), el("td", h.refused.toLocaleString() + (h.error ? " ±" + h.error : ""), "num"), actions);
+        const who = el("td", h.key);
+        if (h.banned_until_ms) {
+          tr.classList.add("banned");
+          const until = new Date(h.banned_until_ms);
+          who.append(" ", el("span", "banned until " + until.toLocaleTimeString(), "ban"));
+        }
+        tr.append(who, el("td", h.refused.toLocaleString() + (h.error ? " ±" + h.error : ""), "num"), actions);
         table.append(tr);
       }
       block.append(table);
