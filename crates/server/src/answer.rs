@@ -66,6 +66,8 @@ pub(crate) enum ApiError {
     MissingHost,
     /// Every slot of a bounded, costly service (the playground) is taken.
     Busy(String),
+    /// The client's address is on `[server] deny`.
+    Denied,
     /// A fault of weir's own (logged; its text never reaches the client).
     Internal,
 }
@@ -251,6 +253,11 @@ impl ApiError {
                 "an HTTP/1.1 request names its host in a `Host` header".into(),
             ),
             Self::Busy(what) => (S::SERVICE_UNAVAILABLE, "BUSY", what.clone()),
+            Self::Denied => (
+                S::FORBIDDEN,
+                "DENIED",
+                "this client's address is denied ([server] deny)".into(),
+            ),
             Self::Internal => (
                 S::INTERNAL_SERVER_ERROR,
                 "INTERNAL",

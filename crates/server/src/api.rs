@@ -51,6 +51,11 @@ struct CheckRequest {
     /// Answer as the check would be, charging nothing (docs/SPEC.md's probe).
     #[serde(default)]
     probe: bool,
+    /// Where the keys come from, as a route names it (`peer`,
+    /// `header:NAME`, …): the keys are then the route's, so that an
+    /// application reports what a forward-auth route admitted (`api`, the
+    /// decision API's own, by default).
+    source: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -83,6 +88,7 @@ struct Read {
     /// `checks` was given: the answer lists every decision.
     multi: bool,
     probe: bool,
+    source: Option<String>,
 }
 
 /// The request's (policy, client key) pairs, or what is wrong with it.
@@ -133,6 +139,7 @@ fn read(bytes: &[u8]) -> Result<Read, ApiError> {
             cost,
             multi,
             probe,
+            source: request.source,
         }),
     }
 }
@@ -195,7 +202,14 @@ async fn read_request(shared: &Shared, body: Body) -> Result<Asked, ApiError> {
         cost,
         multi,
         probe,
+        source,
     } = read(&bytes)?;
+    let scope = match source.as_deref() {
+        None | Some(API_SCOPE) => API_SCOPE.to_owned(),
+        Some(source) => Identity::parse(source).map(|s| s.scope()).map_err(|e| {
+            ApiError::InvalidRequest(format!("`source`: {e}; or `api`, the decision API's"))
+        })?,
+    };
     let mut ids = Vec::with_capacity(named.len());
     let mut keys = Vec::with_capacity(named.len());
     for (policy, key) in &named {
@@ -205,7 +219,7 @@ async fn read_request(shared: &Shared, body: Body) -> Result<Asked, ApiError> {
             .ok_or_else(|| ApiError::UnknownPolicy(policy.clone()))?;
         // An overridden identity is decided by its override.
         ids.push(shared.table.resolve(id, key));
-        keys.push(scoped_key(API_SCOPE, key)?);
+        keys.push(scoped_key(&scope, key)?);
     }
     Ok(Asked {
         ids,

@@ -214,7 +214,9 @@ async fn decide_route(
             client,
             max_delay: Nanos::try_from(route.max_wait.as_nanos()).unwrap_or(Nanos::MAX),
             on_store_error: Some(OnStoreError::Local),
-            probe: false,
+            // A route that charges only some answers: probed here, its
+            // failures reported by the application (POST /v1/report).
+            probe: route.charge_on.is_some(),
         })
         .await?;
     let parts: InlineVec<Part<'_>> = verdict.visible(&shared.table, &ids);

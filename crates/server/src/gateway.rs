@@ -18,7 +18,7 @@ use weir_tower::{LeaseBody, Limited, Part, append_fields};
 
 use crate::answer::ApiError;
 use crate::backend::{Check, InlineVec};
-use crate::config::{OnStoreError, Route, Usage};
+use crate::config::{OnStoreError, Route, TableId, Usage};
 use crate::engine::Ask;
 use crate::leases::held;
 use crate::metrics::Meters;
@@ -285,7 +285,7 @@ async fn decide_and_forward(
             client,
             max_delay: Nanos::try_from(route.max_wait.as_nanos()).unwrap_or(Nanos::MAX),
             on_store_error: Some(OnStoreError::Local),
-            probe: false,
+            probe: route.charge_on.is_some(),
         })
         .await;
     let verdict = match decided {
@@ -340,9 +340,24 @@ async fn decide_and_forward(
         admitted: cost,
         missing: route.usage_missing,
     });
+    // Admitted by a probe: charged once the answer's status is known (or
+    // its client has gone away).
+    let on_answer = route.charge_on.as_ref().map(|on| OnAnswer {
+        shared: Arc::clone(shared),
+        route: Arc::clone(&route.label),
+        policies: ids.to_vec(),
+        key: key.clone(),
+        cost,
+        hangup: on.on_hangup,
+    });
     // Boxed: the refusing path (most of a flood) then moves a small future.
     let forwarded = Box::pin(send(shared, route, path, request, peer, charge));
     let mut response = forwarded.await;
+    if let (Some(on_answer), Some(on)) = (on_answer, &route.charge_on) {
+        on_answer
+            .answered(on.matches(response.status().as_u16()))
+            .await;
+    }
     if let Some(held) = held {
         response = response.map(|body| Body::new(LeaseBody::holding(body, Some(held))));
     }
@@ -351,6 +366,45 @@ async fn decide_and_forward(
         response.extensions_mut().insert(logged);
     }
     response
+}
+
+/// A request a `charge_on` route admitted by a probe: charged its cost
+/// after its answer when the status is one the route charges, or — when
+/// `charge_on_hangup` says so — when the client went away first (this is
+/// dropped unanswered).
+struct OnAnswer {
+    shared: Arc<Shared>,
+    route: Arc<str>,
+    policies: Vec<TableId>,
+    key: String,
+    cost: u64,
+    /// Charge if dropped before the answer.
+    hangup: bool,
+}
+
+impl OnAnswer {
+    /// The answer came: charged when `charged`, before it is sent on (the
+    /// client's next attempt sees the charge).
+    async fn answered(mut self, charged: bool) {
+        self.hangup = false;
+        if charged {
+            self.charge().await;
+        }
+    }
+
+    fn charge(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (shared, route) = (Arc::clone(&self.shared), Arc::clone(&self.route));
+        let (policies, key, cost) = (self.policies.clone(), self.key.clone(), self.cost);
+        async move { Charge::report(&shared, &route, &policies, &key, cost, cost).await }
+    }
+}
+
+impl Drop for OnAnswer {
+    fn drop(&mut self) {
+        if self.hangup {
+            tokio::spawn(self.charge());
+        }
+    }
 }
 
 /// Headers by which proxies tell an upstream about the client or the

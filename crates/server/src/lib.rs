@@ -14,6 +14,7 @@
 //! [`AppState`], and [`run`] serves it on a listener the caller owns until the
 //! caller's shutdown future completes.
 
+pub mod addresses;
 mod answer;
 mod api;
 pub mod backend;

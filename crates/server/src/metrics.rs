@@ -55,6 +55,8 @@ catalog! {
         "Policy decisions made without the shared store, as on_store_error says.";
     REPORTED_COST = "weir_reported_cost_total", Counter ["policy"],
         "Cost charged after the fact (usage reports, metered answers).";
+    ADDRESS_LISTS = "weir_address_lists_total", Counter ["list"],
+        "Gateway and forward-auth requests an address list decided: deny (refused 403 before anything was charged), exempt (a client of [server] allow, or of a route's or policy's exempt, not limited by some or all of its policies).";
     BANS = "weir_bans_total", Counter ["policy"],
         "Bans begun: a policy with a penalty refused a key, which is shut out until its ban ends (docs/SPEC.md, \"Penalties\").";
     QUEUE_DEPTH = "weir_queue_depth", Gauge ["policy"],

@@ -12,6 +12,7 @@ use http::{HeaderMap, Method, header};
 use ipnet::IpNet;
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 
+use crate::addresses::AddressList;
 use crate::answer::ApiError;
 use crate::backend::{InlineVec, scoped_key};
 use crate::config::{Cost, Identity, Route, Segment, TableId};
@@ -197,7 +198,7 @@ fn identity<'r>(
     route: &Route,
     request: &'r Request,
     params: &[(&'r str, &'r str)],
-    client: Option<IpAddr>,
+    client: Option<String>,
     jwt: Option<&crate::config::Jwt>,
 ) -> Result<(Cow<'r, str>, String), ApiError> {
     let fallbacks = route
@@ -212,7 +213,7 @@ fn identity<'r>(
             let key = scoped_key(scope, &value)?;
             return Ok((value, key));
         }
-        let value = match source_value(source, request, params, client, jwt)? {
+        let value = match source_value(source, request, params, client.as_deref(), jwt)? {
             Some(v) if !v.trim().is_empty() => v,
             Some(_) => {
                 blank.get_or_insert(scope);
@@ -247,7 +248,7 @@ fn source_value<'r>(
     source: &Identity,
     request: &'r Request,
     params: &[(&'r str, &'r str)],
-    client: Option<IpAddr>,
+    client: Option<&str>,
     jwt: Option<&crate::config::Jwt>,
 ) -> Result<Option<Cow<'r, str>>, ApiError> {
     Ok(match source {
@@ -267,7 +268,8 @@ fn source_value<'r>(
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| Cow::Borrowed(*v)),
-        Identity::Peer => client.map(|ip| Cow::Owned(ip.to_string())),
+        // The client's address, or its network (`ipv6_prefix`).
+        Identity::Peer => client.map(|key| Cow::Owned(key.to_owned())),
         Identity::Query(name) => {
             let query = request.uri().query().unwrap_or_default();
             let mut values = form_urlencoded::parse(query.as_bytes()).filter(|(n, _)| n == name);
@@ -395,17 +397,31 @@ pub(crate) fn identify(
         let max = usize::try_from(route.max_body).unwrap_or(usize::MAX);
         return Err(ApiError::BodyTooLarge(max));
     }
-    let trusted = &shared.config.server.trusted_proxies;
-    let client = peer.map(|p| client_ip(request.headers(), p.ip(), trusted));
-    let (sent, key) = identity(route, request, params, client, shared.config.jwt.as_ref())?;
-    // An overridden identity is decided by its override.
+    let server = &shared.config.server;
+    let client = peer.map(|p| client_ip(request.headers(), p.ip(), &server.trusted_proxies));
+    // The address lists, against the client as identified.
+    let listed =
+        |list: &AddressList| client.is_some_and(|ip| !list.is_empty() && list.contains(ip));
+    if listed(&server.deny) {
+        metrics::counter!(crate::metrics::ADDRESS_LISTS, "list" => "deny").increment(1);
+        return Err(ApiError::Denied);
+    }
+    let exempt = listed(&server.allow) || listed(&route.exempt);
+    let peer_key = client.map(|ip| server.limits.peer_key(ip));
+    let (sent, key) = identity(route, request, params, peer_key, shared.config.jwt.as_ref())?;
+    // An overridden identity is decided by its override; an exempt client
+    // by none of them.
     let ids: InlineVec<TableId> = route
         .policies
         .iter()
+        .filter(|_| !exempt)
+        .filter(|&&policy| !listed(&shared.table.get(policy).exempt))
         .map(|&policy| shared.table.resolve(policy, &sent))
         .collect();
+    if ids.len() < route.policies.len() {
+        metrics::counter!(crate::metrics::ADDRESS_LISTS, "list" => "exempt").increment(1);
+    }
     let cost = admission(route, request.headers())?;
-    let server = &shared.config.server;
     Ok(Identified {
         identity: server.access_log_identity.then(|| sent.to_string()),
         ids,

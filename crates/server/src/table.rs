@@ -40,6 +40,8 @@ pub struct Entry {
     pub shadow: bool,
     /// Its penalty: a refusal bans the key (docs/SPEC.md's bans).
     pub penalty: Option<Penalty>,
+    /// Client networks it does not limit.
+    pub exempt: crate::addresses::AddressList,
     /// How it shows itself to clients.
     pub(crate) shown: Shown,
     /// What is counted of it.
@@ -69,6 +71,7 @@ impl Entry {
             max_keys: config.max_keys,
             shadow: config.shadow,
             penalty: config.penalty,
+            exempt: config.exempt.clone(),
             stored_as,
             unlimited: false,
             name,
@@ -237,6 +240,7 @@ impl PolicyTable {
             max_keys: None,
             shadow: base.is_some_and(|b| b.shadow),
             penalty: base.and_then(|b| b.penalty),
+            exempt: crate::addresses::AddressList::default(),
         };
         let _ = cell.set(Entry::new(&config, stored_as.to_owned(), &self.store));
         let id = TableId(self.entries.len() + slot);

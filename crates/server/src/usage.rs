@@ -68,7 +68,7 @@ impl Charge {
         })
     }
 
-    async fn report(
+    pub(crate) async fn report(
         shared: &Shared,
         route: &str,
         policies: &[TableId],

@@ -152,14 +152,64 @@ fn peer<B>(request: &Request<B>) -> Result<IpAddr, KeyError> {
     ))
 }
 
-/// The peer's IP address (not the port). Behind a proxy every client has
-/// the proxy's address: use [`ForwardedKey`] there.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct PeerKey;
+/// The key of a client at `ip`: its address when the prefix is the whole
+/// address (`192.0.2.7`), else its network (`2001:db8:1:2::/64`), so that
+/// the addresses a client rotates through inside its network are one key.
+/// An IPv4-mapped IPv6 address is its IPv4 address.
+pub fn network_key(ip: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) -> String {
+    let ip = ip.to_canonical();
+    let (prefix, whole) = match ip {
+        IpAddr::V4(_) => (ipv4_prefix, 32),
+        IpAddr::V6(_) => (ipv6_prefix, 128),
+    };
+    match ipnet::IpNet::new(ip, prefix.min(whole)) {
+        Ok(net) if prefix < whole => net.trunc().to_string(),
+        _ => ip.to_string(),
+    }
+}
+
+/// The peer's IP address (not the port); an IPv6 peer as its /64, the
+/// network one host or LAN is given (the addresses it rotates through are
+/// one key): [`PeerKey::prefixes`] for others. Behind a proxy every client
+/// has the proxy's address: use [`ForwardedKey`] there.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerKey {
+    ipv4_prefix: u8,
+    ipv6_prefix: u8,
+}
+
+/// [`PeerKey::default`], as a value.
+#[allow(non_upper_case_globals)]
+pub const PeerKey: PeerKey = PeerKey {
+    ipv4_prefix: 32,
+    ipv6_prefix: 64,
+};
+
+impl Default for PeerKey {
+    fn default() -> Self {
+        PeerKey
+    }
+}
+
+impl PeerKey {
+    /// Clients as their networks of these prefix lengths (IPv4 1 to 32,
+    /// IPv6 1 to 128; 32 and 128 key every address apart).
+    pub fn prefixes(ipv4_prefix: u8, ipv6_prefix: u8) -> Self {
+        Self {
+            ipv4_prefix,
+            ipv6_prefix,
+        }
+    }
+}
 
 impl<B> KeyExtractor<B> for PeerKey {
     fn key<'a>(&self, request: &'a Request<B>) -> Result<Cow<'a, str>, KeyError> {
-        peer(request).map(|ip| Cow::Owned(ip.to_string()))
+        let ip = peer(request)?;
+        Ok(Cow::Owned(network_key(
+            ip,
+            self.ipv4_prefix,
+            self.ipv6_prefix,
+        )))
     }
 }
 
@@ -281,6 +331,9 @@ struct Limit {
 struct Shared<S> {
     store: S,
     limits: Vec<Limit>,
+    /// [`Builder::charge_on`]: admitted by a probe, charged after the
+    /// answer when its status says so.
+    charge_on: Option<fn(StatusCode) -> bool>,
 }
 
 impl<S: Store + Clone + 'static> Shared<S> {
@@ -290,16 +343,10 @@ impl<S: Store + Clone + 'static> Shared<S> {
         key: &str,
         cost: u64,
     ) -> Result<(AllDecision, Option<Held<S>>), Refused> {
-        let checks: smallvec::SmallVec<[store::Check<'_>; 4]> = (self.limits.iter())
-            .map(|l| {
-                store::Check::from(weir_core::Check {
-                    name: &l.name,
-                    policy: &l.policy,
-                    key,
-                    cost: l.policy.request_cost(cost, None),
-                })
-            })
-            .collect();
+        let checks = self.checks(key, cost, |c| store::Check {
+            probe: self.charge_on.is_some(),
+            ..c
+        });
         let checked = match self.store.decide(&checks, store::Mode::CHARGE).await {
             Ok(checked) => checked,
             Err(store::Error::Invalid(e)) => return Err(Refused::Invalid(e)),
@@ -313,6 +360,34 @@ impl<S: Store + Clone + 'static> Shared<S> {
             .collect();
         let held = Held::new(self.store.clone(), key, leases, false);
         Ok((checked.all, held))
+    }
+
+    /// The store checks of a request of `cost` by `key`, as `made`
+    /// finishes them.
+    fn checks<'a>(
+        &'a self,
+        key: &'a str,
+        cost: u64,
+        made: impl Fn(store::Check<'a>) -> store::Check<'a>,
+    ) -> smallvec::SmallVec<[store::Check<'a>; 4]> {
+        (self.limits.iter())
+            .map(|l| {
+                made(store::Check::from(weir_core::Check {
+                    name: &l.name,
+                    policy: &l.policy,
+                    key,
+                    cost: l.policy.request_cost(cost, None),
+                }))
+            })
+            .collect()
+    }
+
+    /// Charges an answer `charge_on` counts (a report of the request's
+    /// cost to every policy); a store that cannot take it leaves it
+    /// uncharged.
+    async fn charge(&self, key: &str, cost: u64) {
+        let reports = self.checks(key, cost, |c| store::Check { report: true, ..c });
+        let _ = self.store.decide(&reports, store::Mode::CHARGE).await;
     }
 
     fn parts(&self, all: &AllDecision) -> Vec<Part<'_>> {
@@ -338,6 +413,7 @@ impl<S: Store + Clone + 'static> Shared<S> {
 pub struct Builder<S> {
     store: S,
     policies: Vec<(String, Option<Policy>)>,
+    charge_on: Option<fn(StatusCode) -> bool>,
 }
 
 impl<S: Store> Builder<S> {
@@ -352,6 +428,16 @@ impl<S: Store> Builder<S> {
     /// every check (Redis).
     pub fn policy_with(mut self, name: impl Into<String>, policy: Policy) -> Self {
         self.policies.push((name.into(), Some(policy)));
+        self
+    }
+
+    /// Charges only the answers whose status `charged` picks ("count only
+    /// the failed logins": `|s| s == 401 || s == 403`): a request is
+    /// admitted by a probe of its cost (docs/SPEC.md), which charges
+    /// nothing, and charged its cost once its answer is one of those. A
+    /// request whose client goes away before its answer is not charged.
+    pub fn charge_on(mut self, charged: fn(StatusCode) -> bool) -> Self {
+        self.charge_on = Some(charged);
         self
     }
 
@@ -380,6 +466,7 @@ impl<S: Store> Builder<S> {
             shared: Arc::new(Shared {
                 store: self.store,
                 limits,
+                charge_on: self.charge_on,
             }),
             extractor,
             cost: One,
@@ -423,6 +510,7 @@ impl RateLimitLayer<()> {
         Builder {
             store,
             policies: Vec::new(),
+            charge_on: None,
         }
     }
 }
@@ -564,6 +652,12 @@ where
             // Held while the service runs: dropped with this future if the
             // client leaves, or if the service fails.
             let response = inner.call(request).await?;
+            if shared
+                .charge_on
+                .is_some_and(|charged| charged(response.status()))
+            {
+                shared.charge(&key, cost).await;
+            }
             let mut response = response.map(|body| LeaseBody::holding(body, held));
             response.headers_mut().extend(headers);
             Ok(response)

@@ -39,6 +39,9 @@ pub struct PolicyConfig {
     /// `penalty = { ban, factor, max, memory }` (docs/SPEC.md's bans): a
     /// refusal shuts the key out for `ban`, longer each time.
     pub penalty: Option<Penalty>,
+    /// `exempt`: client networks this policy does not limit (on the
+    /// gateway and forward-auth, whose clients have addresses).
+    pub exempt: crate::addresses::AddressList,
 }
 
 /// `on_store_error` and `on_state_loss`: the store boundary's rules, named
@@ -72,6 +75,31 @@ fn build(algorithm: &str, params: &[(String, String)]) -> Result<Policy, weir_co
         algorithm,
         params.iter().map(|(k, v)| (k.as_str(), v.as_str())),
     )
+}
+
+/// `exempt = ["10.0.0.0/8", …]`.
+fn parse_exempt(
+    value: &Spanned<Value>,
+    at: &str,
+    report: &mut Report<'_>,
+) -> crate::addresses::AddressList {
+    let texts: Option<Vec<String>> = match value.get_ref() {
+        Value::Array(items) => items
+            .iter()
+            .map(|i| i.as_str().map(str::to_owned))
+            .collect(),
+        _ => None,
+    };
+    let Some(texts) = texts else {
+        report.error(
+            &value.span(),
+            at,
+            "expected a list of networks such as [\"10.0.0.0/8\", \"2001:db8::/32\"]",
+        );
+        return crate::addresses::AddressList::default();
+    };
+    let spanned = Spanned::new(value.span(), texts);
+    super::server::address_list(Some(&spanned), at, report)
 }
 
 /// `penalty = { ban = "15m", factor = 4, max = "1d", memory = "1d" }`;
@@ -132,6 +160,7 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
         let mut max_keys = None;
         let mut shadow = false;
         let mut penalty = None;
+        let mut exempt = crate::addresses::AddressList::default();
         for (key, value) in table {
             let at = format!("{place} {key}");
             match key.as_str() {
@@ -142,6 +171,7 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
                     _ => report.error(&value.span(), &at, "must be true or false"),
                 },
                 "penalty" => penalty = parse_penalty(value, &at, report),
+                "exempt" => exempt = parse_exempt(value, &at, report),
                 "max_keys" => match value.get_ref() {
                     Value::Integer(n) if *n > 0 => max_keys = usize::try_from(*n).ok(),
                     _ => report.error(&value.span(), &at, "must be a number of keys, at least 1"),
@@ -187,6 +217,7 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
                         max_keys,
                         shadow,
                         penalty,
+                        exempt: exempt.clone(),
                     });
                     break;
                 }

@@ -66,6 +66,53 @@ pub struct Route {
     /// policies while it runs — 1 (the default) or another fixed number,
     /// or `None` (`"cost"`) for the route's `cost`.
     pub concurrency_cost: Option<u64>,
+    /// `charge_on`: only answers of these statuses are charged — a request
+    /// is admitted by a probe of its cost and charged after its answer
+    /// when the status matches ("count only the failed logins").
+    pub charge_on: Option<ChargeOn>,
+    /// `exempt`: client networks this route does not limit.
+    pub exempt: crate::addresses::AddressList,
+}
+
+/// `charge_on = [401, 403, "5xx"]` and `charge_on_hangup`: which answers a
+/// request is charged for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChargeOn {
+    /// Inclusive ranges of statuses.
+    ranges: Vec<(u16, u16)>,
+    /// `charge_on_hangup` (default true): a request whose client went away
+    /// before its answer is charged (a client cannot dodge the count by
+    /// hanging up on a slow failure).
+    pub on_hangup: bool,
+}
+
+impl ChargeOn {
+    /// Whether an answer of `status` is charged.
+    pub fn matches(&self, status: u16) -> bool {
+        self.ranges.iter().any(|&(a, b)| (a..=b).contains(&status))
+    }
+
+    /// One status as written: `401`, `"401"`, `"4xx"` or `"500-504"`.
+    fn range(value: &toml::Value) -> Option<(u16, u16)> {
+        let status = |n: i64| u16::try_from(n).ok().filter(|s| (100..=599).contains(s));
+        match value {
+            toml::Value::Integer(n) => status(*n).map(|s| (s, s)),
+            toml::Value::String(text) => {
+                let text = text.trim();
+                if let Some(class) = text.strip_suffix("xx").filter(|c| c.len() == 1) {
+                    let c: u16 = class.parse().ok().filter(|c| (1..=5).contains(c))?;
+                    return Some((c * 100, c * 100 + 99));
+                }
+                let (a, b) = text.split_once('-').unwrap_or((text, text));
+                let (a, b) = (
+                    status(a.trim().parse().ok()?)?,
+                    status(b.trim().parse().ok()?)?,
+                );
+                (a <= b).then_some((a, b))
+            }
+            _ => None,
+        }
+    }
 }
 
 impl Route {
@@ -199,6 +246,9 @@ pub(super) struct Raw {
     cost: Option<Spanned<toml::Value>>,
     min_cost: Option<Spanned<u64>>,
     concurrency_cost: Option<Spanned<toml::Value>>,
+    charge_on: Option<Spanned<toml::Value>>,
+    charge_on_hangup: Option<Spanned<bool>>,
+    exempt: Option<Spanned<Vec<String>>>,
 }
 
 /// The default upstream timeout and body bound.
@@ -305,6 +355,7 @@ pub(super) fn parse(
         }
         let cost = cost(raw, &place, report);
         let concurrency_cost = concurrency_cost(raw, &place, report);
+        let charge_on = charge_on(raw, &policies, leased, &place, report);
         if raw.upstream.is_none() {
             forward_auth_only(raw, &policies, leased, &place, report);
         }
@@ -331,6 +382,8 @@ pub(super) fn parse(
                 usage_missing,
                 cost,
                 concurrency_cost,
+                charge_on,
+                exempt: super::server::address_list(raw.exempt.as_ref(), &place("exempt"), report),
             });
         }
     }
@@ -504,6 +557,61 @@ fn forward_auth_only(
             "needs an upstream: forward-auth never sees the answer (report usage with POST /v1/report)",
         );
     }
+}
+
+/// `charge_on` (and `charge_on_hangup`): the statuses charged. A route
+/// that charges only some answers admits by probing, so it can hold no
+/// concurrency policy (a probe takes no lease) and no `usage` (one charge
+/// after the answer: either its usage or its status decides it).
+fn charge_on(
+    raw: &Raw,
+    policies: &[TableId],
+    leased: &dyn Fn(TableId) -> bool,
+    place: Place<'_>,
+    report: &mut Report<'_>,
+) -> Option<ChargeOn> {
+    let Some(value) = &raw.charge_on else {
+        if let Some(h) = &raw.charge_on_hangup {
+            report.error(
+                &h.span(),
+                &place("charge_on_hangup"),
+                "applies with `charge_on`: set it too, or drop this",
+            );
+        }
+        return None;
+    };
+    let listed = match value.get_ref() {
+        toml::Value::Array(items) if !items.is_empty() => {
+            items.iter().map(ChargeOn::range).collect()
+        }
+        one => Some(ChargeOn::range(one).into_iter().collect()),
+    };
+    let Some(ranges) = listed.filter(|r: &Vec<(u16, u16)>| !r.is_empty()) else {
+        report.error(
+            &value.span(),
+            &place("charge_on"),
+            "is not a list of statuses (valid: [401, 403], [\"4xx\"], [\"500-504\"]: whole statuses 100 to 599, a class, or a range)",
+        );
+        return None;
+    };
+    if policies.iter().any(|&p| leased(p)) {
+        report.error(
+            &value.span(),
+            &place("charge_on"),
+            "a route that charges only some answers admits by probing, which takes no lease: it cannot hold a concurrency policy",
+        );
+    }
+    if raw.usage.is_some() {
+        report.error(
+            &value.span(),
+            &place("charge_on"),
+            "either `usage` or `charge_on` says what an answer costs, not both",
+        );
+    }
+    Some(ChargeOn {
+        ranges,
+        on_hangup: raw.charge_on_hangup.as_ref().is_none_or(|h| *h.get_ref()),
+    })
 }
 
 /// `upstream_ca`: a PEM file of roots, for an `https` upstream.

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::Report;
+use crate::addresses::AddressList;
 
 /// `[server]`.
 #[derive(Debug, Clone)]
@@ -42,6 +43,10 @@ pub struct ServerConfig {
     pub limits: ConnectionLimits,
     /// Proxies whose forwarding headers are believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// `allow`: client networks exempt from every limit.
+    pub allow: AddressList,
+    /// `deny`: client networks refused `403` before anything is decided.
+    pub deny: AddressList,
     /// New keys a client address may create per second; none: no cap.
     pub new_keys_per_ip: Option<u32>,
     /// Every policy in shadow mode.
@@ -123,8 +128,11 @@ pub struct ConnectionLimits {
     /// `ipv6_prefix`: the leading bits of an IPv6 address that name one
     /// client for every per-address bound (connections, new keys, failed
     /// admin attempts): a host that rotates its addresses inside its /64
-    /// is one client. 128 counts every address apart.
+    /// is one client — and one `peer` identity. 128 counts every address
+    /// apart.
     pub ipv6_prefix: u8,
+    /// `ipv4_prefix`: the same for IPv4 (default 32: every address apart).
+    pub ipv4_prefix: u8,
 }
 
 /// The default of `[server] ipv6_prefix`: a /64, the network one host (or
@@ -142,8 +150,20 @@ impl ConnectionLimits {
                 let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
                 IpAddr::V6((v6.to_bits() & mask).into())
             }
-            v4 => v4,
+            IpAddr::V4(v4) => {
+                let bits = u32::from(self.ipv4_prefix.min(32));
+                let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
+                IpAddr::V4((v4.to_bits() & mask).into())
+            }
         }
+    }
+
+    /// The `peer` identity of a client at `ip`: its address when its
+    /// prefix is the whole address (`192.0.2.7`), else its network
+    /// (`2001:db8:1:2::/64`), so that the addresses a client rotates
+    /// through inside it are one key.
+    pub fn peer_key(&self, ip: IpAddr) -> String {
+        weir_tower::network_key(ip, self.ipv4_prefix, self.ipv6_prefix)
     }
 }
 
@@ -158,6 +178,7 @@ impl Default for ConnectionLimits {
             max_connections_per_ip: 256,
             shutdown_timeout: Duration::from_secs(30),
             ipv6_prefix: IPV6_PREFIX,
+            ipv4_prefix: 32,
         }
     }
 }
@@ -181,6 +202,9 @@ pub(super) struct Raw {
     max_connections: Option<Spanned<u64>>,
     max_connections_per_ip: Option<Spanned<u64>>,
     ipv6_prefix: Option<Spanned<u64>>,
+    ipv4_prefix: Option<Spanned<u64>>,
+    allow: Option<Spanned<Vec<String>>>,
+    deny: Option<Spanned<Vec<String>>>,
     trusted_proxies: Option<Spanned<Vec<String>>>,
     new_keys_per_ip: Option<Spanned<u64>>,
     shadow: Option<Spanned<bool>>,
@@ -376,6 +400,8 @@ pub(super) fn parse(raw: Raw, env: &super::Env, report: &mut Report<'_>) -> Serv
         admin_token,
         limits,
         trusted_proxies,
+        allow: address_list(raw.allow.as_ref(), "[server] allow", report),
+        deny: address_list(raw.deny.as_ref(), "[server] deny", report),
         new_keys_per_ip,
         shadow: raw.shadow.is_some_and(|s| *s.get_ref()),
         headers,
@@ -464,7 +490,43 @@ fn limits(raw: &Raw, report: &mut Report<'_>) -> ConnectionLimits {
                 }
             },
         },
+        ipv4_prefix: match &raw.ipv4_prefix {
+            None => defaults.ipv4_prefix,
+            Some(v) => match u8::try_from(*v.get_ref()) {
+                Ok(bits @ 1..=32) => bits,
+                _ => {
+                    report.error(
+                        &v.span(),
+                        "[server] ipv4_prefix",
+                        format!("{} is not a prefix length from 1 to 32 (the default, 32, counts every address apart)", v.get_ref()),
+                    );
+                    defaults.ipv4_prefix
+                }
+            },
+        },
     }
+}
+
+/// A list of addresses and networks (`allow`, `deny`, `exempt`), each
+/// error naming the entry and `place`.
+pub(super) fn address_list(
+    list: Option<&Spanned<Vec<String>>>,
+    place: &str,
+    report: &mut Report<'_>,
+) -> AddressList {
+    let Some(list) = list else {
+        return AddressList::default();
+    };
+    let networks: Vec<IpNet> = list
+        .get_ref()
+        .iter()
+        .filter_map(|text| {
+            AddressList::parse_network(text)
+                .map_err(|e| report.error(&list.span(), place, e))
+                .ok()
+        })
+        .collect();
+    AddressList::new(&networks)
 }
 
 /// `trusted_proxies`: addresses or networks.
