@@ -33,6 +33,7 @@ pub(crate) struct PolicyMeters {
 impl PolicyMeters {
     /// The meters of policy `name`.
     pub(crate) fn new(name: &str, policy: &Policy) -> Self {
+        crate::metrics::handle(); // the recorder first, then the handles
         let counter = |outcome: &'static str| metrics::counter!(crate::metrics::DECISIONS, "policy" => name.to_owned(), "outcome" => outcome);
         Self {
             decisions: [

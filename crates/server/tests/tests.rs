@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod abuse;
 mod api;
 mod envoy;
 mod forward_auth;
