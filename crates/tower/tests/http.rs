@@ -421,3 +421,77 @@ async fn holds_its_slot_for_the_life_of_the_body<S: Store + Clone + 'static>(
         assert!(admitted().await.is_ok(), "released when the body ended");
     }
 }
+
+/// `charge_on`: only the failed answers are charged (a probe admits), and
+/// a penalty bans the key once they are spent.
+#[tokio::test]
+async fn only_answers_charge_on_picks_are_charged() {
+    let limiter = Arc::new(
+        Limiter::builder()
+            .policy(
+                "login",
+                Policy::parse("fixed-window limit=3 window=1h").unwrap(),
+            )
+            .penalty(
+                "login",
+                weir_core::Penalty::new(900_000_000_000, None, None, None).unwrap(),
+            )
+            .clock(FakeClock::at(0))
+            .build()
+            .unwrap(),
+    );
+    let layer = RateLimitLayer::builder(limiter)
+        .policy("login")
+        .charge_on(|status| status == http::StatusCode::UNAUTHORIZED)
+        .build(HeaderKey::new("x-user"))
+        .unwrap();
+    let login = |headers: axum::http::HeaderMap| async move {
+        match headers.get("x-password").map(|v| v.as_bytes()) {
+            Some(b"right") => (axum::http::StatusCode::OK, "welcome"),
+            _ => (axum::http::StatusCode::UNAUTHORIZED, "no"),
+        }
+    };
+    let addr = serve(Router::new().route("/login", get(login)).layer(layer)).await;
+    let url = format!("http://{addr}/login");
+    let attempt = |password: &'static str| {
+        let url = url.clone();
+        async move {
+            send(
+                "GET",
+                &url,
+                &[("x-user", "ann"), ("x-password", password)],
+                "",
+            )
+            .await
+        }
+    };
+    for _ in 0..10 {
+        assert_eq!(attempt("right").await.status, 200, "successes are free");
+    }
+    for _ in 0..3 {
+        assert_eq!(attempt("guess").await.status, 401);
+    }
+    // Banned 15 minutes, but the window itself ends later: the later wait.
+    let banned = attempt("right").await;
+    assert_eq!((banned.status, banned.header("retry-after")), (429, "3600"));
+}
+
+/// An IPv6 peer is its /64: the addresses it rotates through share a key.
+#[test]
+fn peers_are_their_networks() {
+    use weir_tower::network_key;
+    let ip = |s: &str| s.parse().unwrap();
+    assert_eq!(
+        network_key(ip("2001:db8:1:2::a"), 32, 64),
+        "2001:db8:1:2::/64"
+    );
+    assert_eq!(
+        network_key(ip("2001:db8:1:2:ffff::1"), 32, 64),
+        "2001:db8:1:2::/64"
+    );
+    assert_eq!(network_key(ip("2001:db8::1"), 32, 128), "2001:db8::1");
+    assert_eq!(network_key(ip("192.0.2.7"), 32, 64), "192.0.2.7");
+    assert_eq!(network_key(ip("::ffff:192.0.2.7"), 24, 64), "192.0.2.0/24");
+    let _default: PeerKey = PeerKey;
+    let _other = PeerKey::prefixes(24, 56);
+}
