@@ -195,18 +195,14 @@ async fn decide_route(
     }
     let Identified {
         ids,
-        key,
+        keys,
         cost,
         client,
         ..
     } = identify(shared, route, params, &request, peer)?;
     drop(request);
-    let checks: InlineVec<Check<'_>> = (ids.iter())
-        .map(|&policy| Check {
-            policy,
-            key: &key,
-            cost,
-        })
+    let checks: InlineVec<Check<'_>> = (ids.iter().zip(&keys))
+        .map(|(&policy, key)| Check { policy, key, cost })
         .collect();
     let verdict = shared
         .decide(Ask {

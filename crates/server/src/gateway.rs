@@ -263,6 +263,7 @@ async fn decide_and_forward(
 ) -> Response {
     let Identified {
         ids,
+        keys,
         key,
         cost,
         client,
@@ -271,11 +272,10 @@ async fn decide_and_forward(
         Ok(identified) => identified,
         Err(e) => return e.into_response(),
     };
-    let checks: InlineVec<Check<'_>> = ids
-        .iter()
-        .map(|&policy| Check {
+    let checks: InlineVec<Check<'_>> = (ids.iter().zip(&keys))
+        .map(|(&policy, key)| Check {
             policy,
-            key: &key,
+            key,
             cost: (shared.table.get(policy).policy).request_cost(cost, route.concurrency_cost),
         })
         .collect();
@@ -345,8 +345,7 @@ async fn decide_and_forward(
     let on_answer = route.charge_on.as_ref().map(|on| OnAnswer {
         shared: Arc::clone(shared),
         route: Arc::clone(&route.label),
-        policies: ids.to_vec(),
-        key: key.clone(),
+        charged: ids.iter().copied().zip(keys.iter().cloned()).collect(),
         cost,
         hangup: on.on_hangup,
     });
@@ -375,8 +374,8 @@ async fn decide_and_forward(
 struct OnAnswer {
     shared: Arc<Shared>,
     route: Arc<str>,
-    policies: Vec<TableId>,
-    key: String,
+    /// Each policy and the key it counts.
+    charged: Vec<(TableId, String)>,
     cost: u64,
     /// Charge if dropped before the answer.
     hangup: bool,
@@ -394,8 +393,12 @@ impl OnAnswer {
 
     fn charge(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let (shared, route) = (Arc::clone(&self.shared), Arc::clone(&self.route));
-        let (policies, key, cost) = (self.policies.clone(), self.key.clone(), self.cost);
-        async move { Charge::report(&shared, &route, &policies, &key, cost, cost).await }
+        let (charged, cost) = (self.charged.clone(), self.cost);
+        async move {
+            for (policy, key) in &charged {
+                Charge::report(&shared, &route, &[*policy], key, cost, cost).await;
+            }
+        }
     }
 }
 

@@ -367,7 +367,10 @@ pub(crate) fn route<'a>(
 pub(crate) struct Identified {
     /// The policies that decide it, its overrides resolved.
     pub(crate) ids: InlineVec<TableId>,
-    /// Its stored key.
+    /// Per policy of `ids`, the stored key it counts: the route's, or the
+    /// policy's own identity's.
+    pub(crate) keys: InlineVec<String>,
+    /// The route's stored key.
     pub(crate) key: String,
     /// What it is charged on admission.
     pub(crate) cost: u64,
@@ -408,16 +411,32 @@ pub(crate) fn identify(
     }
     let exempt = listed(&server.allow) || listed(&route.exempt);
     let peer_key = client.map(|ip| server.limits.peer_key(ip));
-    let (sent, key) = identity(route, request, params, peer_key, shared.config.jwt.as_ref())?;
+    let jwt = shared.config.jwt.as_ref();
+    let (sent, key) = identity(route, request, params, peer_key.clone(), jwt)?;
     // An overridden identity is decided by its override; an exempt client
     // by none of them.
-    let ids: InlineVec<TableId> = route
-        .policies
-        .iter()
-        .filter(|_| !exempt)
-        .filter(|&&policy| !listed(&shared.table.get(policy).exempt))
-        .map(|&policy| shared.table.resolve(policy, &sent))
-        .collect();
+    let (mut ids, mut keys) = (InlineVec::new(), InlineVec::new());
+    for (&policy, own) in route.policies.iter().zip(&route.keyed) {
+        if exempt || listed(&shared.table.get(policy).exempt) {
+            continue;
+        }
+        let (sent, key) = match own {
+            None => (Cow::Borrowed(sent.as_ref()), key.clone()),
+            Some((source, scope)) => {
+                let value = source_value(source, request, params, peer_key.as_deref(), jwt)?
+                    .filter(|v| !v.trim().is_empty())
+                    .ok_or_else(|| ApiError::MissingIdentity(format!("no {scope}")))?;
+                let value = match route.fold_case {
+                    true => Cow::Owned(value.to_lowercase()),
+                    false => value,
+                };
+                let key = scoped_key(scope, &value)?;
+                (value, key)
+            }
+        };
+        ids.push(shared.table.resolve(policy, &sent));
+        keys.push(key);
+    }
     if ids.len() < route.policies.len() {
         metrics::counter!(crate::metrics::ADDRESS_LISTS, "list" => "exempt").increment(1);
     }
@@ -425,6 +444,7 @@ pub(crate) fn identify(
     Ok(Identified {
         identity: server.access_log_identity.then(|| sent.to_string()),
         ids,
+        keys,
         key,
         cost,
         client,

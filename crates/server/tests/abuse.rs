@@ -337,3 +337,80 @@ async fn two_weir_on_one_redis_see_the_same_bans() {
         calls() - before
     );
 }
+
+/// Credential stuffing through the gateway: many accounts tried from one
+/// /64 are stopped by the address's ban, one account tried from many
+/// addresses by the account's; a bystander is never charged.
+#[tokio::test]
+async fn credential_stuffing_is_stopped_per_address_and_per_account() {
+    let (upstream, seen) = login_service().await;
+    let config = format!(
+        r#"
+[server]
+trusted_proxies = ["127.0.0.1/32"]
+
+[policies.login-ip]
+algorithm = "fixed-window"
+limit = 5
+window = "10m"
+penalty = {{ ban = "15m", factor = 4, max = "1d", memory = "1d" }}
+
+[policies.login-account]
+algorithm = "fixed-window"
+limit = 5
+window = "10m"
+penalty = {{ ban = "15m", factor = 4, max = "1d", memory = "1d" }}
+
+[[routes]]
+match = "POST /login"
+identity = "peer"
+policies = ["login-ip", {{ policy = "login-account", identity = "header:x-account" }}]
+upstream = "http://{upstream}"
+charge_on = [401]
+"#
+    );
+    let (addr, _) = start(&config).await;
+    let login = format!("http://{addr}/login");
+    let attempt = |ip: String, account: String| {
+        let login = login.clone();
+        async move {
+            let headers = [
+                ("x-forwarded-for", ip.as_str()),
+                ("x-account", account.as_str()),
+                ("x-password", "guess"),
+            ];
+            send("POST", &login, &headers, "").await.status
+        }
+    };
+    // Many accounts from one /64, rotating addresses: five reach the
+    // service, then the network is banned.
+    let mut statuses = Vec::new();
+    for i in 0..50 {
+        statuses.push(attempt(format!("2001:db8:7:7::{i:x}"), format!("user{i}")).await);
+    }
+    assert_eq!(statuses[..5], [401; 5]);
+    assert!(statuses[5..].iter().all(|&s| s == 429), "{statuses:?}");
+    // One account from many addresses: five reach it, then it is banned.
+    let mut statuses = Vec::new();
+    for i in 0..50 {
+        statuses.push(attempt(format!("198.51.100.{i}"), "victim".to_owned()).await);
+    }
+    assert_eq!(statuses[..5], [401; 5]);
+    assert!(statuses[5..].iter().all(|&s| s == 429), "{statuses:?}");
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        10,
+        "the service saw ten guesses, not a hundred"
+    );
+    // A bystander, from elsewhere, to their own account.
+    let headers = [
+        ("x-forwarded-for", "203.0.113.50"),
+        ("x-account", "bob"),
+        ("x-password", "right"),
+    ];
+    let bob = send("POST", &login, &headers, "").await;
+    assert_eq!(bob.status, 200, "{}", bob.body);
+    // A request without the account header names no account: refused.
+    let anonymous = send("POST", &login, &[("x-forwarded-for", "203.0.113.51")], "").await;
+    assert_eq!(anonymous.status, 400, "{}", anonymous.body);
+}

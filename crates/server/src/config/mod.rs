@@ -293,6 +293,7 @@ pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
     let wants_jwt = routes.iter().any(|r| {
         std::iter::once(&r.identity)
             .chain(r.fallbacks.iter().map(|(i, _)| i))
+            .chain(r.keyed.iter().flatten().map(|(i, _)| i))
             .any(|i| matches!(i, Identity::Jwt(_)))
     });
     if wants_jwt && jwt.is_none() && !report.errors.iter().any(|e| e.place.starts_with("[jwt]")) {
@@ -301,6 +302,22 @@ pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
             "[jwt]",
             "a route's identity is a jwt: claim: say how tokens are verified ([jwt] secret_file, public_key or jwks_file)",
         );
+    }
+    // On a Redis Cluster one request's checks share one identity (one hash
+    // slot, one atomic script): a route whose policies count other keys
+    // could never be decided.
+    let cluster = matches!(&store.url, StoreUrl::Redis(url) if url.starts_with("redis-cluster://"));
+    if let Some(i) = routes
+        .iter()
+        .position(|r| r.keyed.iter().any(Option::is_some))
+    {
+        if cluster {
+            report.error(
+                &(text.len()..text.len()),
+                &format!("[[routes]] #{} policies", i + 1),
+                "on a Redis Cluster a request's policies count one identity (one hash slot): a policy with an identity of its own needs a single Redis (or Sentinel)",
+            );
+        }
     }
     if names.is_empty() {
         report.error(

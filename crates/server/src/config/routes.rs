@@ -32,6 +32,11 @@ pub struct Route {
     pub fallbacks: Vec<(Identity, String)>,
     /// Policies checked all-or-nothing.
     pub policies: Vec<TableId>,
+    /// Per policy (in the order of `policies`), an identity of its own
+    /// with its scope (`{ policy = "login-account", identity =
+    /// "header:x-account" }`): the policy counts that instead of the
+    /// route's — per address and per account on one login route.
+    pub keyed: Vec<Option<(Identity, String)>>,
     /// `scheme://authority` of the upstream: `http`, or `https` (TLS,
     /// the upstream's certificate verified); none: the route answers
     /// forward-auth only (`/v1/auth`: a proxy in front forwards).
@@ -119,7 +124,9 @@ impl Route {
     /// Whether weir reads the request header `name` (lower case) on this
     /// route: an identity source or the cost.
     pub fn reads(&self, name: &str) -> bool {
-        let identity = std::iter::once(&self.identity).chain(self.fallbacks.iter().map(|(i, _)| i));
+        let identity = std::iter::once(&self.identity)
+            .chain(self.fallbacks.iter().map(|(i, _)| i))
+            .chain(self.keyed.iter().flatten().map(|(i, _)| i));
         identity
             .into_iter()
             .any(|i| matches!(i, Identity::Header(h) if h.as_str() == name))
@@ -235,7 +242,7 @@ pub(super) struct Raw {
     identity: Spanned<toml::Value>,
     host: Option<Spanned<String>>,
     upstream_ca: Option<Spanned<String>>,
-    policies: Spanned<Vec<String>>,
+    policies: Spanned<Vec<toml::Value>>,
     upstream: Option<Spanned<String>>,
     max_wait: Option<Spanned<String>>,
     timeout: Option<Spanned<String>>,
@@ -310,7 +317,8 @@ pub(super) fn parse(
         let mut sources = identities(raw, &segments, &place, report).into_iter();
         let identity = sources.next();
         let fallbacks = sources.map(|s| (s.clone(), s.scope())).collect();
-        let policies = policies(raw, resolve, known, &place, report);
+        let (policies, keyed) = policies(raw, &segments, resolve, known, &place, report);
+        own_identities(raw, &policies, &keyed, leased, &place, report);
         let upstream = upstream(raw, &place, report);
         let https = upstream
             .as_ref()
@@ -370,6 +378,7 @@ pub(super) fn parse(
                 identity,
                 fallbacks,
                 policies,
+                keyed,
                 host: (upstream.as_ref().and_then(Uri::authority))
                     .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok()),
                 upstream,
@@ -475,25 +484,58 @@ fn identities(
         .collect()
 }
 
-/// `policies`: each named once, each defined.
+/// `policies`: each named once, each defined; a name, or `{ policy =
+/// NAME, identity = SOURCE }` for a policy that counts an identity of its
+/// own.
 fn policies(
     raw: &Raw,
+    segments: &[Segment],
     resolve: &dyn Fn(&str) -> Option<TableId>,
     known: &dyn Fn() -> String,
     place: Place<'_>,
     report: &mut Report<'_>,
-) -> Vec<TableId> {
+) -> (Vec<TableId>, Vec<Option<(Identity, String)>>) {
     let at = raw.policies.span();
     if raw.policies.get_ref().is_empty() {
         report.error(&at, &place("policies"), "name at least one policy");
     }
-    let mut policies = Vec::new();
-    for name in raw.policies.get_ref() {
+    let (mut policies, mut keyed) = (Vec::new(), Vec::new());
+    for entry in raw.policies.get_ref() {
+        let (name, own) = match entry {
+            toml::Value::String(name) => (name.as_str(), None),
+            toml::Value::Table(t) => match (
+                t.get("policy").and_then(|p| p.as_str()),
+                t.get("identity").and_then(|i| i.as_str()),
+            ) {
+                (Some(name), Some(identity)) if t.len() == 2 => match source(identity, segments) {
+                    Ok(own) => (name, Some((own.clone(), own.scope()))),
+                    Err(e) => {
+                        report.error(&at, &place("policies"), format!("`{name}`'s identity: {e}"));
+                        continue;
+                    }
+                },
+                _ => {
+                    report.error(&at, &place("policies"), "an entry is a policy's name, or { policy = \"NAME\", identity = \"SOURCE\" }");
+                    continue;
+                }
+            },
+            _ => {
+                report.error(
+                    &at,
+                    &place("policies"),
+                    "an entry is a policy's name, or { policy = \"NAME\", identity = \"SOURCE\" }",
+                );
+                continue;
+            }
+        };
         match resolve(name) {
             Some(id) if policies.contains(&id) => {
                 report.error(&at, &place("policies"), format!("`{name}` is named twice"))
             }
-            Some(id) => policies.push(id),
+            Some(id) => {
+                policies.push(id);
+                keyed.push(own);
+            }
             None => report.error(
                 &at,
                 &place("policies"),
@@ -501,7 +543,42 @@ fn policies(
             ),
         }
     }
-    policies
+    (policies, keyed)
+}
+
+/// A policy with an identity of its own counts another key than the
+/// route's: it cannot be a concurrency policy (the request's lease is held
+/// under the route's key) nor share a route with `usage` (the answer's
+/// usage is charged to the route's key).
+fn own_identities(
+    raw: &Raw,
+    policies: &[TableId],
+    keyed: &[Option<(Identity, String)>],
+    leased: &dyn Fn(TableId) -> bool,
+    place: Place<'_>,
+    report: &mut Report<'_>,
+) {
+    let own: Vec<TableId> = (policies.iter().zip(keyed))
+        .filter(|(_, k)| k.is_some())
+        .map(|(&p, _)| p)
+        .collect();
+    if own.is_empty() {
+        return;
+    }
+    if own.iter().any(|&p| leased(p)) {
+        report.error(
+            &raw.policies.span(),
+            &place("policies"),
+            "a concurrency policy counts the route's identity: give it no identity of its own",
+        );
+    }
+    if raw.usage.is_some() {
+        report.error(
+            &raw.policies.span(),
+            &place("policies"),
+            "`usage` charges the route's identity: a route with `usage` gives its policies no identity of their own",
+        );
+    }
 }
 
 /// `upstream`: `http://authority` or `https://authority`; none: a
