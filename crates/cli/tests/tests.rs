@@ -1,6 +1,7 @@
 //! Integration tests of the `weir` binary, run as a real process.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod abuse;
 mod cluster;
 mod crawler;
 mod deploy;

@@ -702,9 +702,11 @@ struct Lifted<'a> {
     effect: &'static str,
 }
 
-/// `DELETE /v1/bans/{policy}/{key}[?source=…]`: lifts the key's ban and
-/// forgets its level (the next ban is the first again); its allowance is
-/// left as it is. Logged, with the admin's address.
+/// `DELETE /v1/bans/{policy}/{key}[?source=…]`: lifts the key's ban,
+/// forgets its level (the next ban is the first again) and gives it its
+/// full allowance — what unbanning a locked-out customer needs (a ban lifted
+/// over a spent allowance would begin again at the next attempt). Logged,
+/// with the admin's address.
 pub(crate) async fn lift_ban(
     State(state): State<Arc<AppState>>,
     Peer(peer): Peer,
@@ -720,6 +722,7 @@ pub(crate) async fn lift_ban(
     }
     let (id, stored) = addressed(&shared, id, &key, source.as_deref())?;
     let lifted = shared.lift_ban(id, &stored).await?;
+    shared.reset(id, &stored).await?;
     let admin = peer.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
     tracing::info!(policy, key = stored, lifted, %admin, "admin lifted a ban");
     Ok(Json(Lifted {
@@ -727,7 +730,7 @@ pub(crate) async fn lift_ban(
         key: &key,
         stored_key: &stored,
         lifted,
-        effect: "the key is no longer banned, and its next ban is the first",
+        effect: "the key is no longer banned, starts afresh with its full allowance, and its next ban is the first",
     })
     .into_response())
 }
