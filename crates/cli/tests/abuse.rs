@@ -48,13 +48,19 @@ fn the_login_example_bans_and_unbans_as_the_readme_says() {
     // The service may take a moment to listen.
     let started = Instant::now();
     while !login("hunter2").starts_with("HTTP/1.1 200") {
-        assert!(started.elapsed() < Duration::from_secs(20), "the login service never answered");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the login service never answered"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let statuses: Vec<String> = (0..7).map(|_| login("guess")[9..12].to_owned()).collect();
     assert_eq!(statuses, ["401", "401", "401", "401", "401", "429", "429"]);
     let banned = login("hunter2");
-    assert!(banned.to_ascii_lowercase().contains("retry-after: 900"), "{banned}");
+    assert!(
+        banned.to_ascii_lowercase().contains("retry-after: 900"),
+        "{banned}"
+    );
     let (_, probe) = server.request(
         "POST",
         "/v1/check",

@@ -7,6 +7,8 @@
 //! `Store` face (`decide_now`: names resolved, keys created counted) costs
 //! over the library's `check_one`, one thread, 100,000 keys.
 //!
+//! Also what a penalty costs an admitted check, and a banned key's refusal.
+//!
 //! `cargo bench -p weir-limiter --bench store`
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -139,5 +141,42 @@ fn face(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, keyed, reload, face);
+/// A penalty's cost on the path of an admitted check (a penalised key
+/// lives behind its mutex, never on the one-word path), and a banned key's
+/// refusal, one thread, 100,000 keys.
+fn penalty(c: &mut Criterion) {
+    let policy = Policy::parse("token-bucket capacity=10 rate=100/s").unwrap();
+    let penalty = weir_core::Penalty::new(60_000_000_000, Some(4), None, None).unwrap();
+    let plain = Limiter::builder()
+        .policy("p", policy)
+        .max_keys(200_000)
+        .build()
+        .unwrap();
+    let penalised = Limiter::builder()
+        .policy("p", policy)
+        .penalty("p", penalty)
+        .max_keys(200_000)
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..100_000).map(|i| format!("k{i}")).collect();
+    let mut group = c.benchmark_group("penalty/100000-keys/1-thread");
+    group.throughput(Throughput::Elements(1));
+    let mut i = 0;
+    for (name, limiter) in [("none", &plain), ("penalty", &penalised)] {
+        group.bench_function(BenchmarkId::new("admitted", name), |b| {
+            b.iter(|| {
+                i = (i + 1) % keys.len();
+                black_box(limiter.check(&keys[i], 1).unwrap())
+            });
+        });
+    }
+    // One key, spent and banned: every check refused.
+    while penalised.check("banned", 1).unwrap().allowed {}
+    group.bench_function(BenchmarkId::new("refused", "banned"), |b| {
+        b.iter(|| black_box(penalised.check("banned", 1).unwrap()));
+    });
+    group.finish();
+}
+
+criterion_group!(benches, keyed, reload, face, penalty);
 criterion_main!(benches);
