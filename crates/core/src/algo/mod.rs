@@ -2,11 +2,13 @@
 //! `(state, now, cost)`: no clock reads, no I/O, no allocation except the
 //! sliding log's entries and the concurrency limit's leases.
 
+pub mod calendar;
 mod lease;
 mod level;
 mod log;
 mod window;
 
+pub use calendar::Calendar;
 pub use lease::{Concurrency, Lease, LeaseId, LeaseState, new_lease_id};
 pub use level::{LeakyBucket, LevelState, TokenBucket};
 pub use log::{Entries, LogState, SlidingLog};
