@@ -31,6 +31,15 @@ pub(crate) struct PolicyFlags {
     /// concurrency: how long a lease lives unless released or renewed (30s, 10m).
     #[arg(long, value_name = "D")]
     lease: Option<String>,
+    /// fixed-window: calendar windows instead of --window: day, week (from Monday), month, year.
+    #[arg(long, value_name = "PERIOD")]
+    calendar: Option<String>,
+    /// With --calendar: the IANA time zone its days are counted in (default UTC), e.g. Europe/Paris.
+    #[arg(long, value_name = "ZONE", requires = "calendar")]
+    zone: Option<String>,
+    /// With --calendar month: the day each month's window starts on (1 to 31; 31 is each month's last day).
+    #[arg(long, value_name = "DAY", requires = "calendar")]
+    anchor: Option<String>,
 }
 
 impl PolicyFlags {
@@ -44,6 +53,9 @@ impl PolicyFlags {
             ("window", &self.window),
             ("queue", &self.queue),
             ("lease", &self.lease),
+            ("calendar", &self.calendar),
+            ("zone", &self.zone),
+            ("anchor", &self.anchor),
         ];
         let given = flags
             .iter()

@@ -27,7 +27,7 @@ fn text(bytes: &[u8]) -> String {
 }
 
 /// The table of testdata/vectors/README.md.
-const VECTORS: [(&str, &str, &str); 15] = [
+const VECTORS: [(&str, &str, &str); 16] = [
     (
         "token-bucket.expected.csv",
         "token-bucket.csv",
@@ -102,6 +102,11 @@ const VECTORS: [(&str, &str, &str); 15] = [
         "token-bucket-penalty.expected.csv",
         "penalty.csv",
         "--algorithm token-bucket --capacity 1 --rate 1/s --ban 2s --ban-factor 3 --ban-max 10s --ban-memory 30s",
+    ),
+    (
+        "calendar-month.expected.csv",
+        "calendar-month.csv",
+        "--algorithm fixed-window --limit 3 --calendar month --zone Europe/Paris --anchor 15",
     ),
 ];
 
@@ -211,6 +216,63 @@ fn probes_and_penalties_agree_in_process_and_on_redis() {
                 );
             }
         }
+    }
+}
+
+/// Calendar windows across month ends and daylight-saving changes (a
+/// midnight that does not exist, one that exists twice), on every period:
+/// the Redis script, handed each window's boundaries, decides every row as
+/// the core does — years included, whose windows are longer than a double
+/// holds in nanoseconds.
+#[test]
+fn calendar_windows_agree_in_process_and_on_redis() {
+    let redis = weir_testkit::RedisServer::start(&[]);
+    let url = redis.url();
+    // Around 2026-03-29 (Europe: summer time; the Azores' midnight missing),
+    // 2026-09-06 (Santiago's midnight missing), 2026-10-25 (the Azores'
+    // midnight twice) and month and year ends.
+    let centres: [u64; 5] = [
+        1_774_742_400,
+        1_788_667_200,
+        1_792_886_400,
+        1_798_675_200,
+        1_772_236_800,
+    ];
+    let mut x: u64 = 11;
+    let mut next = |n: u64| {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (x >> 33) % n
+    };
+    let mut trace = String::from("time,cost,op,key\n");
+    for &centre in &centres {
+        let mut t = centre - 2 * 86_400;
+        for _ in 0..60 {
+            t += [0, 60, 3_600, 7_200, 21_600, 43_200][next(6) as usize];
+            let op = ["check", "check", "check", "report", "probe"][next(5) as usize];
+            let key = ["a", "b"][next(2) as usize];
+            trace.push_str(&format!("{t}.{},{},{op},{key}\n", next(10), 1 + next(2)));
+        }
+    }
+    for calendar in [
+        "--calendar day --zone Europe/Paris",
+        "--calendar day --zone Atlantic/Azores",
+        "--calendar day --zone America/Santiago",
+        "--calendar week --zone America/New_York",
+        "--calendar month --zone Europe/Paris --anchor 31",
+        "--calendar month --zone Australia/Sydney --anchor 15",
+        "--calendar year --zone Asia/Tokyo",
+    ] {
+        let flags = format!("simulate --algorithm fixed-window --limit 5 {calendar} --trace -");
+        let args: Vec<&str> = flags.split_whitespace().collect();
+        let here = weir(&args, &trace);
+        assert!(here.status.success(), "{flags}: {}", text(&here.stderr));
+        let mut on_redis = args.clone();
+        on_redis.extend(["--store", url.as_str()]);
+        let there = weir(&on_redis, &trace);
+        assert!(there.status.success(), "{flags}: {}", text(&there.stderr));
+        assert_eq!(text(&here.stdout), text(&there.stdout), "{flags}");
     }
 }
 

@@ -24,9 +24,10 @@ use std::str::FromStr;
 
 use thiserror::Error;
 
+use crate::algo::calendar::CalendarError;
 use crate::algo::{
-    Concurrency, FixedWindow, FixedWindowState, LeakyBucket, LeaseId, LeaseState, LevelState,
-    LogState, Parameters, SlidingCounter, SlidingCounterState, SlidingLog, TokenBucket,
+    Calendar, Concurrency, FixedWindow, FixedWindowState, LeakyBucket, LeaseId, LeaseState,
+    LevelState, LogState, Parameters, SlidingCounter, SlidingCounterState, SlidingLog, TokenBucket,
 };
 use crate::decision::{ceil_div, floor_div};
 use crate::units::{DisplayDuration, UnitError, parse_count, parse_duration};
@@ -357,7 +358,84 @@ impl Policy {
     pub fn fixed_window(limit: u64, window: Nanos) -> Result<Self, PolicyError> {
         check_size("limit", limit, MAX_SIZE)?;
         check_window(window)?;
-        Ok(Self::FixedWindow(FixedWindow { limit, window }))
+        Ok(Self::FixedWindow(FixedWindow {
+            limit,
+            window,
+            calendar: None,
+        }))
+    }
+
+    /// At most `limit` per window of `calendar` (docs/SPEC.md, "Calendar
+    /// windows"): the days, weeks, months or years of a time zone.
+    pub fn calendar_window(limit: u64, calendar: Calendar) -> Result<Self, PolicyError> {
+        check_size("limit", limit, MAX_SIZE)?;
+        Ok(Self::FixedWindow(FixedWindow {
+            limit,
+            window: calendar.nominal(),
+            calendar: Some(calendar),
+        }))
+    }
+
+    /// `fixed-window` with `calendar` (and `zone`, `anchor`) in place of
+    /// `window`.
+    fn calendar_from_params<'a>(
+        params: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, PolicyError> {
+        let (mut limit, mut period, mut zone, mut anchor) = (None, None, None, None);
+        for (name, value) in params {
+            let slot = match name {
+                "limit" => &mut limit,
+                "calendar" => &mut period,
+                "zone" => &mut zone,
+                "anchor" => &mut anchor,
+                _ => {
+                    return Err(PolicyError::new(
+                        name,
+                        PolicyErrorKind::NotAParameter {
+                            algorithm: "fixed-window",
+                            takes: "limit, calendar, zone, anchor (with a calendar)".to_owned(),
+                        },
+                    ));
+                }
+            };
+            if slot.replace(value).is_some() {
+                return Err(PolicyError::new(name, PolicyErrorKind::Duplicate));
+            }
+        }
+        let count = |field: &str, value: Option<&str>| -> Result<Option<u64>, PolicyError> {
+            value
+                .map(|v| {
+                    parse_count(v).map_err(|source| {
+                        PolicyError::new(
+                            field,
+                            PolicyErrorKind::Invalid {
+                                value: v.to_owned(),
+                                source,
+                            },
+                        )
+                    })
+                })
+                .transpose()
+        };
+        let limit = count("limit", limit)?.ok_or_else(|| {
+            PolicyError::new(
+                "limit",
+                PolicyErrorKind::Missing {
+                    algorithm: "fixed-window",
+                    takes: "limit, calendar, zone, anchor (with a calendar)".to_owned(),
+                },
+            )
+        })?;
+        let anchor = count("anchor", anchor)?;
+        let calendar = Calendar::new(period.unwrap_or_default(), zone, anchor).map_err(|e| {
+            let field = match e {
+                CalendarError::Period(_) => "calendar",
+                CalendarError::Zone(..) => "zone",
+                CalendarError::Anchor(_) => "anchor",
+            };
+            out_of_bounds(field, e.to_string())
+        })?;
+        Self::calendar_window(limit, calendar)
     }
 
     /// At most `limit` in any `window`, exactly.
@@ -408,6 +486,10 @@ impl Policy {
         params: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Result<Self, PolicyError> {
         let algorithm: Algorithm = algorithm.parse()?;
+        let params: Vec<(&str, &str)> = params.into_iter().collect();
+        if algorithm == Algorithm::FixedWindow && params.iter().any(|(k, _)| *k == "calendar") {
+            return Self::calendar_from_params(params);
+        }
         let takes = algorithm.params();
         let mut values: [Option<&str>; 2] = [None, None];
         for (name, value) in params {
@@ -505,7 +587,10 @@ impl Policy {
             Self::TokenBucket(b) => Self::token_bucket(part(b.capacity), rate(b.rate)?),
             Self::Gcra(b) => Self::gcra(part(b.capacity), rate(b.rate)?),
             Self::LeakyBucket(l) => Self::leaky_bucket(rate(l.rate)?, part(l.queue)),
-            Self::FixedWindow(w) => Self::fixed_window(part(w.limit), w.window),
+            Self::FixedWindow(w) => match w.calendar {
+                Some(calendar) => Self::calendar_window(part(w.limit), calendar),
+                None => Self::fixed_window(part(w.limit), w.window),
+            },
             Self::SlidingLog(l) => Self::sliding_log(part(l.limit), l.window),
             Self::SlidingCounter(c) => Self::sliding_counter(part(c.limit), c.window),
             Self::Concurrency(c) => Self::concurrency(part(c.limit()), c.lease()),
@@ -836,7 +921,7 @@ impl Policy {
                 Some(State::Level(l.carry(o, *s, deepest)))
             }
             (Self::FixedWindow(o), Self::FixedWindow(w), State::FixedWindow(_))
-                if o.window() == w.window() =>
+                if o.window() == w.window() && o.calendar() == w.calendar() =>
             {
                 Some(state.clone())
             }
@@ -860,7 +945,7 @@ impl Policy {
             (Self::TokenBucket(b) | Self::Gcra(b), State::Level(s)) => s.at(t, b.rate()).1 == 0,
             (Self::LeakyBucket(l), State::Level(s)) => s.at(t, l.rate()).1 == 0,
             (Self::FixedWindow(w), State::FixedWindow(s)) => {
-                s.count == 0 || t / w.window() != s.index
+                s.count == 0 || w.index_of(t) != s.index
             }
             (Self::SlidingCounter(c), State::SlidingCounter(s)) => {
                 match (t / c.window()).saturating_sub(s.index) {
@@ -953,12 +1038,15 @@ impl fmt::Display for Policy {
         match self {
             Self::TokenBucket(b) => write!(f, "{name} capacity={} rate={}", b.capacity(), b.rate()),
             Self::Gcra(b) => write!(f, "{name} burst={} rate={}", b.capacity(), b.rate()),
-            Self::FixedWindow(w) => write!(
-                f,
-                "{name} limit={} window={}",
-                w.limit(),
-                DisplayDuration(w.window())
-            ),
+            Self::FixedWindow(w) => match w.calendar() {
+                Some(calendar) => write!(f, "{name} limit={} {calendar}", w.limit()),
+                None => write!(
+                    f,
+                    "{name} limit={} window={}",
+                    w.limit(),
+                    DisplayDuration(w.window())
+                ),
+            },
             Self::SlidingLog(l) => write!(
                 f,
                 "{name} limit={} window={}",

@@ -200,6 +200,8 @@ impl Packing {
         match *policy {
             Policy::TokenBucket(b) | Policy::Gcra(b) => level(Leveled::Bucket(b), b.rate()),
             Policy::LeakyBucket(l) => level(Leveled::Shaper(l), l.rate()),
+            // A calendar's window is named by its start, not a small index.
+            Policy::FixedWindow(w) if w.calendar().is_some() => None,
             Policy::FixedWindow(w) => {
                 let bits = u64::BITS - index_bits(w.window());
                 let cap = w.limit().checked_add(1)?;

@@ -558,7 +558,7 @@ impl RedisStore {
         let request = batch::Request {
             head: header(checks.len(), mode, at),
             keys,
-            specs: checks.iter().map(spec).collect(),
+            specs: checks.iter().map(|c| spec(c, at)).collect(),
             slot: self
                 .is_cluster()
                 .then(|| cluster::slot(checks[0].check.key)),
@@ -736,6 +736,7 @@ fn policy_spec(policy: &Policy) -> String {
             l.rate().tokens(),
             l.rate().period()
         ),
+        Policy::FixedWindow(w) if w.calendar().is_some() => format!("fw {} 0", w.limit()),
         Policy::FixedWindow(w) => format!("fw {} {}", w.limit(), w.window()),
         Policy::SlidingCounter(c) => format!("sc {} {}", c.limit(), c.window()),
         Policy::SlidingLog(l) => format!("sl {} {}", l.limit(), l.window()),
@@ -743,10 +744,39 @@ fn policy_spec(policy: &Policy) -> String {
     }
 }
 
+/// A calendar's name and the boundaries of the windows before, holding and
+/// after `now` (the script has no time-zone database: it picks, among
+/// these, the window holding the check's time on its clock).
+fn calendar_spec(calendar: &weir_core::algo::Calendar, now: Nanos) -> String {
+    let (start, end) = calendar.window(now);
+    let before = calendar.window(start.saturating_sub(1)).0;
+    let after = calendar.window(end).1;
+    let mut text = format!(
+        " z={}-{}-{}",
+        calendar.period().name(),
+        calendar.anchor(),
+        calendar.zone().name()
+    );
+    for t in [before, start, end, after] {
+        let _ = write!(text, ",{},{}", t / NANOS_PER_SEC, t % NANOS_PER_SEC);
+    }
+    text
+}
+
 /// A check's argument for the script: its policy, then its flags and cost
-/// (see `weir.lua`).
-fn spec(c: &Check<'_>) -> String {
+/// (see `weir.lua`); `at`, the explicit time of the call (none: now, on
+/// this machine's clock, for a calendar's windows).
+fn spec(c: &Check<'_>, at: Option<Nanos>) -> String {
     let mut spec = policy_spec(c.check.policy);
+    if let Policy::FixedWindow(w) = c.check.policy
+        && let Some(calendar) = w.calendar()
+    {
+        let now = at.unwrap_or_else(|| {
+            let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+            since.map_or(0, |d| Nanos::try_from(d.as_nanos()).unwrap_or(Nanos::MAX))
+        });
+        spec.push_str(&calendar_spec(calendar, now));
+    }
     if c.on_loss == OnLoss::Empty {
         spec.push_str(" e");
     }

@@ -27,6 +27,12 @@
 --          "tb C n p"  token bucket / GCRA: capacity C, rate reduced to n/p ns
 --          "lb Q n p"  leaky bucket: queue Q, rate n/p
 --          "fw L W"    fixed window      "sc L W" sliding counter
+--                      (a calendar window: W is 0 and " z=NAME,S0,N0,..,S3,N3"
+--                      gives the calendar's name and four boundaries, the
+--                      windows before, holding and after the caller's now,
+--                      as (seconds, nanoseconds); the window holding the
+--                      check's time is the one decided in, or the one the
+--                      key's state names, whose length it keeps)
 --          "sl L W"    sliding log       (W in ns)
 --          "cc L D"    concurrency limit: at most L in flight, leases of D ns;
 --                      " i=ID" the lease a check takes, " x=ID" a release and
@@ -62,7 +68,8 @@
 -- "g:" a log, "c:" leases; a state read under another tag is converted or
 -- forgotten: `untag`), then "seen_s seen_ns ..." and
 --   tb/lb: level (1/p token units at seen, decimal)
---   fw: start_s start_ns count          sc: start_s start_ns cur prev
+--   fw: start_s start_ns count (a calendar's: then its window's length, s)
+--   sc: start_s start_ns cur prev
 --   sl: first_s first_ns total last_s last_ns (the entries' cost, the
 --       last one's time), then "|" and entries (varint gap in ns from the
 --       previous, varint cost), or "#" and entries (the gap as varint
@@ -445,12 +452,47 @@ local function parse(arg)
       elseif string.sub(spec[k], 1, 2) == 'b=' then
         local B, F, X, M = string.match(spec[k], '^b=(%d+),(%d+),(%d+),(%d+)$')
         p[12] = { tonumber(B), tonumber(F), tonumber(X), tonumber(M) }
+      elseif string.sub(spec[k], 1, 2) == 'z=' then
+        local name, bounds = string.match(spec[k], '^z=([^,]+),(.*)$')
+        local cal = {}
+        for n in string.gmatch(bounds, '%d+') do cal[#cal + 1] = tonumber(n) end
+        p[13], p[10] = cal, 'k' .. name .. ':'
       elseif string.sub(spec[k], 1, 2) == 'r=' then p[8] = tonumber(string.sub(spec[k], 3))
       elseif string.sub(spec[k], 1, 2) == 'c=' then p[5] = tonumber(string.sub(spec[k], 3)) end
     end
     parsed[arg] = p
   end
   return p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], nil, p[10], p[11], p[12]
+end
+
+-- A calendar window's boundaries, as its check's argument gives them (nil:
+-- not a calendar).
+local function calendar(arg)
+  local p = parsed[arg]
+  return p and p[13]
+end
+
+-- The calendar window holding (ts, tn): among the three the caller gave, or
+-- the one the key's state names (its start s3, s4 and its length s6 in
+-- seconds: a check clamped to the key's latest time, later than the
+-- caller's). Its start, the time left in it (wide past 2^51 ns: a year), and
+-- its length in seconds. Boundaries are local midnights: whole seconds.
+local function calendar_window(cal, ts, tn, s3, s4, s6)
+  local function within(ss, sn, es, en)
+    if (ts < ss or (ts == ss and tn < sn)) or not (ts < es or (ts == es and tn < en)) then return nil end
+    local left = diff(es, en, ts, tn)
+    if left >= LIM then left = wide().dur(wide().elapsed(es, en, ts, tn)) end
+    return ss, sn, left, es - ss
+  end
+  for i = 0, 2 do
+    local ss, sn, left, len = within(cal[2 * i + 1], cal[2 * i + 2], cal[2 * i + 3], cal[2 * i + 4])
+    if ss then return ss, sn, left, len end
+  end
+  if s3 and s6 and s6 > 0 then
+    local ss, sn, left, len = within(s3, s4, s3 + s6, s4)
+    if ss then return ss, sn, left, len end
+  end
+  error('weir: no calendar window was given for this time (the clocks disagree by more than a window)')
 end
 
 -- A check's three numbers as wide integers, for the checks decided wide.
@@ -619,22 +661,23 @@ local function window_counts(sliding, W_, wide, raw, s3, s4, s5, s6, ts, tn)
 end
 
 -- Fixed window (`fw`): at most L per aligned window.
-local function fixed_window(L, cost, report, ss, sn, left, cur, ts, tn)
+local function fixed_window(L, cost, report, ss, sn, left, cur, ts, tn, tail)
+  tail = tail or ''
   local allowed, remaining, retry, reset, delay, new, fresh, left0, idle0 = 0, 0, 0, 0, 0, nil, nil, 0, 0
   left0, idle0 = math.max(L - cur, 0), (cur > 0) and left or 0
   if report then
     local after = math.min(cur + cost, report)
     allowed, remaining, reset = 1, math.max(L - after, 0), (after > 0) and left or 0
     if after + 1 > L then retry = left end
-    new = string.format('%d %d %d %d %d', ts, tn, ss, sn, after)
+    new = string.format('%d %d %d %d %d', ts, tn, ss, sn, after) .. tail
   elseif cur + cost <= L then
     allowed, remaining, reset = 1, L - cur - cost, left
-    new = string.format('%d %d %d %d %d', ts, tn, ss, sn, cur + cost)
+    new = string.format('%d %d %d %d %d', ts, tn, ss, sn, cur + cost) .. tail
   else
     remaining, retry, reset = math.max(L - cur, 0), left, (cur > 0) and left or 0
   end
   -- The refreshed state, written only by a rejection or a standing.
-  if allowed == 0 or cost == 0 then fresh = string.format('%d %d %d %d %d', ts, tn, ss, sn, cur) end
+  if allowed == 0 or cost == 0 then fresh = string.format('%d %d %d %d %d', ts, tn, ss, sn, cur) .. tail end
   return allowed, remaining, retry, reset, delay, new, fresh, left0, idle0
 end
 
@@ -990,6 +1033,9 @@ local function load(raw, skip, kind, a, b, c, arg, lost_at_s, lost_at_ns)
       -- Leases unknown: the whole limit held, until a lease would expire.
       local es, en = add(gs, gn, b)
       s1, s2, blob = gs, gn, '|0 ' .. fmt3(a, es, en)
+    elseif kind == 'fw' and calendar(arg) then
+      local ws, wn, _, len = calendar_window(calendar(arg), gs, gn)
+      s1, s2, s3, s4, s5, s6 = gs, gn, ws, wn, a, len
     elseif kind == 'fw' or kind == 'sc' then
       local wide = false
       if b >= LIM then wide = select(2, wide_params(arg)) end
@@ -1020,6 +1066,11 @@ local function algorithm(arg, kind, a, b, c, cost, report, standing, raw, s1, s2
     level = X.drained(raw, s1, s2, level, wb, ts, tn)
     if kind == 'tb' then return X.token_bucket(a, wb, wc, cost, report, standing, level, ts, tn) end
     return X.leaky_bucket(a, wb, wc, cost, report, level, ts, tn)
+  elseif kind == 'fw' and calendar(arg) then
+    local ss, sn, left, len = calendar_window(calendar(arg), ts, tn, raw and s3, s4, s6)
+    local cur = 0
+    if raw and s3 == ss and s4 == sn then cur = s5 end
+    return fixed_window(a, cost, report, ss, sn, left, cur, ts, tn, ' ' .. fmt(len))
   elseif kind == 'fw' then
     local ss, sn, left, cur = window_counts(false, b, wide and wb, raw, s3, s4, s5, s6, ts, tn)
     if wide then left = wide_lib.dur(left) end

@@ -87,7 +87,8 @@ impl Parameters for FixedWindow {
         Some(self.window)
     }
     fn aligned_window(&self) -> Option<Nanos> {
-        Some(self.window)
+        // A calendar's windows are not multiples of one length.
+        self.calendar.is_none().then_some(self.window)
     }
 }
 

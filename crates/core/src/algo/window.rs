@@ -2,6 +2,7 @@
 //! with the real clock a `60s` window is a clock minute) and sliding counter
 //! (the previous window's count, weighted by how much of it still overlaps).
 
+use crate::algo::Calendar;
 use crate::decision::{ceil_div, floor_div};
 use crate::{Decision, Nanos};
 
@@ -25,7 +26,10 @@ fn locate(t: Nanos, w: Nanos, known: u64) -> (u64, Nanos) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FixedWindow {
     pub(crate) limit: u64,
+    /// The window's length (a calendar's nominal length).
     pub(crate) window: Nanos,
+    /// Windows of a calendar instead of multiples of `window`.
+    pub(crate) calendar: Option<Calendar>,
 }
 
 /// The state of one fixed-window key; the default value is a new key.
@@ -33,7 +37,8 @@ pub struct FixedWindow {
 pub struct FixedWindowState {
     /// The latest time this key has seen.
     pub seen: Nanos,
-    /// Index of the window `count` belongs to (`floor(t / window)`).
+    /// The window `count` belongs to: its index (`floor(t / window)`),
+    /// or a calendar window's start (Unix ns).
     pub index: u64,
     /// Admitted cost in that window.
     pub count: u64,
@@ -45,9 +50,37 @@ impl FixedWindow {
         self.limit
     }
 
-    /// The window length.
+    /// The window length (a calendar's nominal length: 1, 7, 30 or 365
+    /// days).
     pub fn window(&self) -> Nanos {
         self.window
+    }
+
+    /// The calendar whose windows these are, if any.
+    pub fn calendar(&self) -> Option<&Calendar> {
+        self.calendar.as_ref()
+    }
+
+    /// The window holding `t` (its index, or a calendar window's start) and
+    /// the time from `t` to its end; `known`, the key's last window, finds
+    /// an aligned one without a division.
+    #[inline(always)]
+    fn place(&self, t: Nanos, known: u64) -> (u64, Nanos) {
+        match &self.calendar {
+            None => {
+                let (index, offset) = locate(t, self.window, known);
+                (index, self.window - offset)
+            }
+            Some(calendar) => {
+                let (start, end) = calendar.window(t);
+                (start, end - t)
+            }
+        }
+    }
+
+    /// The window holding `t`, as [`FixedWindowState::index`] names it.
+    pub fn index_of(&self, t: Nanos) -> u64 {
+        self.place(t, 0).0
     }
 
     /// Charges `cost` at `t`, whatever the count (a report), up to a count
@@ -59,7 +92,7 @@ impl FixedWindow {
         cost: u64,
         ceiling: u64,
     ) -> FixedWindowState {
-        let (index, _) = locate(t, self.window, state.index);
+        let (index, _) = self.place(t, state.index);
         let count = if index == state.index { state.count } else { 0 };
         FixedWindowState {
             seen: t,
@@ -78,9 +111,8 @@ impl FixedWindow {
         cost: u64,
     ) -> (Decision, FixedWindowState) {
         let t = now.max(state.seen);
-        let (index, offset) = locate(t, self.window, state.index);
+        let (index, to_end) = self.place(t, state.index);
         let count = if index == state.index { state.count } else { 0 };
-        let to_end = self.window - offset;
         let allowed = u128::from(count) + u128::from(cost) <= u128::from(self.limit);
         let count = if allowed { count + cost } else { count };
         let reset = if count > 0 { to_end } else { 0 };
@@ -247,6 +279,7 @@ mod tests {
         let f = FixedWindow {
             limit: 120,
             window: 60 * S,
+            calendar: None,
         };
         let mut s = FixedWindowState::default();
         for at in [59_900_000_000, 60_100_000_000] {
