@@ -66,15 +66,38 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<bool> {
         .enable_all()
         .build()
         .context("starting the health check")?;
-    let asked = runtime
-        .block_on(async { tokio::time::timeout(args.timeout, ask(url, host, port, tls)).await });
+    let asked = runtime.block_on(async {
+        tokio::time::timeout(args.timeout, ask(url, host, port, tls, None)).await
+    });
     match asked {
         Err(_) => eprintln!("{url}: no answer within {:?}", args.timeout),
         Ok(Err(e)) => eprintln!("{url}: {e}"),
-        Ok(Ok(status)) if status.is_success() => return Ok(true),
-        Ok(Ok(status)) => eprintln!("{url}: {status}"),
+        Ok(Ok((status, _))) if status.is_success() => return Ok(true),
+        Ok(Ok((status, _))) => eprintln!("{url}: {status}"),
     }
     Ok(false)
+}
+
+/// One GET of `url` (plain HTTP), with `bearer` as its admin token: the
+/// status and body, within `timeout`.
+pub(crate) fn get(
+    url: &hyper::Uri,
+    bearer: Option<&str>,
+    timeout: Duration,
+) -> anyhow::Result<(hyper::StatusCode, Bytes)> {
+    let (Some("http"), Some(host)) = (url.scheme_str(), url.host()) else {
+        bail!("`{url}`: an http://HOST:PORT URL of weir's API listener");
+    };
+    let port = url.port_u16().unwrap_or(80);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        match tokio::time::timeout(timeout, ask(url, host, port, None, bearer)).await {
+            Ok(answer) => answer,
+            Err(_) => bail!("{url}: no answer within {timeout:?}"),
+        }
+    })
 }
 
 /// One GET of `url` over a connection of its own, through `tls` if given.
@@ -83,15 +106,18 @@ async fn ask(
     host: &str,
     port: u16,
     tls: Option<tokio_rustls::TlsConnector>,
-) -> anyhow::Result<hyper::StatusCode> {
+    bearer: Option<&str>,
+) -> anyhow::Result<(hyper::StatusCode, Bytes)> {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     let tcp = tokio::net::TcpStream::connect((bare, port)).await?;
-    let request = hyper::Request::get(url.path_and_query().map_or("/", |p| p.as_str()))
-        .header(
-            hyper::header::HOST,
-            url.authority().map_or(host, |a| a.as_str()),
-        )
-        .body(Empty::<Bytes>::new())?;
+    let mut request = hyper::Request::get(url.path_and_query().map_or("/", |p| p.as_str())).header(
+        hyper::header::HOST,
+        url.authority().map_or(host, |a| a.as_str()),
+    );
+    if let Some(token) = bearer {
+        request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = request.body(Empty::<Bytes>::new())?;
     let status = match tls {
         None => send(tcp, request).await?,
         Some(tls) => {
@@ -105,12 +131,20 @@ async fn ask(
 async fn send<S>(
     stream: S,
     request: hyper::Request<Empty<Bytes>>,
-) -> anyhow::Result<hyper::StatusCode>
+) -> anyhow::Result<(hyper::StatusCode, Bytes)>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    use http_body_util::BodyExt;
     let (mut sender, connection) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
     tokio::spawn(connection);
-    Ok(sender.send_request(request).await?.status())
+    let response = sender.send_request(request).await?;
+    let status = response.status();
+    // An answer's body, at most 1 MiB.
+    let body = http_body_util::Limited::new(response.into_body(), 1 << 20)
+        .collect()
+        .await
+        .map_err(|e| anyhow::anyhow!("reading the answer: {e}"))?;
+    Ok((status, body.to_bytes()))
 }

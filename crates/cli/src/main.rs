@@ -4,6 +4,7 @@
 mod bench;
 mod config;
 mod envoy_ratelimit;
+mod explain;
 mod healthcheck;
 mod limitador;
 mod policy_flags;
@@ -57,6 +58,10 @@ enum Command {
     /// Ask a URL of weir and exit 0 if it answers 2xx (the container's
     /// health check: no shell or curl needed).
     Healthcheck(healthcheck::Args),
+    /// Ask a running weir why a key is limited: the routes, override,
+    /// parameters and penalty in force, and the key's standing (in debt,
+    /// banned, its reset). Reads the admin token from WEIR_ADMIN_TOKEN.
+    Explain(explain::Args),
 }
 
 fn main() -> ExitCode {
@@ -67,6 +72,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(&args),
         Command::Config(command) => config::config(&command),
         Command::EnvoyRatelimit(args) => envoy_ratelimit::run(&args),
+        Command::Explain(args) => explain::run(&args),
         Command::Healthcheck(args) => match healthcheck::run(&args) {
             Ok(true) => Ok(()),
             Ok(false) => return ExitCode::FAILURE,

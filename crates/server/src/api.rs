@@ -692,6 +692,79 @@ pub(crate) async fn reset_key(
     .into_response())
 }
 
+/// `?policy=…&key=…[&source=…]` of `/v1/explain`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ExplainQuery {
+    policy: String,
+    key: String,
+    source: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Explained<'a> {
+    policy: &'a str,
+    key: &'a str,
+    stored_key: &'a str,
+    /// The gateway routes that check this policy.
+    routes: Vec<&'a str>,
+    /// The `[[overrides]]` entry that decides this identity, if one does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    r#override: Option<&'a str>,
+    unlimited: bool,
+    /// The parameters in force (the override's, when one applies).
+    parameters: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    penalty: Option<String>,
+    shadow: bool,
+    exists: bool,
+    /// Under a balance below zero (usage reported past the limit): every
+    /// check is refused until it is paid back.
+    in_debt: bool,
+    banned: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    banned_until: Option<String>,
+    /// What a check of cost 1 would decide now.
+    next_check: DecisionBody<'a>,
+}
+
+/// `GET /v1/explain?policy=…&key=…[&source=…]` (admin token): why a key is
+/// limited — the routes that check the policy, the override that decides
+/// the identity, the parameters and penalty in force, and the key's
+/// standing (remaining, reset, in debt, banned): nothing is charged.
+pub(crate) async fn explain(
+    State(state): State<Arc<AppState>>,
+    Peer(peer): Peer,
+    Query(query): Query<ExplainQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (shared, base) = authorize(&state, peer, &headers, &query.policy)?;
+    let (id, stored) = addressed(&shared, base, &query.key, query.source.as_deref())?;
+    let ((next, exists), (standing, _)) =
+        tokio::try_join!(shared.peek(id, &stored), shared.peek_cost(id, &stored, 0))?;
+    let entry = shared.table.get(id);
+    let routes = (shared.config.routes.iter())
+        .filter(|r| r.policies.contains(&base))
+        .map(|r| r.text.as_str())
+        .collect();
+    Ok(Json(Explained {
+        policy: &entry.name,
+        key: &query.key,
+        stored_key: &stored,
+        routes,
+        r#override: (id != base).then_some(entry.stored_as.as_str()),
+        unlimited: entry.unlimited,
+        parameters: entry.policy.to_string(),
+        penalty: entry.penalty.map(|p| p.to_string()),
+        shadow: entry.shadow,
+        exists,
+        in_debt: !standing.allowed && standing.banned == 0,
+        banned: next.banned > 0,
+        banned_until: crate::answer::time_after(next.banned),
+        next_check: DecisionBody::new(entry, &next, false),
+    })
+    .into_response())
+}
+
 #[derive(Debug, Serialize)]
 struct Lifted<'a> {
     policy: &'a str,

@@ -227,12 +227,20 @@ impl Shared {
         policy: TableId,
         key: &str,
     ) -> Result<(Decision, bool), Undecided> {
+        self.peek_cost(policy, key, 1).await
+    }
+
+    /// What a check of `cost` (0: the standing, refused only in debt or
+    /// while banned) would decide now, charging nothing; whether the key
+    /// has state.
+    pub(crate) async fn peek_cost(
+        &self,
+        policy: TableId,
+        key: &str,
+        cost: u64,
+    ) -> Result<(Decision, bool), Undecided> {
         let table = &self.table;
-        let check = Check {
-            policy,
-            key,
-            cost: 1,
-        };
+        let check = Check { policy, key, cost };
         let asked = [store::Check {
             on_error: Some(OnStoreError::Deny),
             ..store_check(table, &check)

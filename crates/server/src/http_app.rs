@@ -35,7 +35,7 @@ pub enum Face {
 /// does not serve: the decision API, admin, metrics and the dashboard. One
 /// list, from which [`app`] builds the router and [`App::gateway`] tells the
 /// API's paths from the gateway routes'.
-fn api_routes() -> [(&'static str, MethodRouter<Arc<AppState>>); 17] {
+fn api_routes() -> [(&'static str, MethodRouter<Arc<AppState>>); 18] {
     [
         ("/v1/check", post(api::check)),
         ("/v1/report", post(api::report)),
@@ -47,6 +47,7 @@ fn api_routes() -> [(&'static str, MethodRouter<Arc<AppState>>); 17] {
             get(api::inspect_key).delete(api::reset_key),
         ),
         ("/v1/bans/{policy}/{key}", delete(api::lift_ban)),
+        ("/v1/explain", get(api::explain)),
         ("/v1/admin/reload", post(api::reload)),
         ("/readyz", get(api::readyz)),
         ("/metrics", get(api::metrics)),

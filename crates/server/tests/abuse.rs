@@ -414,3 +414,70 @@ charge_on = [401]
     let anonymous = send("POST", &login, &[("x-forwarded-for", "203.0.113.51")], "").await;
     assert_eq!(anonymous.status, 400, "{}", anonymous.body);
 }
+
+/// "Why was I limited?": the routes, the override, the parameters and
+/// penalty in force, the key's debt and ban — and nothing charged.
+#[tokio::test]
+async fn explain_says_why_a_key_is_limited_and_charges_nothing() {
+    let (addr, _) = start(
+        r#"
+[server]
+admin_token = "a-long-enough-admin-token"
+
+[policies.tokens]
+algorithm = "token-bucket"
+capacity = 100
+rate = "100/h"
+penalty = { ban = "10m" }
+
+[[overrides]]
+policy = "tokens"
+keys = ["big-customer"]
+capacity = 1000
+rate = "1000/h"
+
+[[routes]]
+match = "POST /v1/chat"
+identity = "header:x-tenant"
+policies = ["tokens"]
+"#,
+    )
+    .await;
+    let auth = [("authorization", TOKEN)];
+    let explain = |key: &str| {
+        let url = format!("http://{addr}/v1/explain?policy=tokens&key={key}");
+        async move { send("GET", &url, &auth, "").await.json() }
+    };
+    let fresh = explain("acme").await;
+    assert_eq!(fresh["exists"], false, "{fresh}");
+    assert_eq!(fresh["parameters"], "token-bucket capacity=100 rate=100/h");
+    assert_eq!(fresh["penalty"], "ban=10m factor=1 max=10m memory=10m");
+    assert_eq!(fresh["routes"][0], "POST /v1/chat");
+    assert_eq!(fresh["next_check"]["remaining"], 99);
+    let big = explain("big-customer").await;
+    assert_eq!(big["override"], "tokens@override-1", "{big}");
+    assert_eq!(big["parameters"], "token-bucket capacity=1000 rate=1000/h");
+    // Usage past the limit: in debt, not banned (a report never bans).
+    let report = r#"{"policy":"tokens","key":"acme","cost":150}"#;
+    send("POST", &format!("http://{addr}/v1/report"), &[], report).await;
+    let debt = explain("acme").await;
+    assert_eq!(
+        (debt["in_debt"].clone(), debt["banned"].clone()),
+        (true.into(), false.into()),
+        "{debt}"
+    );
+    assert_eq!(
+        explain("acme").await["in_debt"],
+        true,
+        "explaining charged nothing"
+    );
+    // The next check is refused, and bans.
+    let check = r#"{"policy":"tokens","key":"acme"}"#;
+    send("POST", &format!("http://{addr}/v1/check"), &[], check).await;
+    let banned = explain("acme").await;
+    assert_eq!(banned["banned"], true, "{banned}");
+    assert!(banned["banned_until"].as_str().is_some());
+    // Without the token: no explanation.
+    let url = format!("http://{addr}/v1/explain?policy=tokens&key=acme");
+    assert_eq!(send("GET", &url, &[], "").await.status, 401);
+}
