@@ -267,9 +267,17 @@ function keyPath() {
 async function inspectKey() {
   const out = $("inspect-result");
   try {
-    const body = await api(keyPath());
+    // Why the key is limited (GET /v1/explain): nothing is charged.
+    const body = await api("/v1/explain?policy=" + encodeURIComponent($("inspect-policy").value) +
+      "&key=" + encodeURIComponent($("inspect-key").value));
     const d = body.next_check;
-    out.textContent = (body.exists ? "stored" : "not stored (a new key)") + "\n" +
+    const why = [];
+    if (body.banned) why.push("BANNED until " + new Date(body.banned_until).toLocaleString());
+    if (body.in_debt) why.push("in debt: usage reported past the limit");
+    if (body.override) why.push("decided by its override " + body.override + (body.unlimited ? " (unlimited)" : ""));
+    out.textContent = (body.exists ? "stored" : "not stored (a new key)") + " · " + body.parameters +
+      (body.penalty ? " · penalty " + body.penalty : "") + "\n" +
+      (why.length ? why.join("\n") + "\n" : "") +
       "a check of cost 1 now: " + (d.allowed ? "allowed" : "refused, retry after " + d.retry_after_ms + " ms") +
       "\nremaining " + d.remaining + " of " + d.limit + ", full again in " + d.reset_ms + " ms\n\n" + JSON.stringify(body, null, 2);
   } catch (e) {
