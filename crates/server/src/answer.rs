@@ -337,6 +337,24 @@ pub(crate) struct DecisionBody<'a> {
     pub(crate) banned_until: Option<String>,
 }
 
+/// A `429`'s body for `entry`'s refusal `d`: the policy's own (made once),
+/// or, for a banned key, the same with `"banned": true` and
+/// `"banned_until"`.
+pub(crate) fn refusal_body(entry: &Entry, d: &Decision) -> Body {
+    match time_after(d.banned) {
+        None => Body::from(entry.shown.refused.clone()),
+        Some(until) => Body::from(
+            serde_json::json!({
+                "error": "RATE_LIMITED",
+                "policy": entry.name,
+                "banned": true,
+                "banned_until": until,
+            })
+            .to_string(),
+        ),
+    }
+}
+
 /// The time `wait` ns from now, as an RFC 3339 UTC time (`None` for 0).
 pub(crate) fn time_after(wait: Nanos) -> Option<String> {
     let wait = i64::try_from(wait).ok().filter(|&w| w > 0)?;

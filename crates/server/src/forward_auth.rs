@@ -10,7 +10,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderName, Method, StatusCode};
@@ -225,7 +224,8 @@ async fn decide_route(
             parts: &parts,
             style,
         };
-        let body = Body::from(refusing.shown.refused.clone());
+        let decision = verdict.decisions().nth(first).unwrap_or_default();
+        let body = crate::answer::refusal_body(refusing, &decision);
         return Ok(refused.response_with(body));
     }
     let delay = verdict.delay();

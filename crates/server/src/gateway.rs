@@ -308,7 +308,10 @@ async fn decide_and_forward(
             parts: &parts,
             style: server.headers,
         }
-        .response_with(Body::from(refusing.shown.refused.clone()));
+        .response_with(crate::answer::refusal_body(
+            refusing,
+            &verdict.decisions().nth(first).unwrap_or_default(),
+        ));
         if server.access_log {
             let logged = logged("limited", Some(&refusing.name));
             response.extensions_mut().insert(logged);

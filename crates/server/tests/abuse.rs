@@ -161,6 +161,12 @@ async fn only_failed_logins_count_and_a_ban_shuts_the_address_out() {
     let banned = send("POST", &login, &from("203.0.113.7", "right"), "").await;
     assert_eq!(banned.status, 429, "{}", banned.body);
     assert_eq!(banned.header("retry-after"), "900");
+    assert_eq!(banned.json()["banned"], true, "{}", banned.body);
+    assert!(
+        banned.json()["banned_until"].as_str().is_some(),
+        "{}",
+        banned.body
+    );
     assert_eq!(
         seen.load(Ordering::SeqCst),
         25,
