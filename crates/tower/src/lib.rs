@@ -3,7 +3,7 @@
 //! Redis (`weir_redis::RedisStore`), or your own.
 //!
 //! Each request's identity comes from a [`KeyExtractor`]: a closure, a
-//! trusted header ([`HeaderKey`]), the peer address ([`PeerKey`]), or the
+//! trusted header ([`HeaderKey`]), the peer address ([`PeerKey`](struct@PeerKey)), or the
 //! client address behind proxies you trust ([`ForwardedKey`]). Its cost
 //! comes from a [`Cost`] (1, or a closure). The layer checks one or several
 //! policies all-or-nothing. A rejected request is answered at once with
