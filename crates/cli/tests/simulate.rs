@@ -176,6 +176,20 @@ fn mixed_trace(seed: u64, leases: bool) -> String {
     out
 }
 
+/// `weir FLAGS` on `trace` in process and with `--store url`: the same
+/// output, which it returns.
+fn same_on(url: &str, flags: &str, trace: &str) -> String {
+    let args: Vec<&str> = flags.split_whitespace().collect();
+    let here = weir(&args, trace);
+    assert!(here.status.success(), "{flags}: {}", text(&here.stderr));
+    let on_store = [&args[..], &["--store", url]].concat();
+    let there = weir(&on_store, trace);
+    assert!(there.status.success(), "{flags}: {}", text(&there.stderr));
+    let here = text(&here.stdout);
+    assert_eq!(here, text(&there.stdout), "{flags}");
+    here
+}
+
 /// Probes and penalties on every algorithm: the Redis script decides every
 /// row of long mixed traces as the core does, bans growing and forgotten.
 #[test]
@@ -199,15 +213,7 @@ fn probes_and_penalties_agree_in_process_and_on_redis() {
         let trace = mixed_trace(7, policy.contains("concurrency"));
         for penalty in penalties {
             let flags = format!("simulate {policy} {penalty} --trace -");
-            let args: Vec<&str> = flags.split_whitespace().collect();
-            let here = weir(&args, &trace);
-            assert!(here.status.success(), "{flags}: {}", text(&here.stderr));
-            let mut on_redis = args.clone();
-            on_redis.extend(["--store", url.as_str()]);
-            let there = weir(&on_redis, &trace);
-            assert!(there.status.success(), "{flags}: {}", text(&there.stderr));
-            let here = text(&here.stdout);
-            assert_eq!(here, text(&there.stdout), "{flags}");
+            let here = same_on(&url, &flags, &trace);
             if !penalty.is_empty() {
                 let refused = |l: &&str| l.contains(",probe,") && l.contains(",false,");
                 assert!(
@@ -265,14 +271,7 @@ fn calendar_windows_agree_in_process_and_on_redis() {
         "--calendar year --zone Asia/Tokyo",
     ] {
         let flags = format!("simulate --algorithm fixed-window --limit 5 {calendar} --trace -");
-        let args: Vec<&str> = flags.split_whitespace().collect();
-        let here = weir(&args, &trace);
-        assert!(here.status.success(), "{flags}: {}", text(&here.stderr));
-        let mut on_redis = args.clone();
-        on_redis.extend(["--store", url.as_str()]);
-        let there = weir(&on_redis, &trace);
-        assert!(there.status.success(), "{flags}: {}", text(&there.stderr));
-        assert_eq!(text(&here.stdout), text(&there.stdout), "{flags}");
+        same_on(&url, &flags, &trace);
     }
 }
 

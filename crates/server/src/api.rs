@@ -665,6 +665,9 @@ struct Reset<'a> {
     stored_key: &'a str,
     reset: bool,
     existed: bool,
+    /// Unbanning: whether the key had a ban (in force, or remembered).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lifted: Option<bool>,
     effect: &'static str,
 }
 
@@ -687,6 +690,7 @@ pub(crate) async fn reset_key(
         stored_key: &stored,
         reset: true,
         existed,
+        lifted: None,
         effect: "the key starts afresh with its full allowance",
     })
     .into_response())
@@ -765,16 +769,6 @@ pub(crate) async fn explain(
     .into_response())
 }
 
-#[derive(Debug, Serialize)]
-struct Lifted<'a> {
-    policy: &'a str,
-    key: &'a str,
-    stored_key: &'a str,
-    /// Whether the key had a ban (in force, or remembered) to lift.
-    lifted: bool,
-    effect: &'static str,
-}
-
 /// `DELETE /v1/bans/{policy}/{key}[?source=…]`: lifts the key's ban,
 /// forgets its level (the next ban is the first again) and gives it its
 /// full allowance — what unbanning a locked-out customer needs (a ban lifted
@@ -795,14 +789,16 @@ pub(crate) async fn lift_ban(
     }
     let (id, stored) = addressed(&shared, id, &key, source.as_deref())?;
     let lifted = shared.lift_ban(id, &stored).await?;
-    shared.reset(id, &stored).await?;
+    let existed = shared.reset(id, &stored).await?;
     let admin = peer.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
     tracing::info!(policy, key = stored, lifted, %admin, "admin lifted a ban");
-    Ok(Json(Lifted {
+    Ok(Json(Reset {
         policy: &policy,
         key: &key,
         stored_key: &stored,
-        lifted,
+        reset: true,
+        existed,
+        lifted: Some(lifted),
         effect: "the key is no longer banned, starts afresh with its full allowance, and its next ban is the first",
     })
     .into_response())
