@@ -912,10 +912,17 @@ impl<C: Clock> Limiter<C> {
                 decisions,
             });
         }
-        // A shadow check that would refuse charges nothing, and a probe
-        // nothing ever (cost 0 below: the key's latest time moves).
-        for ((target, decision), check) in targets.iter_mut().zip(&decisions).zip(checks) {
+        // A shadow check that would refuse charges nothing (a penalty bans
+        // as if enforced), and a probe nothing ever (cost 0 below: the
+        // key's latest time moves).
+        for ((target, decision), check) in targets.iter_mut().zip(&mut decisions).zip(checks) {
             if check.shadow && refuses(decision) {
+                let (p, s, key, cost) = *target;
+                let store = &self.at(p).store;
+                if !decision.allowed && decision.banned == 0 && store.penalty().is_some() {
+                    *decision = (store.check_locked(&guards[guard_of(p, s)], key, cost, now))
+                        .map_err(|e| cost_error(self.at(p), e))?;
+                }
                 target.3 = 0;
             }
             if check.probe {

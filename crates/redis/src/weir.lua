@@ -1108,9 +1108,10 @@ local function commit(k, n, all, blocked, lost, redis_time, out, no)
     if all == 1 and checks[c + 6] and not (checks[c + 10] and refused) then
       store(KEYS[k + i], checks[c + 15], checks[c + 6], reset, redis_time, ban)
       stored = true
-    elseif all == 0 and (n == 1 or checks[c + 19]) and allowed == 0 and not blocked then
-      -- A rejection refreshes accounting (and a ban begun is kept, whatever
-      -- else the request held).
+    elseif (all == 0 and n == 1 or checks[c + 19]) and allowed == 0 and not blocked then
+      -- A rejection refreshes accounting; a ban begun is kept, whatever
+      -- else the request held (a shadow policy's too: decided as if
+      -- enforced).
       store(KEYS[k + i], checks[c + 15], text(checks[c + 7]), reset, redis_time, ban)
       stored = true
     end
@@ -1121,7 +1122,7 @@ local function commit(k, n, all, blocked, lost, redis_time, out, no)
     out[no + 1], out[no + 2], out[no + 3] = allowed, remaining, reply(checks[c + 3])
     out[no + 4], out[no + 5], out[no + 6] = reply(reset), reply(delay), checks[c + 11]
     out[no + 7], out[no + 8], out[no + 9] = created, reply(checks[c + 14]), checks[c + 18]
-    out[no + 10] = (checks[c + 19] and all <= 0) and 1 or 0
+    out[no + 10] = (checks[c + 19] and not blocked) and 1 or 0
     no = no + 10
   end
   return no

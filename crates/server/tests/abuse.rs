@@ -487,3 +487,53 @@ policies = ["tokens"]
     let url = format!("http://{addr}/v1/explain?policy=tokens&key=acme");
     assert_eq!(send("GET", &url, &[], "").await.status, 401);
 }
+
+/// A shadow policy with a penalty bans as if enforced — and never refuses —
+/// alike in process and on Redis, alone and beside another policy.
+#[tokio::test]
+async fn a_shadow_penalty_bans_as_if_enforced_in_every_store() {
+    let redis = weir_testkit::RedisServer::start(&[]);
+    let policies = "[policies.trial]\nalgorithm = \"fixed-window\"\nlimit = 1\nwindow = \"1h\"\nshadow = true\npenalty = { ban = \"10m\" }\n\n[policies.all]\nalgorithm = \"token-bucket\"\ncapacity = 100\nrate = \"1/s\"\n";
+    let memory = start(policies).await.0;
+    let shared = start(&format!("[store]\nurl = \"{}\"\n\n{policies}", redis.url()))
+        .await
+        .0;
+    let mut answers = Vec::new();
+    for addr in [memory, shared] {
+        let check = format!("http://{addr}/v1/check");
+        let mut seen = Vec::new();
+        for body in [
+            r#"{"policy":"trial","key":"t1"}"#,
+            r#"{"policy":"trial","key":"t1"}"#,
+            r#"{"policy":"trial","key":"t1"}"#,
+            r#"{"checks":[{"policy":"trial","key":"t2"},{"policy":"all","key":"t2"}]}"#,
+            r#"{"checks":[{"policy":"trial","key":"t2"},{"policy":"all","key":"t2"}]}"#,
+            r#"{"checks":[{"policy":"trial","key":"t2"},{"policy":"all","key":"t2"}]}"#,
+        ] {
+            let answer = send("POST", &check, &[], body).await.json();
+            let one = answer.get("decisions").map_or(&answer, |d| &d[0]);
+            seen.push((
+                answer["allowed"].clone(),
+                one["banned"].clone(),
+                one["shadow_limited"].clone(),
+            ));
+        }
+        answers.push(seen);
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert!(
+        answers[0].iter().all(|(allowed, _, _)| *allowed == true),
+        "{:?}",
+        answers[0]
+    );
+    assert_eq!(
+        answers[0][1].1, true,
+        "the refusal banned: {:?}",
+        answers[0]
+    );
+    assert_eq!(
+        answers[0][4].1, true,
+        "beside another policy too: {:?}",
+        answers[0]
+    );
+}
