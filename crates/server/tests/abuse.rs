@@ -493,7 +493,7 @@ policies = ["tokens"]
 #[tokio::test]
 async fn a_shadow_penalty_bans_as_if_enforced_in_every_store() {
     let redis = weir_testkit::RedisServer::start(&[]);
-    let policies = "[policies.trial]\nalgorithm = \"fixed-window\"\nlimit = 1\nwindow = \"1h\"\nshadow = true\npenalty = { ban = \"10m\" }\n\n[policies.all]\nalgorithm = \"token-bucket\"\ncapacity = 100\nrate = \"1/s\"\n";
+    let policies = "[policies.probation]\nalgorithm = \"fixed-window\"\nlimit = 1\nwindow = \"1h\"\nshadow = true\npenalty = { ban = \"10m\" }\n\n[policies.overall]\nalgorithm = \"token-bucket\"\ncapacity = 100\nrate = \"1/s\"\n";
     let memory = start(policies).await.0;
     let shared = start(&format!("[store]\nurl = \"{}\"\n\n{policies}", redis.url()))
         .await
@@ -503,12 +503,12 @@ async fn a_shadow_penalty_bans_as_if_enforced_in_every_store() {
         let check = format!("http://{addr}/v1/check");
         let mut seen = Vec::new();
         for body in [
-            r#"{"policy":"trial","key":"t1"}"#,
-            r#"{"policy":"trial","key":"t1"}"#,
-            r#"{"policy":"trial","key":"t1"}"#,
-            r#"{"checks":[{"policy":"trial","key":"t2"},{"policy":"all","key":"t2"}]}"#,
-            r#"{"checks":[{"policy":"trial","key":"t2"},{"policy":"all","key":"t2"}]}"#,
-            r#"{"checks":[{"policy":"trial","key":"t2"},{"policy":"all","key":"t2"}]}"#,
+            r#"{"policy":"probation","key":"t1"}"#,
+            r#"{"policy":"probation","key":"t1"}"#,
+            r#"{"policy":"probation","key":"t1"}"#,
+            r#"{"checks":[{"policy":"probation","key":"t2"},{"policy":"overall","key":"t2"}]}"#,
+            r#"{"checks":[{"policy":"probation","key":"t2"},{"policy":"overall","key":"t2"}]}"#,
+            r#"{"checks":[{"policy":"probation","key":"t2"},{"policy":"overall","key":"t2"}]}"#,
         ] {
             let answer = send("POST", &check, &[], body).await.json();
             let one = answer.get("decisions").map_or(&answer, |d| &d[0]);
