@@ -265,6 +265,14 @@ async fn a_shaper_admits_only_what_it_would_release_at_once() {
 #[tokio::test]
 async fn malformed_requests_are_invalid_arguments() {
     let (mut client, _, _) = start(CONFIG).await;
+    // A message past the bound is refused before it is decoded whole.
+    let huge = RateLimitRequest {
+        domain: "kartly".into(),
+        descriptors: vec![descriptor(&[("seller", &"x".repeat(300 * 1024))], None)],
+        hits_addend: 0,
+    };
+    let refused = client.should_rate_limit(huge).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::OutOfRange, "{refused:?}");
     let cases = [
         (
             RateLimitRequest {
