@@ -414,6 +414,12 @@ pub(crate) struct BodyTimedOut(pub(crate) std::time::Duration);
 /// The most header bytes (names and values) a request may carry.
 pub const MAX_HEADER_BYTES: usize = 32 * 1024;
 
+/// The largest gRPC request message a call may send (tonic's own default
+/// is 4 MiB): a rate limit request's 64 descriptors, an ext_authz request's
+/// 32 KiB of headers, with room to spare. Past it: `OUT_OF_RANGE`, nothing
+/// decided.
+pub(crate) const MAX_GRPC_MESSAGE: usize = 256 * 1024;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,7 +48,7 @@ impl RateLimiter {
     /// The generated service over `state`, as `run_grpc` serves it.
     pub fn service(state: Arc<AppState>) -> RateLimitServiceServer<Self> {
         RateLimitServiceServer::new(Self { state })
-            .max_decoding_message_size(crate::grpc::MAX_MESSAGE)
+            .max_decoding_message_size(crate::answer::MAX_GRPC_MESSAGE)
     }
 }
 

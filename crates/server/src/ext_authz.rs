@@ -39,7 +39,8 @@ pub(crate) struct Authorizer {
 
 impl Authorizer {
     pub(crate) fn service(state: Arc<AppState>) -> AuthorizationServer<Self> {
-        AuthorizationServer::new(Self { state }).max_decoding_message_size(crate::grpc::MAX_MESSAGE)
+        AuthorizationServer::new(Self { state })
+            .max_decoding_message_size(crate::answer::MAX_GRPC_MESSAGE)
     }
 }
 

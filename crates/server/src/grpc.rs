@@ -33,12 +33,6 @@ use crate::tls::{Alpn, Tls};
 
 type Answer = Pin<Box<dyn Future<Output = Result<Response<tonic::body::Body>, Infallible>> + Send>>;
 
-/// The largest request message a call may send (tonic's own default is
-/// 4 MiB): a rate limit request's 64 descriptors, an ext_authz request's
-/// 32 KiB of headers, with room to spare. Past it: `OUT_OF_RANGE`, nothing
-/// decided.
-pub(crate) const MAX_MESSAGE: usize = 256 * 1024;
-
 const RLS: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
 const AUTHZ: &str = "/envoy.service.auth.v3.Authorization/";
 const HEALTH: &str = "/grpc.health.v1.Health/";
