@@ -194,14 +194,19 @@ async fn decide_route(
     }
     let Identified {
         ids,
-        keys,
+        own_keys,
+        key,
         cost,
         client,
         ..
     } = identify(shared, route, params, &request, peer)?;
     drop(request);
-    let checks: InlineVec<Check<'_>> = (ids.iter().zip(&keys))
-        .map(|(&policy, key)| Check { policy, key, cost })
+    let checks: InlineVec<Check<'_>> = (ids.iter().zip(&own_keys))
+        .map(|(&policy, own)| Check {
+            policy,
+            key: own.as_deref().unwrap_or(&key),
+            cost,
+        })
         .collect();
     let verdict = shared
         .decide(Ask {

@@ -263,7 +263,7 @@ async fn decide_and_forward(
 ) -> Response {
     let Identified {
         ids,
-        keys,
+        own_keys,
         key,
         cost,
         client,
@@ -272,10 +272,10 @@ async fn decide_and_forward(
         Ok(identified) => identified,
         Err(e) => return e.into_response(),
     };
-    let checks: InlineVec<Check<'_>> = (ids.iter().zip(&keys))
-        .map(|(&policy, key)| Check {
+    let checks: InlineVec<Check<'_>> = (ids.iter().zip(&own_keys))
+        .map(|(&policy, own)| Check {
             policy,
-            key,
+            key: own.as_deref().unwrap_or(&key),
             cost: (shared.table.get(policy).policy).request_cost(cost, route.concurrency_cost),
         })
         .collect();
@@ -348,7 +348,9 @@ async fn decide_and_forward(
     let on_answer = route.charge_on.as_ref().map(|on| OnAnswer {
         shared: Arc::clone(shared),
         route: Arc::clone(&route.label),
-        charged: ids.iter().copied().zip(keys.iter().cloned()).collect(),
+        charged: (ids.iter().zip(&own_keys))
+            .map(|(&policy, own)| (policy, own.clone().unwrap_or_else(|| key.clone())))
+            .collect(),
         cost,
         hangup: on.on_hangup,
     });

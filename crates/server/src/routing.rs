@@ -198,7 +198,7 @@ fn identity<'r>(
     route: &Route,
     request: &'r Request,
     params: &[(&'r str, &'r str)],
-    client: Option<String>,
+    client: Client<'_>,
     jwt: Option<&crate::config::Jwt>,
 ) -> Result<(Cow<'r, str>, String), ApiError> {
     let fallbacks = route
@@ -213,7 +213,7 @@ fn identity<'r>(
             let key = scoped_key(scope, &value)?;
             return Ok((value, key));
         }
-        let value = match source_value(source, request, params, client.as_deref(), jwt)? {
+        let value = match source_value(source, request, params, client, jwt)? {
             Some(v) if !v.trim().is_empty() => v,
             Some(_) => {
                 blank.get_or_insert(scope);
@@ -248,7 +248,7 @@ fn source_value<'r>(
     source: &Identity,
     request: &'r Request,
     params: &[(&'r str, &'r str)],
-    client: Option<&str>,
+    client: Client<'_>,
     jwt: Option<&crate::config::Jwt>,
 ) -> Result<Option<Cow<'r, str>>, ApiError> {
     Ok(match source {
@@ -269,7 +269,7 @@ fn source_value<'r>(
             .find(|(n, _)| n == name)
             .map(|(_, v)| Cow::Borrowed(*v)),
         // The client's address, or its network (`ipv6_prefix`).
-        Identity::Peer => client.map(|key| Cow::Owned(key.to_owned())),
+        Identity::Peer => client.ip.map(|ip| Cow::Owned(client.limits.peer_key(ip))),
         Identity::Query(name) => {
             let query = request.uri().query().unwrap_or_default();
             let mut values = form_urlencoded::parse(query.as_bytes()).filter(|(n, _)| n == name);
@@ -363,13 +363,21 @@ pub(crate) fn route<'a>(
     }
 }
 
+/// The client, as a `peer` identity reads it: its address behind trusted
+/// proxies, keyed as its network only when a source asks.
+#[derive(Clone, Copy)]
+struct Client<'a> {
+    ip: Option<IpAddr>,
+    limits: &'a crate::config::ConnectionLimits,
+}
+
 /// A request ready to decide.
 pub(crate) struct Identified {
     /// The policies that decide it, its overrides resolved.
     pub(crate) ids: InlineVec<TableId>,
-    /// Per policy of `ids`, the stored key it counts: the route's, or the
-    /// policy's own identity's.
-    pub(crate) keys: InlineVec<String>,
+    /// Per policy of `ids`, the stored key of its own identity, if it has
+    /// one (`None`: it counts the route's).
+    pub(crate) own_keys: InlineVec<Option<String>>,
     /// The route's stored key.
     pub(crate) key: String,
     /// What it is charged on admission.
@@ -410,20 +418,23 @@ pub(crate) fn identify(
         return Err(ApiError::Denied);
     }
     let exempt = listed(&server.allow) || listed(&route.exempt);
-    let peer_key = client.map(|ip| server.limits.peer_key(ip));
     let jwt = shared.config.jwt.as_ref();
-    let (sent, key) = identity(route, request, params, peer_key.clone(), jwt)?;
+    let peer = Client {
+        ip: client,
+        limits: &server.limits,
+    };
+    let (sent, key) = identity(route, request, params, peer, jwt)?;
     // An overridden identity is decided by its override; an exempt client
     // by none of them.
-    let (mut ids, mut keys) = (InlineVec::new(), InlineVec::new());
+    let (mut ids, mut own_keys) = (InlineVec::new(), InlineVec::new());
     for (&policy, own) in route.policies.iter().zip(&route.keyed) {
         if exempt || listed(&shared.table.get(policy).exempt) {
             continue;
         }
         let (sent, key) = match own {
-            None => (Cow::Borrowed(sent.as_ref()), key.clone()),
+            None => (Cow::Borrowed(sent.as_ref()), None),
             Some((source, scope)) => {
-                let value = source_value(source, request, params, peer_key.as_deref(), jwt)?
+                let value = source_value(source, request, params, peer, jwt)?
                     .filter(|v| !v.trim().is_empty())
                     .ok_or_else(|| ApiError::MissingIdentity(format!("no {scope}")))?;
                 let value = match route.fold_case {
@@ -431,11 +442,11 @@ pub(crate) fn identify(
                     false => value,
                 };
                 let key = scoped_key(scope, &value)?;
-                (value, key)
+                (value, Some(key))
             }
         };
         ids.push(shared.table.resolve(policy, &sent));
-        keys.push(key);
+        own_keys.push(key);
     }
     if ids.len() < route.policies.len() {
         metrics::counter!(crate::metrics::ADDRESS_LISTS, "list" => "exempt").increment(1);
@@ -444,7 +455,7 @@ pub(crate) fn identify(
     Ok(Identified {
         identity: server.access_log_identity.then(|| sent.to_string()),
         ids,
-        keys,
+        own_keys,
         key,
         cost,
         client,
