@@ -559,9 +559,22 @@ impl Policy {
     /// limit — rounded down, but never below one. For a local fallback that
     /// holds one instance to its share of a limit shared by several.
     pub fn scaled(&self, num: u64, den: u64) -> Result<Self, PolicyError> {
+        self.rescaled(num.min(den), den, |x| x)
+    }
+
+    /// This policy with its limit multiplied by `num/den` (more or less
+    /// than 1): a bucket's capacity and rate, a shaper's rate and queue, a
+    /// window's or a concurrency limit's count — rounded down, never below
+    /// one; an error where a count would pass its algorithm's bound. A
+    /// per-key `multiplier` (a temporary boost).
+    pub fn multiplied(&self, num: u64, den: u64) -> Result<Self, PolicyError> {
+        self.rescaled(num, den, |_| u64::MAX)
+    }
+
+    fn rescaled(&self, num: u64, den: u64, cap: fn(u64) -> u64) -> Result<Self, PolicyError> {
         let part = |x: u64| {
             let scaled = u128::from(x) * u128::from(num) / u128::from(den.max(1));
-            u64::try_from(scaled).unwrap_or(x).clamp(1, x.max(1))
+            u64::try_from(scaled).unwrap_or(u64::MAX).clamp(1, cap(x).max(1))
         };
         let rate = |r: Rate| {
             let (n, p) = (

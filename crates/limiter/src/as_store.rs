@@ -80,7 +80,7 @@ impl<C: Clock> Limiter<C> {
             .iter()
             .map(|c| {
                 Ok(Check {
-                    policy: self.ad_hoc(c.check.name, *c.check.policy)?,
+                    policy: self.ad_hoc_penalized(c.check.name, *c.check.policy, c.penalty)?,
                     key: c.check.key,
                     cost: c.check.cost,
                     shadow: c.shadow,

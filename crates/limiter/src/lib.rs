@@ -72,7 +72,7 @@ pub const DEFAULT_MAX_LEASES: usize = 1_000_000;
 pub const LEASE_BYTES: usize = 48;
 
 /// The most policies [`Limiter::ad_hoc`] adds.
-pub const AD_HOC: usize = 256;
+pub const AD_HOC: usize = 512;
 
 /// The default bound on a key's length, in bytes.
 pub const DEFAULT_MAX_KEY_LEN: usize = weir_core::MAX_IDENTITY;
@@ -680,7 +680,18 @@ impl<C: Clock> Limiter<C> {
     /// name is always the same policy and state; at most [`AD_HOC`] of them,
     /// each with its keys in the limiter's budget.
     pub fn ad_hoc(&self, name: &str, policy: Policy) -> Result<PolicyId, Error> {
-        self.ad_hoc_with(name, policy, None)
+        self.ad_hoc_with(name, policy, None, None)
+    }
+
+    /// [`Limiter::ad_hoc`] under `penalty` (a per-key limit of a penalised
+    /// policy bans as the policy does).
+    pub fn ad_hoc_penalized(
+        &self,
+        name: &str,
+        policy: Policy,
+        penalty: Option<Penalty>,
+    ) -> Result<PolicyId, Error> {
+        self.ad_hoc_with(name, policy, penalty, None)
     }
 
     /// [`Limiter::ad_hoc`] for the ad-hoc policy `name` of `previous` (an
@@ -693,7 +704,7 @@ impl<C: Clock> Limiter<C> {
             .filter_map(OnceLock::get)
             .find(|n| n.name == name)?;
         let policy = *named.store.policy();
-        self.ad_hoc_with(name, policy, Some(named.store.clone()))
+        self.ad_hoc_with(name, policy, None, Some(named.store.clone()))
             .ok()
     }
 
@@ -701,6 +712,7 @@ impl<C: Clock> Limiter<C> {
         &self,
         name: &str,
         policy: Policy,
+        penalty: Option<Penalty>,
         store: Option<Arc<Store>>,
     ) -> Result<PolicyId, Error> {
         if let Some(&i) = self.index.get(name) {
@@ -719,7 +731,7 @@ impl<C: Clock> Limiter<C> {
                 "at most {AD_HOC} ad-hoc policies; `{name}` is one more"
             ))
         })?;
-        let store = store.unwrap_or_else(|| Arc::new(Store::new(policy, None, self.shards)));
+        let store = store.unwrap_or_else(|| Arc::new(Store::new(policy, penalty, self.shards)));
         let budget = Budget::new(usize::MAX, Some(self.ad_hoc_budget.clone()));
         // Kept keys count against the budget from the start.
         budget.add(store.len());

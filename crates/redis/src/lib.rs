@@ -18,6 +18,7 @@ use std::fmt::Write as _;
 mod access;
 mod batch;
 pub mod cluster;
+pub mod limits;
 mod refusals;
 mod sentinel;
 

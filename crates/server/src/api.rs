@@ -212,13 +212,14 @@ async fn read_request(shared: &Shared, body: Body) -> Result<Asked, ApiError> {
     };
     let mut ids = Vec::with_capacity(named.len());
     let mut keys = Vec::with_capacity(named.len());
+    let mut resolver = shared.resolver();
     for (policy, key) in &named {
         let id = shared
             .table
             .find(policy)
             .ok_or_else(|| ApiError::UnknownPolicy(policy.clone()))?;
         // An overridden identity is decided by its override.
-        ids.push(shared.table.resolve(id, key));
+        ids.push(resolver.resolve(id, key));
         keys.push(scoped_key(&scope, key)?);
     }
     Ok(Asked {
@@ -342,7 +343,7 @@ async fn on_lease(
         .table
         .find(&request.policy)
         .ok_or_else(|| ApiError::UnknownPolicy(request.policy.clone()))?;
-    let id = shared.table.resolve(id, &request.key);
+    let id = shared.resolve(id, &request.key);
     let (lease, local) = read_lease(&request.lease).ok_or_else(|| {
         ApiError::InvalidRequest(format!(
             "`lease` {:?} is not a lease this API answered (16 hex digits)",
@@ -535,13 +536,26 @@ fn authenticate(
     peer: Option<IpAddr>,
     headers: &HeaderMap,
 ) -> Result<Arc<Shared>, ApiError> {
+    admin(state, peer, headers).map(|(shared, _)| shared)
+}
+
+/// The current config and the name of the admin token the request gives
+/// (`admin` for `admin_token`; `[server.admin_tokens]` name the others),
+/// once it proves it may use the admin API.
+pub(crate) fn admin(
+    state: &AppState,
+    peer: Option<IpAddr>,
+    headers: &HeaderMap,
+) -> Result<(Arc<Shared>, String), ApiError> {
     let shared = state.current();
-    let token = shared
-        .config
-        .server
-        .admin_token
-        .as_deref()
-        .ok_or(ApiError::AdminDisabled)?;
+    let server = &shared.config.server;
+    let tokens: Vec<(&str, &str)> = (server.admin_token.iter())
+        .map(|t| ("admin", t.as_str()))
+        .chain(server.admin_tokens.iter().map(|(n, t)| (n.as_str(), t.as_str())))
+        .collect();
+    if tokens.is_empty() {
+        return Err(ApiError::AdminDisabled);
+    }
     // One client per /64 (`[server] ipv6_prefix`), as for every per-address bound.
     let peer = peer.map(|ip| shared.config.server.limits.client(ip));
     // RFC 7235: the scheme is case-insensitive.
@@ -551,19 +565,27 @@ fn authenticate(
         .and_then(|v| v.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map_or("", |(_, token)| token.trim());
-    let same = given.len() == token.len()
-        && given
-            .bytes()
-            .zip(token.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
+    let same = |token: &str| {
+        given.len() == token.len()
+            && given
+                .bytes()
+                .zip(token.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    };
+    // Every token is compared, whichever matches.
+    let matched = tokens.iter().fold(None, |found, (name, token)| match same(token) {
+        true => Some(*name),
+        false => found,
+    });
     // The right token is never locked out, whoever shares its address
     // (a NAT, a /64): the throttle answers only the wrong ones, after the
     // same constant-time comparison, so it neither locks the admin out nor
     // tells a guesser more than a refusal would. Guessing is bounded by the
     // token itself (16 characters at least, checked at config).
-    if same {
-        return Ok(shared);
+    if let Some(name) = matched {
+        let name = name.to_owned();
+        return Ok((shared, name));
     }
     if let Some(wait) = peer.and_then(|ip| state.admin_locked(ip)) {
         return Err(ApiError::AdminThrottled(wait));
@@ -610,16 +632,19 @@ fn addressed(
         None if SCOPES.iter().any(|s| key.starts_with(s)) => key.to_owned(),
         None => scoped_key(API_SCOPE, key)?,
     };
-    // The identity as sent: what overrides are keyed by.
-    let sent = match stored.split_once(':') {
+    let id = sent_identity(&stored).map_or(id, |sent| shared.resolve(id, sent));
+    Ok((id, stored))
+}
+
+/// The identity as sent, of a stored key: what overrides are keyed by.
+fn sent_identity(stored: &str) -> Option<&str> {
+    match stored.split_once(':') {
         Some(("header" | "path" | "query" | "cookie", rest)) => {
             rest.split_once(':').map(|(_, v)| v)
         }
         Some(("api" | "peer", v)) => Some(v),
         _ => None,
-    };
-    let id = sent.map_or(id, |sent| shared.table.resolve(id, sent));
-    Ok((id, stored))
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -711,9 +736,15 @@ struct Explained<'a> {
     stored_key: &'a str,
     /// The gateway routes that check this policy.
     routes: Vec<&'a str>,
-    /// The `[[overrides]]` entry that decides this identity, if one does.
+    /// The entry that decides this identity instead of the policy, if one
+    /// does: an `[[overrides]]` table's (`NAME@override-N`), a plan's
+    /// (`NAME@plan:PLAN`) or a per-key limit's (`NAME@SETTING`).
     #[serde(skip_serializing_if = "Option::is_none")]
     r#override: Option<&'a str>,
+    /// The per-key limit (`"limit"`) or plan (`"plan"`) set through the API
+    /// that applies, with who set it, why and until when.
+    #[serde(flatten)]
+    managed: serde_json::Map<String, serde_json::Value>,
     unlimited: bool,
     /// The parameters in force (the override's, when one applies).
     parameters: String,
@@ -743,6 +774,10 @@ pub(crate) async fn explain(
 ) -> Result<Response, ApiError> {
     let (shared, base) = authorize(&state, peer, &headers, &query.policy)?;
     let (id, stored) = addressed(&shared, base, &query.key, query.source.as_deref())?;
+    let managed = match sent_identity(&stored).and_then(|s| shared.resolver().applied(base, s)) {
+        Some(serde_json::Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    };
     let ((next, exists), (standing, _)) =
         tokio::try_join!(shared.peek(id, &stored), shared.peek_cost(id, &stored, 0))?;
     let entry = shared.table.get(id);
@@ -756,6 +791,7 @@ pub(crate) async fn explain(
         stored_key: &stored,
         routes,
         r#override: (id != base).then_some(entry.stored_as.as_str()),
+        managed,
         unlimited: entry.unlimited,
         parameters: entry.policy.to_string(),
         penalty: entry.penalty.map(|p| p.to_string()),

@@ -15,7 +15,7 @@ use axum::routing::{MethodRouter, delete, get, post};
 use crate::answer::{ApiError, BodyTimedOut, MAX_HEADER_BYTES};
 use crate::routing::RouteLabel;
 use crate::state::AppState;
-use crate::{api, envoy, envoy_json, forward_auth, gateway, metrics, tls, ui};
+use crate::{api, envoy, envoy_json, forward_auth, gateway, limits_api, metrics, tls, ui};
 
 /// Which endpoints a listener serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +35,7 @@ pub enum Face {
 /// does not serve: the decision API, admin, metrics and the dashboard. One
 /// list, from which [`app`] builds the router and [`App::gateway`] tells the
 /// API's paths from the gateway routes'.
-fn api_routes() -> [(&'static str, MethodRouter<Arc<AppState>>); 18] {
+fn api_routes() -> [(&'static str, MethodRouter<Arc<AppState>>); 21] {
     [
         ("/v1/check", post(api::check)),
         ("/v1/report", post(api::report)),
@@ -47,6 +47,20 @@ fn api_routes() -> [(&'static str, MethodRouter<Arc<AppState>>); 18] {
             get(api::inspect_key).delete(api::reset_key),
         ),
         ("/v1/bans/{policy}/{key}", delete(api::lift_ban)),
+        ("/v1/limits", get(limits_api::list)),
+        (
+            "/v1/limits/{policy}/{key}",
+            get(limits_api::get_limit)
+                .put(limits_api::set_limit)
+                .delete(limits_api::remove_limit),
+        ),
+        // `{policy}` is the key here: one name per place in the path.
+        (
+            "/v1/keys/{policy}/plan",
+            get(limits_api::get_plan)
+                .put(limits_api::set_plan)
+                .delete(limits_api::remove_plan),
+        ),
         ("/v1/explain", get(api::explain)),
         ("/v1/admin/reload", post(api::reload)),
         ("/readyz", get(api::readyz)),

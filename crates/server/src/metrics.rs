@@ -59,6 +59,10 @@ catalog! {
         "Gateway and forward-auth requests an address list decided: deny (refused 403 before anything was charged), exempt (a client of [server] allow, or of a route's or policy's exempt, not limited by some or all of its policies).";
     BANS = "weir_bans_total", Counter ["policy"],
         "Bans begun: a policy with a penalty refused a key, which is shut out until its ban ends (docs/SPEC.md, \"Penalties\").";
+    LIMIT_CHANGES = "weir_limit_changes_total", Counter ["kind", "change"],
+        "Changes to limits managed by API made through this instance: kind (limit: a per-key setting; plan: a key's plan) and change (set, removed).";
+    LIMITS = "weir_limits", Gauge [],
+        "Keys with a limit or a plan set through the API (as this instance knows them).";
     QUEUE_DEPTH = "weir_queue_depth", Gauge ["policy"],
         "Requests the gateway holds in a shaper policy's delay now.";
     CHECK_DURATION = "weir_check_duration_seconds", Histogram ["store"],

@@ -481,7 +481,7 @@ fn policy(out: &mut Vec<u8>, shared: &Shared, name: &str, key: &str) -> Option<T
         refused(out, ApiError::UnknownPolicy(name.to_owned()));
         return None;
     };
-    Some(shared.table.resolve(id, key))
+    Some(shared.resolve(id, key))
 }
 
 /// `CL.THROTTLE key max_burst count period [quantity]`.

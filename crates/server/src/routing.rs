@@ -427,6 +427,7 @@ pub(crate) fn identify(
     // An overridden identity is decided by its override; an exempt client
     // by none of them.
     let (mut ids, mut own_keys) = (InlineVec::new(), InlineVec::new());
+    let mut resolver = shared.resolver();
     for (&policy, own) in route.policies.iter().zip(&route.keyed) {
         if exempt || listed(&shared.table.get(policy).exempt) {
             continue;
@@ -445,7 +446,7 @@ pub(crate) fn identify(
                 (value, Some(key))
             }
         };
-        ids.push(shared.table.resolve(policy, &sent));
+        ids.push(resolver.resolve(policy, &sent));
         own_keys.push(key);
     }
     if ids.len() < route.policies.len() {

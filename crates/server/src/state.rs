@@ -14,7 +14,7 @@ use weir_core::{Policy, Rate};
 use weir_limiter::Limiter;
 
 use crate::backend::Backend;
-use crate::config::{Config, StoreUrl};
+use crate::config::{Config, StoreUrl, TableId};
 use crate::metrics::Meters;
 use crate::reload::{Reloaded, Source, UNCHANGED, changes, record};
 use crate::table::PolicyTable;
@@ -26,6 +26,8 @@ pub struct Shared {
     pub config: Config,
     /// Its policies, resolved.
     pub table: PolicyTable,
+    /// Limits managed by API: kept from one configuration to the next.
+    pub limits: Arc<crate::limits::Limits>,
     /// Where decisions are made.
     pub backend: Backend,
     pub(crate) meters: Meters,
@@ -46,7 +48,8 @@ impl Shared {
             StoreUrl::Redis(_) => "redis",
         });
         let mut table = PolicyTable::new(&config.policies, &config.overrides, &config.store)
-            .with_near_limit(config.server.near_limit_ratio);
+            .with_near_limit(config.server.near_limit_ratio)
+            .with_plans(&config.plans);
         if let Some(previous) = previous {
             table.keep_books_of(&previous.table);
         }
@@ -70,12 +73,26 @@ impl Shared {
         };
         Ok(Self {
             meters,
+            limits: previous.map(|p| p.limits.clone()).unwrap_or_default(),
             config,
             table,
             backend,
             new_keys,
             hash: 0,
         })
+    }
+}
+
+impl Shared {
+    /// Resolves a request's policies for its identities (API-managed
+    /// limits, plans, file overrides), each identity's records read once.
+    pub(crate) fn resolver(&self) -> crate::limits::Resolver<'_> {
+        crate::limits::Resolver::new(&self.limits, &self.table)
+    }
+
+    /// The entry that decides `identity` (as sent) under `policy`.
+    pub(crate) fn resolve(&self, policy: TableId, identity: &str) -> TableId {
+        self.resolver().resolve(policy, identity)
     }
 }
 
@@ -110,15 +127,25 @@ pub struct AppState {
 
 impl AppState {
     /// The state for `shared`.
+    /// Within a tokio runtime, a task follows the limits managed by API
+    /// on a shared store (`limits_feed.rs`) as long as the state lives.
     pub fn new(shared: Shared) -> Arc<Self> {
-        Arc::new(Self {
+        let state = Arc::new(Self {
             current: ArcSwap::from_pointee(shared),
             metrics: crate::metrics::handle(),
             admin_failures: Mutex::default(),
             source: Source::default(),
             last_reload: Mutex::default(),
             history: crate::live::History::default(),
-        })
+        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let weak = Arc::downgrade(&state);
+            runtime.spawn(crate::limits_feed::follow(Box::new(move || {
+                let shared = weak.upgrade()?.current();
+                Some((shared.limits.clone(), shared.backend.remote().cloned()))
+            })));
+        }
+        state
     }
 
     /// The state for the configuration `source` holds, which reloads read

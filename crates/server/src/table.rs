@@ -5,12 +5,13 @@
 //! path indexes this table and never scans or compares names.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError, RwLock};
 
 use weir_core::{Penalty, Policy};
 
 use crate::config::{
-    OnStateLoss, OnStoreError, Override, PolicyConfig, Quota, StoreConfig, StoreUrl, TableId,
+    OnStateLoss, OnStoreError, Override, Plan, PolicyConfig, Quota, Setting, StoreConfig, StoreUrl,
+    TableId,
 };
 use crate::policy_meters::PolicyMeters;
 use crate::shown::Shown;
@@ -49,6 +50,34 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// An entry of `base`'s policy under other parameters (a plan's, a
+    /// per-key limit's), stored as `stored_as`, with `base`'s rules.
+    fn derived(base: &PolicyConfig, setting: &Setting, stored_as: String, store: &StoreConfig) -> Result<Self, String> {
+        let policy = setting.apply(&base.policy).map_err(|(field, e)| format!("{field}: {e}"))?;
+        let config = PolicyConfig {
+            policy,
+            max_keys: None,
+            ..base.clone()
+        };
+        let mut entry = Self::new(&config, stored_as, store);
+        entry.unlimited = *setting == Setting::Unlimited;
+        Ok(entry)
+    }
+
+    /// The rules of this entry as a policy's configuration.
+    fn config(&self) -> PolicyConfig {
+        PolicyConfig {
+            name: self.name.clone(),
+            policy: self.policy,
+            on_store_error: self.on_store_error,
+            on_state_loss: self.on_state_loss,
+            max_keys: self.max_keys,
+            shadow: self.shadow,
+            penalty: self.penalty,
+            exempt: self.exempt.clone(),
+        }
+    }
+
     fn new(config: &PolicyConfig, stored_as: String, store: &StoreConfig) -> Self {
         let name = config.name.clone();
         let local = match store.url {
@@ -97,13 +126,23 @@ pub struct PolicyTable {
     /// Entries added by requests that name their own limit.
     ad_hoc: Box<[OnceLock<Entry>]>,
     ad_hoc_names: Mutex<HashMap<String, AdHoc>>,
+    /// Per plan, the policies it sets and the entry each uses instead.
+    plans: HashMap<String, Vec<(TableId, TableId)>>,
+    /// Entries of per-key limits set through the API, made when first
+    /// used: one per distinct (policy, setting).
+    managed: Box<[OnceLock<Entry>]>,
+    managed_ids: RwLock<HashMap<TableId, HashMap<Box<str>, TableId>>>,
     store: StoreConfig,
 }
+
+/// The most distinct (policy, setting) pairs the API's per-key limits may
+/// use at once (keys sharing a setting share its entry).
+pub const MANAGED: usize = 256;
 
 /// The most limits requests may name (Envoy's per-descriptor `limit`) in
 /// one table; when they are all taken, the state makes a table whose limits
 /// are those used within [`AD_HOC_RECENT`] (see `AppState::make_room`).
-pub const AD_HOC: usize = weir_limiter::AD_HOC;
+pub const AD_HOC: usize = weir_limiter::AD_HOC - MANAGED;
 
 /// A limit named by a request within this long is kept when room is made
 /// for new ones; older ones give way (and, in process, their keys).
@@ -166,8 +205,84 @@ impl PolicyTable {
             near_limit: None,
             ad_hoc: (0..AD_HOC).map(|_| OnceLock::new()).collect(),
             ad_hoc_names: Mutex::default(),
+            plans: HashMap::new(),
+            managed: (0..MANAGED).map(|_| OnceLock::new()).collect(),
+            managed_ids: RwLock::default(),
             store: store.clone(),
         }
+    }
+
+    /// With the entries of `plans` (`POLICY@plan:NAME`, each stored apart:
+    /// a key's state under a plan is its own).
+    pub fn with_plans(mut self, plans: &[Plan]) -> Self {
+        for plan in plans {
+            let mut set = Vec::new();
+            for (base, setting) in &plan.policies {
+                let config = self.entries[base.0].config();
+                let stored_as = format!("{}@plan:{}", config.name, plan.name);
+                // Checked when the configuration was read.
+                if let Ok(entry) = Entry::derived(&config, setting, stored_as, &self.store) {
+                    set.push((*base, TableId(self.entries.len())));
+                    self.entries.push(entry);
+                }
+            }
+            self.plans.insert(plan.name.clone(), set);
+        }
+        self
+    }
+
+    /// Whether a plan of this name is configured.
+    pub fn has_plan(&self, name: &str) -> bool {
+        self.plans.contains_key(name)
+    }
+
+    /// The entry `plan` gives `policy`, if it sets it.
+    pub fn plan_entry(&self, plan: &str, policy: TableId) -> Option<TableId> {
+        let set = self.plans.get(plan)?;
+        set.iter().find(|(p, _)| *p == policy).map(|(_, e)| *e)
+    }
+
+    /// The entry of `policy` under `setting` (written `canonical`), made
+    /// on first use and stored as `POLICY@canonical`; `None` past
+    /// [`MANAGED`] distinct ones, or where the setting no longer fits the
+    /// policy (a reload changed it).
+    pub fn managed(&self, policy: TableId, canonical: &str, setting: &Setting) -> Option<TableId> {
+        let known = |ids: &HashMap<TableId, HashMap<Box<str>, TableId>>| {
+            ids.get(&policy).and_then(|m| m.get(canonical)).copied()
+        };
+        let read = self.managed_ids.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(id) = known(&read) {
+            return Some(id);
+        }
+        drop(read);
+        let mut ids = self.managed_ids.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(id) = known(&ids) {
+            return Some(id);
+        }
+        let slot = ids.values().map(HashMap::len).sum::<usize>();
+        let cell = self.managed.get(slot)?;
+        let base = self.get(policy);
+        let stored_as = format!("{}@{canonical}", base.name);
+        match Entry::derived(&base.config(), setting, stored_as, &self.store) {
+            Ok(entry) => {
+                let _ = cell.set(entry);
+            }
+            Err(e) => {
+                tracing::warn!(policy = %base.name, setting = canonical, error = %e, "a per-key limit no longer fits its policy: the policy decides");
+                return None;
+            }
+        }
+        let id = TableId(self.entries.len() + AD_HOC + slot);
+        ids.entry(policy).or_default().insert(canonical.into(), id);
+        Some(id)
+    }
+
+    /// How many more distinct (policy, setting) pairs per-key limits may
+    /// use, and whether `canonical` under `policy` is already one.
+    pub fn managed_room(&self, policy: TableId, canonical: &str) -> bool {
+        let ids = self.managed_ids.read().unwrap_or_else(PoisonError::into_inner);
+        ids.get(&policy).is_some_and(|m| m.contains_key(canonical))
+            || ids.values().map(HashMap::len).sum::<usize>() < MANAGED
     }
 
     /// Counts admissions that leave less than `1 - ratio` of the limit
@@ -198,15 +313,13 @@ impl PolicyTable {
 
     /// The policy `id` (ids come from the same configuration).
     pub fn get(&self, id: TableId) -> &Entry {
-        match id.0.checked_sub(self.entries.len()) {
-            None => &self.entries[id.0],
-            // Ad-hoc ids are handed out only once their entry is set.
-            Some(i) => self
-                .ad_hoc
-                .get(i)
-                .and_then(OnceLock::get)
-                .unwrap_or(&self.entries[0]),
-        }
+        // Ad-hoc and managed ids are handed out only once their entry is set.
+        let set = match id.0.checked_sub(self.entries.len()) {
+            None => return &self.entries[id.0],
+            Some(i) if i < AD_HOC => self.ad_hoc.get(i),
+            Some(i) => self.managed.get(i - AD_HOC),
+        };
+        set.and_then(OnceLock::get).unwrap_or(&self.entries[0])
     }
 
     /// The entry of a limit a request names (an Envoy descriptor's own

@@ -8,6 +8,7 @@ mod descriptors;
 mod jwt;
 mod keys;
 mod overrides;
+mod plans;
 mod policies;
 mod routes;
 mod server;
@@ -21,6 +22,7 @@ use serde::Deserialize;
 pub use descriptors::{DescriptorRule, DescriptorTree, NO_RELEASE};
 pub use jwt::{Jwt, Refused as TokenRefused};
 pub use overrides::{Override, Quota};
+pub use plans::{Plan, Setting};
 pub use policies::{OnStateLoss, OnStoreError, PolicyConfig, TableId};
 pub use routes::{Cost, Identity, Route, Segment, Usage};
 pub use server::{ConnectionLimits, RespAuth, ServerConfig, Telemetry, TlsFiles};
@@ -48,6 +50,8 @@ pub struct Config {
     pub descriptor_tree: DescriptorTree,
     /// `[[overrides]]`: identities with a quota of their own.
     pub overrides: Vec<Override>,
+    /// `[plans.NAME]`: per-policy settings a key is put on by the API.
+    pub plans: Vec<Plan>,
     /// `[jwt]`: how `jwt:CLAIM` identities are verified.
     pub jwt: Option<jwt::Jwt>,
 }
@@ -146,6 +150,8 @@ pub(super) struct Raw {
     descriptors: Vec<descriptors::Raw>,
     #[serde(default)]
     overrides: overrides::Raw,
+    #[serde(default)]
+    plans: plans::Raw,
     telemetry: Option<server::RawTelemetry>,
     jwt: Option<jwt::Raw>,
 }
@@ -289,6 +295,7 @@ pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
     let (descriptors, descriptor_tree) =
         descriptors::parse(&raw.descriptors, &resolve, &known, &leased, &mut report);
     let overrides = overrides::parse(&raw.overrides, &policies, &resolve, &known, &mut report);
+    let plans = plans::parse(&raw.plans, &policies, &resolve, &known, &mut report);
     let jwt = raw.jwt.and_then(|j| jwt::parse(j, &mut report));
     let wants_jwt = routes.iter().any(|r| {
         std::iter::once(&r.identity)
@@ -338,6 +345,7 @@ pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
         descriptors,
         descriptor_tree,
         overrides,
+        plans,
         jwt,
     })
 }

@@ -1,6 +1,7 @@
 //! `[server]`: where weir listens, the admin token, and the bounds that
 //! keep a listener on the internet up (docs/SECURITY.md).
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -39,6 +40,9 @@ pub struct ServerConfig {
     pub envoy_header_names: Option<[String; 3]>,
     /// The bearer token of the admin endpoints; none turns them off.
     pub admin_token: Option<String>,
+    /// `[server.admin_tokens]`: more admin tokens, each with the name the
+    /// audit log gives its changes (`admin_token` is named `admin`).
+    pub admin_tokens: Vec<(String, String)>,
     /// The bounds of every connection.
     pub limits: ConnectionLimits,
     /// Proxies whose forwarding headers are believed.
@@ -188,6 +192,7 @@ pub(super) struct Raw {
     listen: Option<Spanned<String>>,
     internal: Option<Spanned<String>>,
     admin_token: Option<Spanned<String>>,
+    admin_tokens: Option<BTreeMap<String, Spanned<String>>>,
     grpc: Option<Spanned<String>>,
     resp: Option<Spanned<String>>,
     resp_user: Option<Spanned<String>>,
@@ -398,6 +403,7 @@ pub(super) fn parse(raw: Raw, env: &super::Env, report: &mut Report<'_>) -> Serv
         envoy_json: raw.envoy_json.unwrap_or(false),
         envoy_header_names: header_names(raw.envoy_header_names.as_ref(), report),
         admin_token,
+        admin_tokens: admin_tokens(raw.admin_tokens.as_ref(), report),
         limits,
         trusted_proxies,
         allow: address_list(raw.allow.as_ref(), "[server] allow", report),
@@ -571,6 +577,30 @@ fn near_limit_ratio(raw: &Raw, report: &mut Report<'_>) -> Option<u64> {
             }
         }
     })
+}
+
+/// `[server.admin_tokens]`: name → token, each name a word, each token
+/// checked as `admin_token` is.
+fn admin_tokens(
+    raw: Option<&BTreeMap<String, Spanned<String>>>,
+    report: &mut Report<'_>,
+) -> Vec<(String, String)> {
+    let mut tokens = Vec::new();
+    for (name, token) in raw.into_iter().flatten() {
+        let place = format!("[server.admin_tokens] {name}");
+        if !super::valid_name(name) || name == "admin" {
+            let message = "a name of letters, digits, `-` and `_` (at most 64), other than `admin` (the name of admin_token)";
+            report.error(&token.span(), &place, message);
+        }
+        if let Err(e) = check_token(token.get_ref()) {
+            report.error(&token.span(), &place, e);
+        }
+        if tokens.iter().any(|(_, t)| t == token.get_ref()) {
+            report.error(&token.span(), &place, "the same token as another name: give each its own");
+        }
+        tokens.push((name.clone(), token.get_ref().clone()));
+    }
+    tokens
 }
 
 /// `admin_token`, else `WEIR_ADMIN_TOKEN`: checked either way.
