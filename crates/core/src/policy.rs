@@ -574,7 +574,9 @@ impl Policy {
     fn rescaled(&self, num: u64, den: u64, cap: fn(u64) -> u64) -> Result<Self, PolicyError> {
         let part = |x: u64| {
             let scaled = u128::from(x) * u128::from(num) / u128::from(den.max(1));
-            u64::try_from(scaled).unwrap_or(u64::MAX).clamp(1, cap(x).max(1))
+            u64::try_from(scaled)
+                .unwrap_or(u64::MAX)
+                .clamp(1, cap(x).max(1))
         };
         let rate = |r: Rate| {
             let (n, p) = (

@@ -63,7 +63,14 @@ impl RedisStore {
     /// stream from after loading the hash.
     pub async fn limits_head(&self) -> Result<String, StoreError> {
         let newest: redis::streams::StreamRangeReply = self
-            .query(redis::cmd("XREVRANGE").arg(LOG).arg("+").arg("-").arg("COUNT").arg(1))
+            .query(
+                redis::cmd("XREVRANGE")
+                    .arg(LOG)
+                    .arg("+")
+                    .arg("-")
+                    .arg("COUNT")
+                    .arg(1),
+            )
             .await?;
         Ok(newest
             .ids
@@ -119,7 +126,14 @@ impl RedisStore {
             .collect();
         let kept = changes.is_empty() || after == "0-0" || {
             let oldest: redis::streams::StreamRangeReply = self
-                .query(redis::cmd("XRANGE").arg(LOG).arg("-").arg("+").arg("COUNT").arg(1))
+                .query(
+                    redis::cmd("XRANGE")
+                        .arg(LOG)
+                        .arg("-")
+                        .arg("+")
+                        .arg("COUNT")
+                        .arg(1),
+                )
                 .await?;
             oldest.ids.first().is_none_or(|e| !newer(&e.id, after))
         };
@@ -131,7 +145,10 @@ impl RedisStore {
 fn newer(a: &str, b: &str) -> bool {
     let parse = |id: &str| {
         let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-        (ms.parse::<u64>().unwrap_or(0), seq.parse::<u64>().unwrap_or(0))
+        (
+            ms.parse::<u64>().unwrap_or(0),
+            seq.parse::<u64>().unwrap_or(0),
+        )
     };
     parse(a) > parse(b)
 }

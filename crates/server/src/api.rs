@@ -551,7 +551,12 @@ pub(crate) fn admin(
     let server = &shared.config.server;
     let tokens: Vec<(&str, &str)> = (server.admin_token.iter())
         .map(|t| ("admin", t.as_str()))
-        .chain(server.admin_tokens.iter().map(|(n, t)| (n.as_str(), t.as_str())))
+        .chain(
+            server
+                .admin_tokens
+                .iter()
+                .map(|(n, t)| (n.as_str(), t.as_str())),
+        )
         .collect();
     if tokens.is_empty() {
         return Err(ApiError::AdminDisabled);
@@ -574,10 +579,12 @@ pub(crate) fn admin(
                 == 0
     };
     // Every token is compared, whichever matches.
-    let matched = tokens.iter().fold(None, |found, (name, token)| match same(token) {
-        true => Some(*name),
-        false => found,
-    });
+    let matched = tokens
+        .iter()
+        .fold(None, |found, (name, token)| match same(token) {
+            true => Some(*name),
+            false => found,
+        });
     // The right token is never locked out, whoever shares its address
     // (a NAT, a /64): the throttle answers only the wrong ones, after the
     // same constant-time comparison, so it neither locks the admin out nor

@@ -156,7 +156,11 @@ impl Change {
     pub fn shown(&self) -> Option<Value> {
         let mut out = Map::new();
         match self {
-            Self::Setting { policy, key, record } => {
+            Self::Setting {
+                policy,
+                key,
+                record,
+            } => {
                 let record = record.as_ref()?;
                 out.insert("policy".into(), policy.as_str().into());
                 out.insert("key".into(), key.as_str().into());
@@ -318,7 +322,10 @@ impl Limits {
     /// Holds `other`'s records instead of its own, at once (the shared
     /// store's, loaded again).
     pub fn replace_with(&self, other: Self) {
-        let fresh = other.keys.into_inner().unwrap_or_else(PoisonError::into_inner);
+        let fresh = other
+            .keys
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
         let mut keys = self.keys.write().unwrap_or_else(PoisonError::into_inner);
         *keys = fresh;
         self.len.store(keys.len(), Ordering::Release);
@@ -331,7 +338,9 @@ impl Limits {
         let keys = self.keys.read().unwrap_or_else(PoisonError::into_inner);
         let mut found: Vec<(&str, &KeyLimits)> = keys
             .iter()
-            .filter(|(k, _)| k.starts_with(filter.prefix) && filter.after.is_none_or(|a| k.as_ref() > a))
+            .filter(|(k, _)| {
+                k.starts_with(filter.prefix) && filter.after.is_none_or(|a| k.as_ref() > a)
+            })
             .map(|(k, v)| (k.as_ref(), v.as_ref()))
             .collect();
         let more = found.len() > limit;
@@ -511,16 +520,34 @@ mod tests {
             limits.apply(&change).unwrap();
         }
         let keys = |(page, more): (Vec<Value>, bool)| {
-            let keys: Vec<String> = page.iter().map(|v| v["key"].as_str().unwrap().to_owned()).collect();
+            let keys: Vec<String> = page
+                .iter()
+                .map(|v| v["key"].as_str().unwrap().to_owned())
+                .collect();
             (keys, more)
         };
         let all = Filter::default();
-        assert_eq!(keys(limits.list(&all, 2)), (vec!["a".into(), "ab".into()], true));
-        let next = Filter { after: Some("ab"), ..all };
-        assert_eq!(keys(limits.list(&next, 2)), (vec!["b".into(), "c".into()], false));
+        assert_eq!(
+            keys(limits.list(&all, 2)),
+            (vec!["a".into(), "ab".into()], true)
+        );
+        let next = Filter {
+            after: Some("ab"),
+            ..all
+        };
+        assert_eq!(
+            keys(limits.list(&next, 2)),
+            (vec!["b".into(), "c".into()], false)
+        );
         let prefixed = Filter { prefix: "a", ..all };
-        assert_eq!(keys(limits.list(&prefixed, 10)), (vec!["a".into(), "ab".into()], false));
-        let removed = Change::Plan { key: "a".into(), record: None };
+        assert_eq!(
+            keys(limits.list(&prefixed, 10)),
+            (vec!["a".into(), "ab".into()], false)
+        );
+        let removed = Change::Plan {
+            key: "a".into(),
+            record: None,
+        };
         assert!(limits.apply(&removed).unwrap().is_some());
         assert_eq!(limits.len(), 3);
     }

@@ -94,10 +94,19 @@ pub(crate) async fn set_plan(
         }
     };
     if !shared.table.has_plan(&plan) {
-        let known: Vec<&str> = shared.config.plans.iter().map(|p| p.name.as_str()).collect();
+        let known: Vec<&str> = shared
+            .config
+            .plans
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect();
         return Err(ApiError::InvalidRequest(format!(
             "no plan `{plan}` (configured: {})",
-            if known.is_empty() { "none".to_owned() } else { known.join(", ") }
+            if known.is_empty() {
+                "none".to_owned()
+            } else {
+                known.join(", ")
+            }
         )));
     }
     let change = Change::Plan {
@@ -147,7 +156,12 @@ pub(crate) async fn get_limit(
         policy: Some(&policy),
         ..Filter::default()
     };
-    one(&shared, &key, &filter, &format!("no limit set for `{key}` under `{policy}`"))
+    one(
+        &shared,
+        &key,
+        &filter,
+        &format!("no limit set for `{key}` under `{policy}`"),
+    )
 }
 
 /// `GET /v1/keys/{key}/plan`.
@@ -165,7 +179,12 @@ pub(crate) async fn get_plan(
     one(&shared, &key, &filter, &format!("`{key}` is on no plan"))
 }
 
-fn one(shared: &Shared, key: &str, filter: &Filter<'_>, missing: &str) -> Result<Response, ApiError> {
+fn one(
+    shared: &Shared,
+    key: &str,
+    filter: &Filter<'_>,
+    missing: &str,
+) -> Result<Response, ApiError> {
     let found = shared.limits.get(key).and_then(|limits| {
         let shown = filter.shown(key, &limits);
         shown.into_iter().next()
@@ -204,9 +223,17 @@ pub(crate) async fn list(
     };
     let (limits, more) = shared.limits.list(&filter, limit);
     let next = more
-        .then(|| limits.last().and_then(|l| l["key"].as_str()).map(str::to_owned))
+        .then(|| {
+            limits
+                .last()
+                .and_then(|l| l["key"].as_str())
+                .map(str::to_owned)
+        })
         .flatten();
-    Ok(Json(json!({ "limits": limits, "next": next, "total_keys": shared.limits.len() })).into_response())
+    Ok(
+        Json(json!({ "limits": limits, "next": next, "total_keys": shared.limits.len() }))
+            .into_response(),
+    )
 }
 
 /// A change's `expires_at` and `reason`.
@@ -241,24 +268,36 @@ async fn body_fields(body: Body, shared: &Shared) -> Result<(Map<String, Value>,
         None | Some(Value::Null) => None,
         Some(Value::String(t)) => {
             let at = unix(&t).ok_or_else(|| {
-                ApiError::InvalidRequest(format!("`expires_at`: `{t}` is not an RFC 3339 time (e.g. 2026-12-31T23:59:59Z)"))
+                ApiError::InvalidRequest(format!(
+                    "`expires_at`: `{t}` is not an RFC 3339 time (e.g. 2026-12-31T23:59:59Z)"
+                ))
             })?;
             if at <= now() {
-                return Err(ApiError::InvalidRequest(format!("`expires_at`: {t} has passed")));
+                return Err(ApiError::InvalidRequest(format!(
+                    "`expires_at`: {t} has passed"
+                )));
             }
             Some(at)
         }
-        Some(_) => return Err(ApiError::InvalidRequest("`expires_at`: expected an RFC 3339 time".into())),
+        Some(_) => {
+            return Err(ApiError::InvalidRequest(
+                "`expires_at`: expected an RFC 3339 time".into(),
+            ));
+        }
     };
     let reason = match fields.remove("reason") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(r)) if r.len() <= MAX_REASON => r,
         Some(_) => {
-            return Err(ApiError::InvalidRequest(format!("`reason`: expected text of at most {MAX_REASON} bytes")));
+            return Err(ApiError::InvalidRequest(format!(
+                "`reason`: expected text of at most {MAX_REASON} bytes"
+            )));
         }
     };
     if let Some(field) = fields.keys().find(|k| META.contains(&k.as_str())) {
-        return Err(ApiError::InvalidRequest(format!("`{field}` is not set in the body (the path names the policy and key; the server records who and when)")));
+        return Err(ApiError::InvalidRequest(format!(
+            "`{field}` is not set in the body (the path names the policy and key; the server records who and when)"
+        )));
     }
     Ok((fields, Meta { expires_at, reason }))
 }
@@ -266,7 +305,9 @@ async fn body_fields(body: Body, shared: &Shared) -> Result<(Map<String, Value>,
 /// An identity of 1 to [`MAX_IDENTITY`] bytes.
 fn check_key(key: &str) -> Result<(), ApiError> {
     match key.is_empty() || key.len() > MAX_IDENTITY {
-        true => Err(ApiError::InvalidRequest(format!("a key is 1 to {MAX_IDENTITY} bytes"))),
+        true => Err(ApiError::InvalidRequest(format!(
+            "a key is 1 to {MAX_IDENTITY} bytes"
+        ))),
         false => Ok(()),
     }
 }
@@ -283,17 +324,29 @@ async fn commit(
         Change::Setting { key, .. } => (key.as_str(), "limit"),
         Change::Plan { key, .. } => (key.as_str(), "plan"),
     };
-    if change.stored().is_some() && shared.limits.get(key).is_none() && shared.limits.len() >= crate::limits::MAX_LIMITS {
+    if change.stored().is_some()
+        && shared.limits.get(key).is_none()
+        && shared.limits.len() >= crate::limits::MAX_LIMITS
+    {
         return Err(ApiError::InvalidRequest(crate::limits::Full.to_string()));
     }
     let before = match shared.backend.remote() {
-        None => shared.limits.apply(&change).map_err(|e| ApiError::InvalidRequest(e.to_string()))?,
+        None => shared
+            .limits
+            .apply(&change)
+            .map_err(|e| ApiError::InvalidRequest(e.to_string()))?,
         Some(remote) => {
             let store = remote.available().ok_or_else(|| {
                 ApiError::Busy("the store is down: limits managed by API are kept in Redis, so nothing was changed; try again".into())
             })?;
-            let before = (store.limits_write(&change.field(), change.stored().as_deref()).await)
-                .map_err(|e| ApiError::Busy(format!("the store did not take the change ({e}); nothing was changed")))?;
+            let before = (store
+                .limits_write(&change.field(), change.stored().as_deref())
+                .await)
+                .map_err(|e| {
+                    ApiError::Busy(format!(
+                        "the store did not take the change ({e}); nothing was changed"
+                    ))
+                })?;
             // Here at once; the other weir within the poll.
             let _ = shared.limits.apply(&change);
             before.and_then(|b| Change::from_stored(&change.field(), &b)?.shown())
@@ -303,13 +356,21 @@ async fn commit(
     let removed = after.is_none();
     if removed && before.is_none() {
         return Err(ApiError::NotFound(match &change {
-            Change::Setting { policy, key, .. } => format!("no limit set for `{key}` under `{policy}`"),
+            Change::Setting { policy, key, .. } => {
+                format!("no limit set for `{key}` under `{policy}`")
+            }
             Change::Plan { key, .. } => format!("`{key}` is on no plan"),
         }));
     }
-    let show = |v: &Option<Value>| v.as_ref().map_or_else(|| "none".to_owned(), Value::to_string);
+    let show = |v: &Option<Value>| {
+        v.as_ref()
+            .map_or_else(|| "none".to_owned(), Value::to_string)
+    };
     let (policy, reason) = match &change {
-        Change::Setting { policy, record, .. } => (policy.as_str(), record.as_ref().map(|r| r.reason.to_string())),
+        Change::Setting { policy, record, .. } => (
+            policy.as_str(),
+            record.as_ref().map(|r| r.reason.to_string()),
+        ),
         Change::Plan { record, .. } => ("", record.as_ref().map(|r| r.reason.to_string())),
     };
     let admin = peer.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
@@ -326,7 +387,8 @@ async fn commit(
         "audit: limit changed"
     );
     let label = if removed { "removed" } else { "set" };
-    metrics::counter!(crate::metrics::LIMIT_CHANGES, "kind" => kind, "change" => label).increment(1);
+    metrics::counter!(crate::metrics::LIMIT_CHANGES, "kind" => kind, "change" => label)
+        .increment(1);
     metrics::gauge!(crate::metrics::LIMITS).set(shared.limits.len() as f64);
     Ok(Json(json!({ "before": before, "after": after })).into_response())
 }

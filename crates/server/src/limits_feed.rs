@@ -72,7 +72,10 @@ async fn load(store: &RedisStore, limits: &Limits) -> Option<String> {
             }
             limits.replace_with(fresh);
             metrics::gauge!(crate::metrics::LIMITS).set(limits.len() as f64);
-            tracing::info!(keys = limits.len(), "limits managed by API loaded from the store");
+            tracing::info!(
+                keys = limits.len(),
+                "limits managed by API loaded from the store"
+            );
             Some(head)
         }
         Err(e) => {

@@ -52,8 +52,15 @@ pub struct Entry {
 impl Entry {
     /// An entry of `base`'s policy under other parameters (a plan's, a
     /// per-key limit's), stored as `stored_as`, with `base`'s rules.
-    fn derived(base: &PolicyConfig, setting: &Setting, stored_as: String, store: &StoreConfig) -> Result<Self, String> {
-        let policy = setting.apply(&base.policy).map_err(|(field, e)| format!("{field}: {e}"))?;
+    fn derived(
+        base: &PolicyConfig,
+        setting: &Setting,
+        stored_as: String,
+        store: &StoreConfig,
+    ) -> Result<Self, String> {
+        let policy = setting
+            .apply(&base.policy)
+            .map_err(|(field, e)| format!("{field}: {e}"))?;
         let config = PolicyConfig {
             policy,
             max_keys: None,
@@ -250,12 +257,18 @@ impl PolicyTable {
         let known = |ids: &HashMap<TableId, HashMap<Box<str>, TableId>>| {
             ids.get(&policy).and_then(|m| m.get(canonical)).copied()
         };
-        let read = self.managed_ids.read().unwrap_or_else(PoisonError::into_inner);
+        let read = self
+            .managed_ids
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(id) = known(&read) {
             return Some(id);
         }
         drop(read);
-        let mut ids = self.managed_ids.write().unwrap_or_else(PoisonError::into_inner);
+        let mut ids = self
+            .managed_ids
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(id) = known(&ids) {
             return Some(id);
         }
@@ -280,7 +293,10 @@ impl PolicyTable {
     /// How many more distinct (policy, setting) pairs per-key limits may
     /// use, and whether `canonical` under `policy` is already one.
     pub fn managed_room(&self, policy: TableId, canonical: &str) -> bool {
-        let ids = self.managed_ids.read().unwrap_or_else(PoisonError::into_inner);
+        let ids = self
+            .managed_ids
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
         ids.get(&policy).is_some_and(|m| m.contains_key(canonical))
             || ids.values().map(HashMap::len).sum::<usize>() < MANAGED
     }

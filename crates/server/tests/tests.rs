@@ -13,6 +13,7 @@ mod guarded;
 mod hardening;
 mod http2;
 mod leases;
+mod limits;
 mod resp;
 mod rollout;
 mod structure;

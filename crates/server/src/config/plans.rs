@@ -43,7 +43,14 @@ impl Setting {
         base: &Policy,
     ) -> Result<Self, (String, String)> {
         let setting = Self::read(fields).map_err(|(field, message)| match field.as_str() {
-            "policy" => (field, format!("give some of {}'s parameters ({}), {message}", base.algorithm().name(), base.algorithm().params().join(", "))),
+            "policy" => (
+                field,
+                format!(
+                    "give some of {}'s parameters ({}), {message}",
+                    base.algorithm().name(),
+                    base.algorithm().params().join(", ")
+                ),
+            ),
             _ => (field, message),
         })?;
         setting.apply(base)?;
@@ -161,7 +168,11 @@ fn millionths(text: &str) -> Option<u64> {
     {
         return None;
     }
-    let whole: u64 = if whole.is_empty() { 0 } else { whole.parse().ok()? };
+    let whole: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
     let part: u64 = format!("{part:0<6}").parse().ok()?;
     let m = whole.checked_mul(1_000_000)?.checked_add(part)?;
     (m > 0 && m <= MAX_MULTIPLIER * 1_000_000).then_some(m)
@@ -202,7 +213,11 @@ pub(super) fn parse(
         let place = |key: &str| format!("[plans.{name}] {key}");
         if !super::valid_name(name) {
             let span = table.values().next().map_or(0..0, Spanned::span);
-            report.error(&span, &format!("[plans.{name}]"), "a plan's name is letters, digits, `-` and `_`, at most 64");
+            report.error(
+                &span,
+                &format!("[plans.{name}]"),
+                "a plan's name is letters, digits, `-` and `_`, at most 64",
+            );
         }
         for (key, value) in table.iter().filter(|(k, _)| *k != "policies") {
             report.error(&value.span(), &place(key), "unknown key (valid: policies)");
@@ -210,11 +225,19 @@ pub(super) fn parse(
         let Some(value) = table.get("policies") else {
             let span = table.values().next().map_or(0..0, Spanned::span);
             let example = "policies = { monthly = { limit = 1000000 } }";
-            report.error(&span, &place("policies"), format!("name what the plan sets, e.g. {example}"));
+            report.error(
+                &span,
+                &place("policies"),
+                format!("name what the plan sets, e.g. {example}"),
+            );
             continue;
         };
         let Value::Table(set) = value.get_ref() else {
-            report.error(&value.span(), &place("policies"), "expected a table of policy = { setting }");
+            report.error(
+                &value.span(),
+                &place("policies"),
+                "expected a table of policy = { setting }",
+            );
             continue;
         };
         let mut plan = Plan {
@@ -224,26 +247,40 @@ pub(super) fn parse(
         for (policy, setting) in set {
             let at = place(&format!("policies.{policy}"));
             let Some(id) = resolve(policy) else {
-                report.error(&value.span(), &at, format!("no policy `{policy}` (defined: {})", known()));
+                report.error(
+                    &value.span(),
+                    &at,
+                    format!("no policy `{policy}` (defined: {})", known()),
+                );
                 continue;
             };
             let Some(base) = policies.iter().find(|p| &p.name == policy) else {
                 continue; // the policy itself has errors, reported there
             };
             let Value::Table(fields) = setting else {
-                report.error(&value.span(), &at, "expected a table, e.g. { limit = 1000 }");
+                report.error(
+                    &value.span(),
+                    &at,
+                    "expected a table, e.g. { limit = 1000 }",
+                );
                 continue;
             };
             let mut texts = Vec::new();
             for (field, v) in fields {
                 match text(v) {
                     Some(t) => texts.push((field.as_str(), t)),
-                    None => report.error(&value.span(), &format!("{at}.{field}"), "expected a string, a number or a boolean"),
+                    None => report.error(
+                        &value.span(),
+                        &format!("{at}.{field}"),
+                        "expected a string, a number or a boolean",
+                    ),
                 }
             }
             match Setting::parse(texts, &base.policy) {
                 Ok(setting) => plan.policies.push((id, setting)),
-                Err((field, message)) => report.error(&value.span(), &format!("{at}.{field}"), message),
+                Err((field, message)) => {
+                    report.error(&value.span(), &format!("{at}.{field}"), message)
+                }
             }
         }
         plans.push(plan);
@@ -275,10 +312,16 @@ mod tests {
         let limit = |v: &str| Setting::parse([("limit", v.to_owned())], &base);
         let doubled = limit("200").unwrap();
         assert_eq!(doubled.canonical(), "limit=200");
-        assert_eq!(doubled.apply(&base).unwrap().to_string(), "fixed-window limit=200 window=1h");
+        assert_eq!(
+            doubled.apply(&base).unwrap().to_string(),
+            "fixed-window limit=200 window=1h"
+        );
         assert_eq!(limit("none").unwrap_err().0, "limit");
         let twice = Setting::parse([("multiplier", "2".to_owned())], &base).unwrap();
-        assert_eq!(twice.apply(&base).unwrap().to_string(), "fixed-window limit=200 window=1h");
+        assert_eq!(
+            twice.apply(&base).unwrap().to_string(),
+            "fixed-window limit=200 window=1h"
+        );
         let (field, message) = Setting::parse([("capacity", "5".to_owned())], &base).unwrap_err();
         assert_eq!(field, "capacity", "{message}");
         let both = [("unlimited", "true".to_owned()), ("limit", "3".to_owned())];

@@ -596,7 +596,11 @@ fn admin_tokens(
             report.error(&token.span(), &place, e);
         }
         if tokens.iter().any(|(_, t)| t == token.get_ref()) {
-            report.error(&token.span(), &place, "the same token as another name: give each its own");
+            report.error(
+                &token.span(),
+                &place,
+                "the same token as another name: give each its own",
+            );
         }
         tokens.push((name.clone(), token.get_ref().clone()));
     }
