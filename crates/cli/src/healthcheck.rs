@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use http_body_util::Empty;
+use http_body_util::Full;
 use hyper::body::Bytes;
 
 #[derive(Debug, clap::Args)]
@@ -67,7 +67,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<bool> {
         .build()
         .context("starting the health check")?;
     let asked = runtime.block_on(async {
-        tokio::time::timeout(args.timeout, ask(url, host, port, tls, None)).await
+        tokio::time::timeout(args.timeout, ask(url, host, port, tls, Call::GET)).await
     });
     match asked {
         Err(_) => eprintln!("{url}: no answer within {:?}", args.timeout),
@@ -78,11 +78,41 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<bool> {
     Ok(false)
 }
 
+/// A request's method, admin token and body.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Call<'a> {
+    pub(crate) method: &'a str,
+    pub(crate) bearer: Option<&'a str>,
+    pub(crate) body: &'a str,
+}
+
+impl Call<'_> {
+    const GET: Self = Self {
+        method: "GET",
+        bearer: None,
+        body: "",
+    };
+}
+
 /// One GET of `url` (plain HTTP), with `bearer` as its admin token: the
 /// status and body, within `timeout`.
 pub(crate) fn get(
     url: &hyper::Uri,
     bearer: Option<&str>,
+    timeout: Duration,
+) -> anyhow::Result<(hyper::StatusCode, Bytes)> {
+    let call = Call {
+        bearer,
+        ..Call::GET
+    };
+    request(url, call, timeout)
+}
+
+/// One request of `url` (plain HTTP), as `call` says: the status and body,
+/// within `timeout`.
+pub(crate) fn request(
+    url: &hyper::Uri,
+    call: Call<'_>,
     timeout: Duration,
 ) -> anyhow::Result<(hyper::StatusCode, Bytes)> {
     let (Some("http"), Some(host)) = (url.scheme_str(), url.host()) else {
@@ -93,31 +123,38 @@ pub(crate) fn get(
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        match tokio::time::timeout(timeout, ask(url, host, port, None, bearer)).await {
+        match tokio::time::timeout(timeout, ask(url, host, port, None, call)).await {
             Ok(answer) => answer,
             Err(_) => bail!("{url}: no answer within {timeout:?}"),
         }
     })
 }
 
-/// One GET of `url` over a connection of its own, through `tls` if given.
+/// One request of `url` over a connection of its own, through `tls` if
+/// given.
 async fn ask(
     url: &hyper::Uri,
     host: &str,
     port: u16,
     tls: Option<tokio_rustls::TlsConnector>,
-    bearer: Option<&str>,
+    call: Call<'_>,
 ) -> anyhow::Result<(hyper::StatusCode, Bytes)> {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     let tcp = tokio::net::TcpStream::connect((bare, port)).await?;
-    let mut request = hyper::Request::get(url.path_and_query().map_or("/", |p| p.as_str())).header(
-        hyper::header::HOST,
-        url.authority().map_or(host, |a| a.as_str()),
-    );
-    if let Some(token) = bearer {
+    let mut request = hyper::Request::builder()
+        .method(call.method)
+        .uri(url.path_and_query().map_or("/", |p| p.as_str()))
+        .header(
+            hyper::header::HOST,
+            url.authority().map_or(host, |a| a.as_str()),
+        );
+    if let Some(token) = call.bearer {
         request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
     }
-    let request = request.body(Empty::<Bytes>::new())?;
+    if !call.body.is_empty() {
+        request = request.header(hyper::header::CONTENT_TYPE, "application/json");
+    }
+    let request = request.body(Full::new(Bytes::from(call.body.to_owned())))?;
     let status = match tls {
         None => send(tcp, request).await?,
         Some(tls) => {
@@ -130,7 +167,7 @@ async fn ask(
 
 async fn send<S>(
     stream: S,
-    request: hyper::Request<Empty<Bytes>>,
+    request: hyper::Request<Full<Bytes>>,
 ) -> anyhow::Result<(hyper::StatusCode, Bytes)>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,

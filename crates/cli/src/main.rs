@@ -7,6 +7,7 @@ mod envoy_ratelimit;
 mod explain;
 mod healthcheck;
 mod limitador;
+mod limits;
 mod policy_flags;
 mod serve;
 mod simulate;
@@ -62,6 +63,11 @@ enum Command {
     /// parameters and penalty in force, and the key's standing (in debt,
     /// banned, its reset). Reads the admin token from WEIR_ADMIN_TOKEN.
     Explain(explain::Args),
+    /// Set, read, list and remove limits managed by API on a running weir:
+    /// a key's own limit under a policy (another limit, unlimited, a
+    /// multiplier; until a time), and its plan. Reads the admin token from
+    /// WEIR_ADMIN_TOKEN.
+    Limits(limits::Args),
 }
 
 fn main() -> ExitCode {
@@ -73,6 +79,7 @@ fn main() -> ExitCode {
         Command::Config(command) => config::config(&command),
         Command::EnvoyRatelimit(args) => envoy_ratelimit::run(&args),
         Command::Explain(args) => explain::run(&args),
+        Command::Limits(args) => limits::run(&args),
         Command::Healthcheck(args) => match healthcheck::run(&args) {
             Ok(true) => Ok(()),
             Ok(false) => return ExitCode::FAILURE,

@@ -9,6 +9,7 @@ mod envoy;
 mod envoy_ratelimit;
 mod faults;
 mod forward_auth;
+mod quotas;
 mod redis;
 mod resp;
 mod serve;

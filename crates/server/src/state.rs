@@ -130,14 +130,20 @@ impl AppState {
     /// Within a tokio runtime, a task follows the limits managed by API
     /// on a shared store (`limits_feed.rs`) as long as the state lives.
     pub fn new(shared: Shared) -> Arc<Self> {
-        let state = Arc::new(Self {
+        Self::following(Self {
             current: ArcSwap::from_pointee(shared),
             metrics: crate::metrics::handle(),
             admin_failures: Mutex::default(),
             source: Source::default(),
             last_reload: Mutex::default(),
             history: crate::live::History::default(),
-        });
+        })
+    }
+
+    /// `state`, with the task that follows its limits managed by API when
+    /// within a tokio runtime.
+    fn following(state: Self) -> Arc<Self> {
+        let state = Arc::new(state);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let weak = Arc::downgrade(&state);
             runtime.spawn(crate::limits_feed::follow(Box::new(move || {
@@ -155,7 +161,7 @@ impl AppState {
         let mut shared = Shared::new(config, None).map_err(|e| e.to_string())?;
         shared.hash = hash;
         crate::reload::record(&Ok(crate::reload::Reloaded::Applied), Some((hash, hash)));
-        Ok(Arc::new(Self {
+        Ok(Self::following(Self {
             current: ArcSwap::from_pointee(shared),
             metrics: crate::metrics::handle(),
             admin_failures: Mutex::default(),

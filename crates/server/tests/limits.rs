@@ -263,7 +263,11 @@ async fn a_boost_ends_at_its_second() {
     );
     let check = format!("http://{addr}/v1/check");
     let one = r#"{"policy":"monthly","key":"acme","probe":true}"#;
-    let limit = |answer: serde_json::Value| answer["limit"].as_u64().expect(&answer.to_string());
+    let limit = |answer: serde_json::Value| {
+        answer["limit"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{answer}"))
+    };
     assert_eq!(limit(send("POST", &check, &[], one).await.json()), 6);
     // Checked across the boundary: 6 until the second, 2 from it on.
     loop {
