@@ -86,12 +86,12 @@ impl Shared {
 impl Shared {
     /// Resolves a request's policies for its identities (API-managed
     /// limits, plans, file overrides), each identity's records read once.
-    pub(crate) fn resolver(&self) -> crate::limits::Resolver<'_> {
+    pub fn resolver(&self) -> crate::limits::Resolver<'_> {
         crate::limits::Resolver::new(&self.limits, &self.table)
     }
 
     /// The entry that decides `identity` (as sent) under `policy`.
-    pub(crate) fn resolve(&self, policy: TableId, identity: &str) -> TableId {
+    pub fn resolve(&self, policy: TableId, identity: &str) -> TableId {
         self.resolver().resolve(policy, identity)
     }
 }
