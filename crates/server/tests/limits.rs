@@ -290,7 +290,19 @@ async fn a_boost_ends_at_its_second() {
 #[tokio::test]
 async fn two_weir_on_one_redis_see_each_others_changes() {
     let redis = weir_testkit::RedisServer::start(&[]);
-    let store = format!("[store]\nurl = \"{}\"", redis.url());
+    shared_through(&redis.url()).await;
+}
+
+/// The same on a Redis Cluster of three nodes: the records and their log
+/// share one slot.
+#[tokio::test]
+async fn two_weir_on_a_redis_cluster_see_each_others_changes() {
+    let cluster = weir_testkit::Cluster::start();
+    shared_through(&cluster.url()).await;
+}
+
+async fn shared_through(url: &str) {
+    let store = format!("[store]\nurl = \"{url}\"");
     let (a, _) = start(&config(&store)).await;
     let (b, _) = start(&config(&store)).await;
     let seen_by = |addr: SocketAddr, key: &'static str| async move {
