@@ -3,6 +3,7 @@
 //! sliding log's entries and the concurrency limit's leases.
 
 pub mod calendar;
+pub mod grants;
 mod lease;
 mod level;
 mod log;
