@@ -27,21 +27,25 @@ use tower_service::Service;
 
 use crate::envoy::RateLimiter;
 use crate::ext_authz::Authorizer;
+use crate::rlqs::Quotas;
 use crate::serve::{Accepted, Activity, InFlight, Open, Protocol, listen};
 use crate::state::AppState;
 use crate::tls::{Alpn, Tls};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 
 type Answer = Pin<Box<dyn Future<Output = Result<Response<tonic::body::Body>, Infallible>> + Send>>;
 
 const RLS: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
 const AUTHZ: &str = "/envoy.service.auth.v3.Authorization/";
 const HEALTH: &str = "/grpc.health.v1.Health/";
+const RLQS: &str = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/";
 
 /// The services, cloned for each call (their state is behind `Arc`s).
 #[derive(Clone)]
 struct Grpc<H> {
     rls: RateLimitServiceServer<RateLimiter>,
     authz: AuthorizationServer<Authorizer>,
+    rlqs: RateLimitQuotaServiceServer<Quotas>,
     health: H,
 }
 
@@ -65,6 +69,8 @@ where
             self.rls.clone().call(request)
         } else if path.starts_with(AUTHZ) {
             self.authz.clone().call(request)
+        } else if path.starts_with(RLQS) {
+            self.rlqs.clone().call(request)
         } else if path.starts_with(HEALTH) {
             Box::pin(self.health.clone().call(request))
         } else {
@@ -201,7 +207,8 @@ pub(crate) async fn serve_grpc(
     let limits = state.current().config.server.limits;
     let service = Grpc {
         rls: RateLimiter::service(state.clone()),
-        authz: Authorizer::service(state),
+        authz: Authorizer::service(state.clone()),
+        rlqs: Quotas::service(state),
         health: health_service,
     };
     let protocol = match tls {

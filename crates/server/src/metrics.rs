@@ -59,6 +59,12 @@ catalog! {
         "Gateway and forward-auth requests an address list decided: deny (refused 403 before anything was charged), exempt (a client of [server] allow, or of a route's or policy's exempt, not limited by some or all of its policies).";
     BANS = "weir_bans_total", Counter ["policy"],
         "Bans begun: a policy with a penalty refused a key, which is shut out until its ban ends (docs/SPEC.md, \"Penalties\").";
+    GRANTS = "weir_grants_total", Counter ["policy", "outcome"],
+        "Fleet grants asked of the Rate Limit Quota Service, by outcome: granted (booked and sent, a renewal or a new grant, possibly smaller than the fair share), refused (nothing could be booked: DENY_ALL sent), unmatched (a bucket no [[quota_buckets]] rule matches; policy empty).";
+    GRANT_DEMAND = "weir_grant_demand", Gauge ["policy"],
+        "The demand the last usage report said, in requests per second (allowed and denied).";
+    GRANT_RATE = "weir_grant_rate", Gauge ["policy"],
+        "The rate of the last grant sent, in tokens per second.";
     LIMIT_CHANGES = "weir_limit_changes_total", Counter ["kind", "change"],
         "Changes to limits managed by API made through this instance: kind (limit: a per-key setting; plan: a key's plan) and change (set, removed).";
     LIMITS = "weir_limits", Gauge [],

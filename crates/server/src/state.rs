@@ -28,6 +28,8 @@ pub struct Shared {
     pub table: PolicyTable,
     /// Limits managed by API: kept from one configuration to the next.
     pub limits: Arc<crate::limits::Limits>,
+    /// Fleet grants served in process: kept from one configuration to the next.
+    pub grants: Arc<crate::grants::Grants>,
     /// Where decisions are made.
     pub backend: Backend,
     pub(crate) meters: Meters,
@@ -74,6 +76,7 @@ impl Shared {
         Ok(Self {
             meters,
             limits: previous.map(|p| p.limits.clone()).unwrap_or_default(),
+            grants: previous.map(|p| p.grants.clone()).unwrap_or_default(),
             config,
             table,
             backend,

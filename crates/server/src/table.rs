@@ -43,6 +43,8 @@ pub struct Entry {
     pub penalty: Option<Penalty>,
     /// Client networks it does not limit.
     pub exempt: crate::addresses::AddressList,
+    /// Its fleet grants (`grants = { ttl }`), if it hands any out.
+    pub grants: Option<weir_core::algo::grants::Fleet>,
     /// How it shows itself to clients.
     pub(crate) shown: Shown,
     /// What is counted of it.
@@ -61,9 +63,17 @@ impl Entry {
         let policy = setting
             .apply(&base.policy)
             .map_err(|(field, e)| format!("{field}: {e}"))?;
+        // Its grants are those of its own bucket.
+        let grants = base.grants.and_then(|fleet| match policy {
+            Policy::TokenBucket(b) | Policy::Gcra(b) => {
+                weir_core::algo::grants::Fleet::new(b, fleet.ttl()).ok()
+            }
+            _ => None,
+        });
         let config = PolicyConfig {
             policy,
             max_keys: None,
+            grants,
             ..base.clone()
         };
         let mut entry = Self::new(&config, stored_as, store);
@@ -82,6 +92,7 @@ impl Entry {
             shadow: self.shadow,
             penalty: self.penalty,
             exempt: self.exempt.clone(),
+            grants: self.grants,
         }
     }
 
@@ -108,6 +119,7 @@ impl Entry {
             shadow: config.shadow,
             penalty: config.penalty,
             exempt: config.exempt.clone(),
+            grants: config.grants,
             stored_as,
             unlimited: false,
             name,
@@ -370,6 +382,7 @@ impl PolicyTable {
             shadow: base.is_some_and(|b| b.shadow),
             penalty: base.and_then(|b| b.penalty),
             exempt: crate::addresses::AddressList::default(),
+            grants: None,
         };
         let _ = cell.set(Entry::new(&config, stored_as.to_owned(), &self.store));
         let id = TableId(self.entries.len() + slot);

@@ -9,6 +9,7 @@ mod envoy;
 mod forward_auth;
 mod fuzz;
 mod gateway;
+mod grants;
 mod guarded;
 mod hardening;
 mod http2;

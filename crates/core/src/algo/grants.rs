@@ -95,6 +95,25 @@ impl Fleet {
         self.bucket.rate.tokens().saturating_mul(SCALE)
     }
 
+    /// The policy's rate period P (ns), the unit grant rates are counted in.
+    pub fn period(&self) -> Nanos {
+        self.bucket.rate.period()
+    }
+
+    /// The capacity of a grant of `rate` (of [`Fleet::total_rate`]): the
+    /// same share of what the whole rate's booking over the ttl leaves of
+    /// the capacity, at least one token — so that grants whose rates add
+    /// up to the policy's fit in a full bucket together.
+    pub fn grant_capacity(&self, rate: u64) -> u64 {
+        let spare = self
+            .full()
+            .saturating_sub(self.drain() * u128::from(self.ttl));
+        let share = spare * u128::from(rate) / u128::from(self.total_rate().max(1));
+        u64::try_from(share / self.unit())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
     /// One token, in units.
     fn unit(&self) -> u128 {
         u128::from(self.bucket.rate.period()) * u128::from(SCALE)

@@ -93,6 +93,7 @@ pub(super) fn check(table: &Spanned<DeTable<'_>>, report: &mut Report<'_>) {
             "jwt" => (fields::<super::jwt::Raw>(), "[jwt]"),
             "routes" => (fields::<super::routes::Raw>(), "[[routes]]"),
             "descriptors" => (fields::<super::descriptors::Raw>(), "[[descriptors]]"),
+            "quota_buckets" => (fields::<super::buckets::Raw>(), "[[quota_buckets]]"),
             _ => continue,
         };
         match value.get_ref() {

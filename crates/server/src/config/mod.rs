@@ -4,6 +4,7 @@
 //! problem in a file is reported in one run, each with its line, table and
 //! key, and unknown keys with the nearest valid one.
 
+mod buckets;
 mod descriptors;
 mod jwt;
 mod keys;
@@ -19,6 +20,7 @@ use std::ops::Range;
 
 use serde::Deserialize;
 
+pub use buckets::{BucketRule, find as find_bucket};
 pub use descriptors::{DescriptorRule, DescriptorTree, NO_RELEASE};
 pub use jwt::{Jwt, Refused as TokenRefused};
 pub use overrides::{Override, Quota};
@@ -52,6 +54,8 @@ pub struct Config {
     pub overrides: Vec<Override>,
     /// `[plans.NAME]`: per-policy settings a key is put on by the API.
     pub plans: Vec<Plan>,
+    /// `[[quota_buckets]]`: which policy and key an RLQS bucket is granted from.
+    pub quota_buckets: Vec<BucketRule>,
     /// `[jwt]`: how `jwt:CLAIM` identities are verified.
     pub jwt: Option<jwt::Jwt>,
 }
@@ -152,6 +156,8 @@ pub(super) struct Raw {
     overrides: overrides::Raw,
     #[serde(default)]
     plans: plans::Raw,
+    #[serde(default)]
+    quota_buckets: Vec<buckets::Raw>,
     telemetry: Option<server::RawTelemetry>,
     jwt: Option<jwt::Raw>,
 }
@@ -296,6 +302,15 @@ pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
         descriptors::parse(&raw.descriptors, &resolve, &known, &leased, &mut report);
     let overrides = overrides::parse(&raw.overrides, &policies, &resolve, &known, &mut report);
     let plans = plans::parse(&raw.plans, &policies, &resolve, &known, &mut report);
+    let quota_buckets = buckets::parse(&raw.quota_buckets, &policies, &resolve, &mut report);
+    if let (StoreUrl::Redis(_), Some(p)) =
+        (&store.url, policies.iter().find(|p| p.grants.is_some()))
+    {
+        report.error_outside(
+            &format!("[policies.{}] grants", p.name),
+            "fleet grants are booked in process in this version: serve them from a weir on the in-process store (no [store] url)",
+        );
+    }
     let jwt = raw.jwt.and_then(|j| jwt::parse(j, &mut report));
     let wants_jwt = routes.iter().any(|r| {
         std::iter::once(&r.identity)
@@ -346,6 +361,7 @@ pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
         descriptor_tree,
         overrides,
         plans,
+        quota_buckets,
         jwt,
     })
 }

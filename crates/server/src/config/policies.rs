@@ -42,6 +42,9 @@ pub struct PolicyConfig {
     /// `exempt`: client networks this policy does not limit (on the
     /// gateway and forward-auth, whose clients have addresses).
     pub exempt: crate::addresses::AddressList,
+    /// `grants = { ttl = "2s" }` (docs/SPEC.md's fleet grants): a token
+    /// bucket that hands data-plane clients local buckets of their own.
+    pub grants: Option<weir_core::algo::grants::Fleet>,
 }
 
 /// `on_store_error` and `on_state_loss`: the store boundary's rules, named
@@ -100,6 +103,50 @@ fn parse_exempt(
     };
     let spanned = Spanned::new(value.span(), texts);
     super::server::address_list(Some(&spanned), at, report)
+}
+
+/// `grants = { ttl = "2s" }`: the ttl, in ns.
+fn parse_ttl(value: &Spanned<Value>, at: &str, report: &mut Report<'_>) -> Option<u64> {
+    let example = "expected a table such as { ttl = \"2s\" }: how long a grant lives";
+    let ttl = match value.get_ref() {
+        Value::Table(t) if t.len() == 1 => t.get("ttl").and_then(Value::as_str),
+        _ => None,
+    };
+    let Some(ttl) = ttl else {
+        report.error(&value.span(), at, example);
+        return None;
+    };
+    weir_core::units::parse_duration(ttl)
+        .map_err(|e| {
+            report.error(
+                &value.span(),
+                &format!("{at}.ttl"),
+                format!("{e} (a duration such as 2s)"),
+            )
+        })
+        .ok()
+}
+
+/// The grants of `policy` with `ttl`: a token bucket (or GCRA) whose
+/// capacity holds one grant's booking.
+fn fleet(
+    policy: &Policy,
+    ttl: u64,
+    span: &std::ops::Range<usize>,
+    at: &str,
+    report: &mut Report<'_>,
+) -> Option<weir_core::algo::grants::Fleet> {
+    let (Policy::TokenBucket(bucket) | Policy::Gcra(bucket)) = policy else {
+        let message = format!(
+            "grants are local token buckets: the policy must be a token-bucket or gcra, not {}",
+            policy.algorithm().name()
+        );
+        report.error(span, at, message);
+        return None;
+    };
+    weir_core::algo::grants::Fleet::new(*bucket, ttl)
+        .map_err(|e| report.error(span, at, e.to_string()))
+        .ok()
 }
 
 /// `penalty = { ban = "15m", factor = 4, max = "1d", memory = "1d" }`;
@@ -161,6 +208,7 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
         let mut shadow = false;
         let mut penalty = None;
         let mut exempt = crate::addresses::AddressList::default();
+        let mut grants = None;
         for (key, value) in table {
             let at = format!("{place} {key}");
             match key.as_str() {
@@ -172,6 +220,7 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
                 },
                 "penalty" => penalty = parse_penalty(value, &at, report),
                 "exempt" => exempt = parse_exempt(value, &at, report),
+                "grants" => grants = parse_ttl(value, &at, report),
                 "max_keys" => match value.get_ref() {
                     Value::Integer(n) if *n > 0 => max_keys = usize::try_from(*n).ok(),
                     _ => report.error(&value.span(), &at, "must be a number of keys, at least 1"),
@@ -209,6 +258,10 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
             let built = build(&algorithm, &params);
             let e = match built {
                 Ok(policy) if reported.is_empty() => {
+                    let span = table.get("grants").map_or(first.clone(), Spanned::span);
+                    let grants = grants.and_then(|ttl| {
+                        fleet(&policy, ttl, &span, &format!("{place} grants"), report)
+                    });
                     policies.push(PolicyConfig {
                         name: name.clone(),
                         policy,
@@ -218,6 +271,7 @@ pub(super) fn parse(raw: &Raw, report: &mut Report<'_>) -> Vec<PolicyConfig> {
                         shadow,
                         penalty,
                         exempt: exempt.clone(),
+                        grants,
                     });
                     break;
                 }

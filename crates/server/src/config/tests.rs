@@ -161,7 +161,7 @@ max_wiat = "1s"
             (
                 1,
                 "top level admin_tokn",
-                "unknown key (valid: server, store, policies, routes, descriptors, overrides, plans, telemetry, jwt)"
+                "unknown key (valid: server, store, policies, routes, descriptors, overrides, plans, quota_buckets, telemetry, jwt)"
             ),
             (
                 4,
