@@ -4,7 +4,9 @@
 //! bucket; weir matches each bucket to a policy with grants and a key
 //! (`[[quota_buckets]]`), books the client a grant by its demand
 //! (`grants.rs`) and answers a `token_bucket` assignment that lives until
-//! the grant's expiry less [`MARGIN`] — renewed on each report — or a
+//! the grant's expiry less [`MARGIN`], in whole seconds — renewed on each
+//! report, so a grant's ttl must outlast the clients' reporting interval
+//! (Envoy 1.40 reports every 5 s) — or a
 //! blanket `DENY_ALL` for the ttl while nothing can be booked. A bucket not
 //! reported for its rule's `abandon_after` is abandoned.
 //!
@@ -215,10 +217,11 @@ impl Stream {
                 .grant(&entry.stored_as, &fleet, &key, self.client, wanted);
             match granted {
                 Some(grant) => {
+                    // Whole seconds, rounded down: Envoy 1.40 reads only the
+                    // seconds of a TTL (one under 1 s expires at once).
                     let left = grant.until.saturating_sub(shared.grants.now());
-                    let ttl = left
-                        .saturating_sub(u64::try_from(MARGIN.as_nanos()).unwrap_or(0))
-                        .max(1);
+                    let ttl = left.saturating_sub(u64::try_from(MARGIN.as_nanos()).unwrap_or(0));
+                    let ttl = ttl - ttl % 1_000_000_000;
                     metrics::counter!(crate::metrics::GRANTS, "policy" => name.to_owned(), "outcome" => "granted").increment(1);
                     metrics::gauge!(crate::metrics::GRANT_RATE, "policy" => name.to_owned())
                         .set(grant.rate as f64 / SCALE as f64 * 1e9 / fleet.period() as f64);

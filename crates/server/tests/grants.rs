@@ -19,12 +19,12 @@ use tokio::sync::mpsc;
 use weir_server::{AppState, Shared, config};
 
 const CONFIG: &str = r#"
-# 100 tokens, 50 a second; grants live 1 s.
+# 200 tokens, 50 a second; grants live 2 s.
 [policies.api]
 algorithm = "token-bucket"
-capacity = 100
+capacity = 200
 rate = "50/s"
-grants = { ttl = "1s" }
+grants = { ttl = "2s" }
 
 [[quota_buckets]]
 match = { name = "api" }
@@ -140,8 +140,9 @@ fn assigned(answer: &RateLimitQuotaResponse) -> Vec<Option<(u32, u64, u64)>> {
 }
 
 /// One client alone gets what it asks (10 a second), with a capacity in
-/// the same share of what the rate's booking leaves (10 of 50), for less
-/// than the grant's second; an unmatched bucket gets nothing.
+/// the same share of what the rate's booking leaves (a fifth of 100), for
+/// the grant's ttl less the margin in whole seconds; an unmatched bucket
+/// gets nothing.
 #[tokio::test]
 async fn a_report_is_answered_with_a_grant_by_its_demand() {
     let mut client = connect(start().await).await;
@@ -151,14 +152,14 @@ async fn a_report_is_answered_with_a_grant_by_its_demand() {
     let got = assigned(&answer);
     assert_eq!(got.len(), 1, "{answer:?}");
     let (tokens, interval, ttl) = got[0].unwrap();
-    assert_eq!(tokens, 10);
+    assert_eq!(tokens, 20, "a fifth of the 100 the rate's booking leaves");
     assert_eq!(interval, 100_000_000, "10 a second");
-    assert!(ttl <= 900_000_000 && ttl > 800_000_000, "{ttl}");
+    assert_eq!(ttl, 1_000_000_000, "2 s less the margin, in whole seconds");
 }
 
 /// Clients that together ask more than the bucket holds: the first books
-/// the whole bucket (50 a second and 50 tokens), the next can book nothing
-/// and is told DENY_ALL for the ttl.
+/// the whole bucket (50 a second for 2 s and 100 tokens), the next can book
+/// nothing and is told DENY_ALL for the ttl.
 #[tokio::test]
 async fn a_booking_that_does_not_fit_is_a_blanket_deny() {
     let addr = start().await;
@@ -170,7 +171,7 @@ async fn a_booking_that_does_not_fit_is_a_blanket_deny() {
             .await
             .unwrap(),
     );
-    assert_eq!(got, [Some((50, 20_000_000, got[0].unwrap().2))]);
+    assert_eq!(got, [Some((100, 20_000_000, 1_000_000_000))]);
     let mut second = connect(addr).await;
     let got = assigned(&second.ask(report(&[acme], 1_000)).await.unwrap());
     assert_eq!(got, [None], "DENY_ALL");
@@ -216,14 +217,14 @@ fn grants_that_cannot_work_are_config_errors() {
             .to_string()
     };
     let small = errors(
-        "[policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 10\nrate = \"50/s\"\ngrants = { ttl = \"1s\" }\n",
+        "[policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 10\nrate = \"50/s\"\ngrants = { ttl = \"2s\" }\n",
     );
     assert!(
         small.contains("[policies.api] grants") && small.contains("raise the capacity"),
         "{small}"
     );
     let window = errors(
-        "[policies.api]\nalgorithm = \"fixed-window\"\nlimit = 10\nwindow = \"1s\"\ngrants = { ttl = \"1s\" }\n",
+        "[policies.api]\nalgorithm = \"fixed-window\"\nlimit = 10\nwindow = \"1s\"\ngrants = { ttl = \"2s\" }\n",
     );
     assert!(window.contains("token-bucket or gcra"), "{window}");
     let ungranted = errors(
@@ -231,7 +232,11 @@ fn grants_that_cannot_work_are_config_errors() {
     );
     assert!(ungranted.contains("hands out no grants"), "{ungranted}");
     let redis = errors(
-        "[store]\nurl = \"redis://127.0.0.1:6379\"\n\n[policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 100\nrate = \"1/s\"\ngrants = { ttl = \"1s\" }\n",
+        "[store]\nurl = \"redis://127.0.0.1:6379\"\n\n[policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 100\nrate = \"1/s\"\ngrants = { ttl = \"2s\" }\n",
     );
     assert!(redis.contains("in-process store"), "{redis}");
+    let short = errors(
+        "[policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 100\nrate = \"1/s\"\ngrants = { ttl = \"1s\" }\n",
+    );
+    assert!(short.contains("grants.ttl: at least 2s"), "{short}");
 }

@@ -116,7 +116,7 @@ fn parse_ttl(value: &Spanned<Value>, at: &str, report: &mut Report<'_>) -> Optio
         report.error(&value.span(), at, example);
         return None;
     };
-    weir_core::units::parse_duration(ttl)
+    let ttl = weir_core::units::parse_duration(ttl)
         .map_err(|e| {
             report.error(
                 &value.span(),
@@ -124,7 +124,13 @@ fn parse_ttl(value: &Spanned<Value>, at: &str, report: &mut Report<'_>) -> Optio
                 format!("{e} (a duration such as 2s)"),
             )
         })
-        .ok()
+        .ok()?;
+    if ttl < 2_000_000_000 {
+        let message = "at least 2s: an assignment's time to live goes out in whole seconds, less a margin for the network (Envoy reads only its seconds)";
+        report.error(&value.span(), &format!("{at}.ttl"), message);
+        return None;
+    }
+    Some(ttl)
 }
 
 /// The grants of `policy` with `ttl`: a token bucket (or GCRA) whose
