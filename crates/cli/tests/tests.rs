@@ -8,6 +8,7 @@ mod deploy;
 mod envoy;
 mod envoy_ratelimit;
 mod faults;
+mod fleet;
 mod forward_auth;
 mod quotas;
 mod redis;

@@ -89,6 +89,21 @@ impl Grants {
             .iter()
             .position(|c| *c == client)
             .map_or(0, |i| shares[i]);
+        // A live grant still within its share (at least four fifths of it)
+        // is renewed as it is: a renewal books only its rate over the added
+        // time, while new terms book a whole new grant beside the old one,
+        // reserved until its own expiry.
+        let live = (entry.state.grants.iter())
+            .filter(|g| g.client == client && g.until > now)
+            .max_by_key(|g| g.until)
+            .copied();
+        if let Some(g) =
+            live.filter(|g| g.rate <= mine && g.rate.saturating_mul(5) >= mine.saturating_mul(4))
+        {
+            if let Some(renewed) = fleet.book(&mut entry.state, now, client, g.capacity, g.rate) {
+                return Some(renewed);
+            }
+        }
         let capacity = fleet.grant_capacity(mine);
         fleet.book_within(&mut entry.state, now, client, capacity, mine)
     }

@@ -142,18 +142,27 @@ fn assign(bucket: BucketId, ttl: Nanos, strategy: Strategy) -> BucketAction {
     }
 }
 
-/// `grant` as Envoy's token bucket: `c` tokens, one token every
-/// `SCALE·P/m` ns (rounded up: never faster than granted).
+/// `grant` as Envoy's token bucket: `c` tokens, filled `n` tokens every
+/// `k` whole seconds with `n/k` at most ρ (rounded down: never faster than
+/// granted). Whole seconds, since Envoy 1.40 reads a fill interval's
+/// seconds only (a shorter one would fill without end).
 fn token_bucket(grant: &Grant, period: Nanos, ttl: Nanos) -> Strategy {
-    let interval = match grant.rate {
-        0 => ttl.saturating_add(1),
-        m => u64::try_from((u128::from(SCALE) * u128::from(period)).div_ceil(u128::from(m)))
-            .unwrap_or(u64::MAX),
+    const SECOND: u128 = 1_000_000_000;
+    // ρ in tokens per second is m·1 s / (SCALE·P).
+    let per = u128::from(SCALE) * u128::from(period);
+    let (tokens, seconds) = match u128::from(grant.rate) * SECOND / per {
+        0 if grant.rate == 0 => (1, u128::from(ttl) / SECOND + 1),
+        0 => (1, (per.div_ceil(u128::from(grant.rate))).div_ceil(SECOND)),
+        n => (n, 1),
     };
     Strategy::TokenBucket(TokenBucket {
         max_tokens: u32::try_from(grant.capacity).unwrap_or(u32::MAX),
-        tokens_per_fill: Some(UInt32Value { value: 1 }),
-        fill_interval: Some(duration(interval.max(1))),
+        tokens_per_fill: Some(UInt32Value {
+            value: u32::try_from(tokens).unwrap_or(u32::MAX),
+        }),
+        fill_interval: Some(duration(
+            u64::try_from(seconds * SECOND).unwrap_or(u64::MAX),
+        )),
     })
 }
 
