@@ -218,6 +218,11 @@ async fn read_request(shared: &Shared, body: Body) -> Result<Asked, ApiError> {
             .table
             .find(policy)
             .ok_or_else(|| ApiError::UnknownPolicy(policy.clone()))?;
+        if shared.table.get(id).grants.is_some() {
+            return Err(ApiError::InvalidRequest(format!(
+                "policy `{policy}` hands out fleet grants: it is served over the Rate Limit Quota Service only"
+            )));
+        }
         // An overridden identity is decided by its override.
         ids.push(resolver.resolve(id, key));
         keys.push(scoped_key(&scope, key)?);

@@ -239,4 +239,11 @@ fn grants_that_cannot_work_are_config_errors() {
         "[policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 100\nrate = \"1/s\"\ngrants = { ttl = \"1s\" }\n",
     );
     assert!(short.contains("grants.ttl: at least 2s"), "{short}");
+    let routed = errors(&format!(
+        "{CONFIG}\n[[routes]]\nmatch = \"GET /\"\nidentity = \"peer\"\npolicies = [\"api\"]\nupstream = \"http://127.0.0.1:9\"\n"
+    ));
+    assert!(
+        routed.contains("Rate Limit Quota Service clients only"),
+        "{routed}"
+    );
 }

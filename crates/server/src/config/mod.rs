@@ -311,6 +311,18 @@ pub fn parse(text: &str, env: &Env) -> Result<Config, ConfigErrors> {
             "fleet grants are booked in process in this version: serve them from a weir on the in-process store (no [store] url)",
         );
     }
+    // Per-request checks beside grants are decided by the core (`Fleet::check`)
+    // but not served yet: a granted policy is the RLQS's alone.
+    let granted = |id: &TableId| policies.get(id.0).is_some_and(|p| p.grants.is_some());
+    let checked = (routes.iter().flat_map(|r| &r.policies))
+        .chain(descriptors.iter().filter_map(|d| d.policy.as_ref()))
+        .find(|id| granted(id));
+    if let Some(id) = checked {
+        report.error_outside(
+            &format!("[policies.{}] grants", policies[id.0].name),
+            "a policy with grants is served to Rate Limit Quota Service clients only in this version: routes and descriptor rules check another policy",
+        );
+    }
     let jwt = raw.jwt.and_then(|j| jwt::parse(j, &mut report));
     let wants_jwt = routes.iter().any(|r| {
         std::iter::once(&r.identity)
