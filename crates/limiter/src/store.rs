@@ -182,8 +182,10 @@ pub(crate) enum Leveled {
 pub(crate) enum Packing {
     /// `tat = seen·n + level`, `n` the rate's reduced numerator.
     Level(Leveled, u64),
-    /// `index << bits | count`, the count capped at `limit + 1` (every count
-    /// past the limit decides alike: nothing but a cost of 0 passes).
+    /// `index << bits | count`, the count whole up to the deepest a report
+    /// takes it (the core's own cap): every count past the limit decides
+    /// alike under these parameters, but a reload that raises the limit
+    /// carries the count itself.
     Window(FixedWindow, u32),
 }
 
@@ -204,7 +206,7 @@ impl Packing {
             Policy::FixedWindow(w) if w.calendar().is_some() => None,
             Policy::FixedWindow(w) => {
                 let bits = u64::BITS - index_bits(w.window());
-                let cap = w.limit().checked_add(1)?;
+                let cap = window_cap(w);
                 (bits > 0 && bits < 64 && cap < 1 << bits).then_some(Self::Window(w, bits))
             }
             Policy::SlidingLog(_) | Policy::SlidingCounter(_) | Policy::Concurrency(_) => None,
@@ -337,7 +339,12 @@ fn window_of(word: u64, now: Nanos, bits: u32) -> FixedWindowState {
 
 #[inline(always)]
 fn window_word(state: FixedWindowState, window: FixedWindow, bits: u32) -> u64 {
-    state.index << bits | state.count.min(window.limit() + 1)
+    state.index << bits | state.count.min(window_cap(window))
+}
+
+/// The largest count a window's key holds: the deepest a report takes it.
+fn window_cap(window: FixedWindow) -> u64 {
+    Policy::FixedWindow(window).max_report().max(window.limit().saturating_add(1))
 }
 
 /// A sliding counter in 128 bits: `index << 2·bits | current << bits |
@@ -1168,15 +1175,15 @@ mod tests {
     #[test]
     fn a_fixed_window_is_one_word_while_its_index_and_count_fit() {
         // 1 ms windows take 45 bits of index until u64::MAX ns, leaving 19
-        // for a count of up to limit + 1.
+        // for a count of up to limit × 1000 (the deepest a report takes it).
         let fits = |limit: u64| {
             matches!(
                 packing(&format!("fixed-window limit={limit} window=1ms")),
                 Some(Packing::Window(_, 19))
             )
         };
-        assert!(fits(10) && fits((1 << 19) - 2));
-        assert!(!fits((1 << 19) - 1));
+        assert!(fits(10) && fits(524));
+        assert!(!fits(525));
         assert!(matches!(
             packing("fixed-window limit=10 window=100ms"),
             Some(Packing::Window(_, 26))
