@@ -344,7 +344,9 @@ fn window_word(state: FixedWindowState, window: FixedWindow, bits: u32) -> u64 {
 
 /// The largest count a window's key holds: the deepest a report takes it.
 fn window_cap(window: FixedWindow) -> u64 {
-    Policy::FixedWindow(window).max_report().max(window.limit().saturating_add(1))
+    Policy::FixedWindow(window)
+        .max_report()
+        .max(window.limit().saturating_add(1))
 }
 
 /// A sliding counter in 128 bits: `index << 2·bits | current << bits |
