@@ -94,23 +94,42 @@ impl Call<'_> {
     };
 }
 
-/// One GET of `url` (plain HTTP), with `bearer` as its admin token: the
-/// status and body, within `timeout`.
-pub(crate) fn get(
-    url: &hyper::Uri,
-    bearer: Option<&str>,
-    timeout: Duration,
-) -> anyhow::Result<(hyper::StatusCode, Bytes)> {
+/// One request of weir's admin API at `base` (`--url`) and `path`, with
+/// the admin token of `WEIR_ADMIN_TOKEN`: weir's answer printed (JSON,
+/// indented); weir's error (exit 1) when it answers one.
+pub(crate) fn admin(base: &str, method: &str, path: &str, body: &str) -> anyhow::Result<()> {
+    let token = std::env::var("WEIR_ADMIN_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+        .context("WEIR_ADMIN_TOKEN: set it to an admin token of weir (`[server] admin_token` or one of `[server.admin_tokens]`)")?;
+    let url: hyper::Uri = format!("{}{path}", base.trim_end_matches('/'))
+        .parse()
+        .with_context(|| format!("--url `{base}` is not a URL such as http://127.0.0.1:8080"))?;
     let call = Call {
-        bearer,
-        ..Call::GET
+        method,
+        bearer: Some(&token),
+        body,
     };
-    request(url, call, timeout)
+    let (status, answer) = request(&url, call, Duration::from_secs(10))?;
+    let text = String::from_utf8_lossy(&answer);
+    if !status.is_success() {
+        bail!("{method} {url}: {status}: {text}");
+    }
+    let pretty = serde_json::from_slice::<serde_json::Value>(&answer)
+        .ok()
+        .and_then(|v| serde_json::to_string_pretty(&v).ok());
+    println!("{}", pretty.unwrap_or_else(|| text.into_owned()));
+    Ok(())
+}
+
+/// A path segment or query value, escaped.
+pub(crate) fn escape(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 /// One request of `url` (plain HTTP), as `call` says: the status and body,
 /// within `timeout`.
-pub(crate) fn request(
+fn request(
     url: &hyper::Uri,
     call: Call<'_>,
     timeout: Duration,

@@ -2,12 +2,10 @@
 //! a running weir's admin API (`/v1/limits`, `/v1/keys/{key}/plan`) with
 //! the admin token of `WEIR_ADMIN_TOKEN`. Each prints weir's answer.
 
-use std::time::Duration;
-
 use anyhow::{Context, bail};
 use serde_json::{Map, Value};
 
-use crate::healthcheck::{Call, request};
+use crate::healthcheck::{admin, escape};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -136,18 +134,9 @@ fn value(text: &str) -> Value {
     }
 }
 
-/// A path segment or query value, escaped.
-fn escape(text: &str) -> String {
-    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
-}
-
 /// Makes the request; prints weir's answer; fails (exit 1) with weir's
 /// error.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
-    let token = std::env::var("WEIR_ADMIN_TOKEN")
-        .ok()
-        .filter(|t| !t.trim().is_empty())
-        .context("WEIR_ADMIN_TOKEN: set it to an admin token of weir (`[server] admin_token` or one of `[server.admin_tokens]`)")?;
     let limit = |policy: &str, key: &str| format!("/v1/limits/{}/{}", escape(policy), escape(key));
     let (method, path, body) = match &args.command {
         Command::Set {
@@ -205,27 +194,5 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             }
         }
     };
-    let url: hyper::Uri = format!("{}{path}", args.url.trim_end_matches('/'))
-        .parse()
-        .with_context(|| {
-            format!(
-                "--url `{}` is not a URL such as http://127.0.0.1:8080",
-                args.url
-            )
-        })?;
-    let call = Call {
-        method,
-        bearer: Some(&token),
-        body: &body,
-    };
-    let (status, answer) = request(&url, call, Duration::from_secs(10))?;
-    let text = String::from_utf8_lossy(&answer);
-    if !status.is_success() {
-        bail!("{method} {url}: {status}: {text}");
-    }
-    let pretty = serde_json::from_slice::<Value>(&answer)
-        .ok()
-        .and_then(|v| serde_json::to_string_pretty(&v).ok());
-    println!("{}", pretty.unwrap_or_else(|| text.into_owned()));
-    Ok(())
+    admin(&args.url, method, &path, &body)
 }

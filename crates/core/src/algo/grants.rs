@@ -114,6 +114,11 @@ impl Fleet {
             .max(1)
     }
 
+    /// What a new grant of `capacity` at `rate` books: `c + ρ·D`, in units.
+    fn booking(&self, capacity: u64, rate: u64) -> u128 {
+        u128::from(capacity) * self.unit() + u128::from(rate) * u128::from(self.ttl)
+    }
+
     /// One token, in units.
     fn unit(&self) -> u128 {
         u128::from(self.bucket.rate.period()) * u128::from(SCALE)
@@ -214,7 +219,7 @@ impl Fleet {
         let cost = match live {
             Some(i) => u128::from(rate) * u128::from(until.saturating_sub(state.grants[i].until)),
             None if state.grants.len() >= MAX_GRANTS => return None,
-            None => u128::from(capacity) * self.unit() + u128::from(rate) * u128::from(self.ttl),
+            None => self.booking(capacity, rate),
         };
         if avail < cost {
             return None;
@@ -256,7 +261,7 @@ impl Fleet {
         }
         let (t, deficit) = self.settle(state, now);
         let (avail, _) = self.available(state, t, deficit);
-        let cost = u128::from(capacity) * self.unit() + u128::from(rate) * u128::from(self.ttl);
+        let cost = self.booking(capacity, rate);
         let scale = |x: u64| u64::try_from(u128::from(x) * avail / cost.max(1)).unwrap_or(0);
         let (c, m) = (scale(capacity), scale(rate));
         (c >= 1 && (c, m) != (capacity, rate))
