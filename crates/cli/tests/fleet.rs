@@ -1,7 +1,8 @@
 //! One hot key across a fleet (`docs/envoy/rlqs.yaml`, `rlqs.toml`): two
 //! real Envoys with the `rate_limit_quota` filter, granted local buckets by
 //! `weir serve` over the Rate Limit Quota Service, with skewed demand that
-//! moves from one to the other. Every admission is recorded where it lands
+//! moves from one to the other, and the first killed mid-grant. Every
+//! admission is recorded where it lands
 //! (the upstream), and the count over every window is checked against one
 //! bucket's bound, `C + L·N/P` (docs/SPEC.md, "Fleet grants").
 
@@ -54,7 +55,7 @@ fn a_fleet_of_envoys_admits_no_more_than_one_bucket() {
         .replace("port_value: 9000", &format!("port_value: {port}"))
         .replace("port_value: 8081", &format!("port_value: {grpc}"));
     let (a_port, b_port) = (free_port(), free_port());
-    let Some(_a) = envoy("fleet-a", &yaml, a_port) else {
+    let Some(a) = envoy("fleet-a", &yaml, a_port) else {
         return;
     };
     let Some(_b) = envoy("fleet-b", &yaml, b_port) else {
@@ -114,6 +115,10 @@ fn a_fleet_of_envoys_admits_no_more_than_one_bucket() {
     }
     threads.push(sender(b_port, 1, Duration::ZERO, half));
     threads.push(sender(a_port, 0, half, whole));
+    // Envoy A killed mid-grant, 4 s into B's turn: its grant stays
+    // reserved until it expires, and B gets the rate after.
+    std::thread::sleep(half + Duration::from_secs(4));
+    drop(a);
     for thread in threads {
         thread.join().unwrap();
     }
