@@ -82,24 +82,31 @@ impl Grants {
         entry.demand.insert(client, (wanted, now));
         let mut clients: Vec<u64> = entry.demand.keys().copied().collect();
         clients.sort_unstable();
-        let demands: Vec<u64> = clients.iter().map(|c| entry.demand[c].0).collect();
+        // Each client asks twice its demand (room to grow between reports);
+        // the rate is split max-min fairly by those asks.
+        let asks: Vec<u64> = (clients.iter())
+            .map(|c| entry.demand[c].0.saturating_mul(2))
+            .collect();
         let total = fleet.total_rate();
-        let shares = split(total, &demands);
+        let shares = split(total, &asks);
         let mine = clients
             .iter()
             .position(|c| *c == client)
             .map_or(0, |i| shares[i]);
-        // A live grant still within its share (at least four fifths of it)
-        // is renewed as it is: a renewal books only its rate over the added
-        // time, while new terms book a whole new grant beside the old one,
+        // A live grant within its share that still covers the demand (or is
+        // at least four fifths of the share) is renewed as it is: a renewal
+        // books only its rate over the added time and the client keeps its
+        // bucket, while new terms book a whole new grant beside the old one,
         // reserved until its own expiry.
         let live = (entry.state.grants.iter())
             .filter(|g| g.client == client && g.until > now)
             .max_by_key(|g| g.until)
             .copied();
-        if let Some(g) =
-            live.filter(|g| g.rate <= mine && g.rate.saturating_mul(5) >= mine.saturating_mul(4))
-        {
+        let keeps = |g: &Grant| {
+            g.rate <= mine
+                && (g.rate >= wanted || g.rate.saturating_mul(5) >= mine.saturating_mul(4))
+        };
+        if let Some(g) = live.filter(keeps) {
             if let Some(renewed) = fleet.book(&mut entry.state, now, client, g.capacity, g.rate) {
                 return Some(renewed);
             }

@@ -139,8 +139,9 @@ fn assigned(answer: &RateLimitQuotaResponse) -> Vec<Option<(u32, u64, u64)>> {
         .collect()
 }
 
-/// One client alone gets what it asks (10 a second), with a capacity in
-/// the same share of what the rate's booking leaves (a fifth of 100), for
+/// One client alone gets twice its demand (10 a second: room to grow
+/// between reports), with a capacity in the same share of what the rate's
+/// booking leaves (two fifths of 100), for
 /// the grant's ttl less the margin in whole seconds; an unmatched bucket
 /// gets nothing.
 #[tokio::test]
@@ -152,8 +153,8 @@ async fn a_report_is_answered_with_a_grant_by_its_demand() {
     let got = assigned(&answer);
     assert_eq!(got.len(), 1, "{answer:?}");
     let (tokens, interval, ttl) = got[0].unwrap();
-    assert_eq!(tokens, 20, "a fifth of the 100 the rate's booking leaves");
-    assert_eq!(interval, 100_000_000, "10 a second");
+    assert_eq!(tokens, 40, "two fifths of the 100 the rate's booking leaves");
+    assert_eq!(interval, 50_000_000, "20 a second: twice its demand");
     assert_eq!(ttl, 1_000_000_000, "2 s less the margin, in whole seconds");
 }
 
