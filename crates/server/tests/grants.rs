@@ -153,7 +153,10 @@ async fn a_report_is_answered_with_a_grant_by_its_demand() {
     let got = assigned(&answer);
     assert_eq!(got.len(), 1, "{answer:?}");
     let (tokens, interval, ttl) = got[0].unwrap();
-    assert_eq!(tokens, 40, "two fifths of the 100 the rate's booking leaves");
+    assert_eq!(
+        tokens, 40,
+        "two fifths of the 100 the rate's booking leaves"
+    );
     assert_eq!(interval, 50_000_000, "20 a second: twice its demand");
     assert_eq!(ttl, 1_000_000_000, "2 s less the margin, in whole seconds");
 }
