@@ -302,8 +302,8 @@ impl PolicyTable {
         Some(id)
     }
 
-    /// How many more distinct (policy, setting) pairs per-key limits may
-    /// use, and whether `canonical` under `policy` is already one.
+    /// Whether `canonical` under `policy` has an entry, or room for one
+    /// (fewer than [`MANAGED`] distinct pairs are in use).
     pub fn managed_room(&self, policy: TableId, canonical: &str) -> bool {
         let ids = self
             .managed_ids
