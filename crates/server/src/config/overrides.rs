@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use toml::{Spanned, Value};
 use weir_core::{MAX_IDENTITY, Policy};
 
-use super::{PolicyConfig, Report, TableId};
+use super::{PolicyConfig, Report, Setting, TableId};
 
 /// What an override gives its keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,68 +155,36 @@ impl<'a> Entry<'a> {
         keys
     }
 
-    /// What its keys get: `unlimited`, or `base` with the parameters given
-    /// here replaced.
+    /// What its keys get: `unlimited`, a `multiplier`, or `base` with the
+    /// parameters given replaced — read as plans and per-key limits are
+    /// ([`Setting`]), each error at its field.
     fn quota(&self, base: Policy, report: &mut Report<'_>) -> Option<Quota> {
-        let unlimited = match self.table.get("unlimited").map(|v| (v, v.get_ref())) {
-            None => false,
-            Some((_, Value::Boolean(b))) => *b,
-            Some((v, _)) => {
-                report.error(&v.span(), &self.place("unlimited"), "must be true or false");
-                false
-            }
-        };
-        let written = base.to_string();
-        let mut words = written.split_whitespace();
-        let algorithm = words.next().unwrap_or_default().to_owned();
-        let mut params: BTreeMap<String, String> = words
-            .filter_map(|w| w.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect();
-        let mut given = false;
+        let mut texts = Vec::new();
         for (key, value) in self.table {
-            if matches!(key.as_str(), "policy" | "keys" | "unlimited") {
+            if matches!(key.as_str(), "policy" | "keys") {
                 continue;
             }
-            match value.get_ref() {
-                Value::String(s) => params.insert(key.clone(), s.clone()),
-                Value::Integer(n) => params.insert(key.clone(), n.to_string()),
-                _ => {
-                    report.error(
-                        &value.span(),
-                        &self.place(key),
-                        "expected a string or an integer",
-                    );
-                    continue;
-                }
-            };
-            given = true;
+            match super::plans::text(value.get_ref()) {
+                Some(text) => texts.push((key.as_str(), text)),
+                None => report.error(
+                    &value.span(),
+                    &self.place(key),
+                    "expected a string or an integer",
+                ),
+            }
         }
-        match (unlimited, given) {
-            (true, true) => {
-                let message = "an unlimited override takes no parameters";
-                report.error(&self.first, &self.place("unlimited"), message);
-                None
-            }
-            (true, false) => Some(Quota::Unlimited),
-            (false, false) => {
-                let message = format!("give some of {algorithm}'s parameters, or unlimited = true");
-                report.error(&self.first, &self.place("policy"), message);
-                None
-            }
-            (false, true) => {
-                let params = params.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-                match Policy::from_params(&algorithm, params) {
-                    Ok(policy) => Some(Quota::Policy(policy)),
-                    Err(e) => {
-                        report.error(
-                            &self.span(&e.field),
-                            &self.place(&e.field),
-                            e.kind.to_string(),
-                        );
-                        None
-                    }
+        match Setting::parse(texts, &base) {
+            Ok(Setting::Unlimited) => Some(Quota::Unlimited),
+            Ok(setting) => match setting.apply(&base) {
+                Ok(policy) => Some(Quota::Policy(policy)),
+                Err((field, message)) => {
+                    report.error(&self.span(&field), &self.place(&field), message);
+                    None
                 }
+            },
+            Err((field, message)) => {
+                report.error(&self.span(&field), &self.place(&field), message);
+                None
             }
         }
     }
