@@ -11,9 +11,9 @@
 //! reported for its rule's `abandon_after` is abandoned.
 //!
 //! Bounds: [`MAX_BUCKETS`] buckets per stream (more are answered
-//! `DENY_ALL`), [`MAX_USAGES`] usages per report (a larger report ends the
-//! stream `INVALID_ARGUMENT`), and the listener's own bounds on streams
-//! and message sizes.
+//! `DENY_ALL`), [`MAX_USAGES`] usages per report and [`MAX_BUCKET_BYTES`]
+//! per bucket identity (more ends the stream `INVALID_ARGUMENT`), and the
+//! listener's own bounds on streams and message sizes.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -41,6 +41,11 @@ use crate::state::AppState;
 
 /// The most buckets one stream may report.
 pub(crate) const MAX_BUCKETS: usize = 1_000;
+/// The most entries in one `BucketId`, and their most bytes (names and
+/// values): a stream keeps at most [`MAX_BUCKETS`] of them, so at most
+/// about 1 MiB of bucket identities.
+pub(crate) const MAX_ENTRIES: usize = 16;
+pub(crate) const MAX_BUCKET_BYTES: usize = 1024;
 /// The most usages in one report.
 pub(crate) const MAX_USAGES: usize = 1_000;
 /// What an assignment's time to live is short of its grant's expiry: the
@@ -188,6 +193,13 @@ impl Stream {
             let Some(bucket) = usage.bucket_id.clone() else {
                 continue;
             };
+            let size: usize = bucket.bucket.iter().map(|(k, v)| k.len() + v.len()).sum();
+            if bucket.bucket.len() > MAX_ENTRIES || size > MAX_BUCKET_BYTES {
+                return Err(Status::invalid_argument(format!(
+                    "a BucketId of {} entries and {size} bytes: at most {MAX_ENTRIES} entries and {MAX_BUCKET_BYTES} bytes",
+                    bucket.bucket.len()
+                )));
+            }
             let id = entries(&bucket);
             let Some((rule, key)) =
                 crate::config::find_bucket(&config.quota_buckets, &bucket.bucket)

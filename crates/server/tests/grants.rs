@@ -208,6 +208,15 @@ async fn idle_buckets_are_abandoned_and_reports_are_bounded() {
         .collect();
     let refused = flood.ask(report(&many, 1)).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    // A bucket identity past 1 KiB is refused too: a stream keeps what
+    // it reported.
+    let mut large = connect(addr).await;
+    let long = "x".repeat(1_100);
+    let refused = large
+        .ask(report(&[bucket(&[("name", "api"), ("tenant", &long)])], 1))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
 }
 
 /// A policy whose capacity cannot hold one grant's booking, grants on
